@@ -1,0 +1,184 @@
+#include "runtime/calib/calibration.h"
+
+#include <cmath>
+
+#include "runtime/common/atomic_file.h"
+#include "runtime/common/hdf5.h"
+
+namespace eldr {
+
+std::vector<float> ClusterExpertLoad(const std::vector<float>& decode_profiles, const std::vector<int32_t>& assignment,
+                                     int num_clusters, size_t row_size) {
+  std::vector<double> sum(static_cast<size_t>(num_clusters) * row_size, 0.0);
+  std::vector<int64_t> members(num_clusters, 0);
+  for (size_t i = 0; i < assignment.size(); ++i) {
+    const int c = assignment[i];
+    ++members[c];
+    const float* d = decode_profiles.data() + i * row_size;
+    double* s = sum.data() + c * row_size;
+    for (size_t x = 0; x < row_size; ++x) s[x] += d[x];
+  }
+  std::vector<float> load(sum.size(), 0.f);
+  for (int c = 0; c < num_clusters; ++c) {
+    if (members[c] == 0) continue;
+    for (size_t x = 0; x < row_size; ++x) load[c * row_size + x] = static_cast<float>(sum[c * row_size + x] / members[c]);
+  }
+  return load;
+}
+
+namespace {
+template <typename T>
+bool AllFinite(const std::vector<T>& v) {
+  for (const T& x : v) {
+    if (!std::isfinite(static_cast<double>(x))) return false;
+  }
+  return true;
+}
+}  // namespace
+
+Status ValidateCalibration(const Calibration& c, const std::string& name) {
+  const auto bad = [&](const std::string& m) { return Status::Corrupt(name + ": " + m); };
+  const int L = c.shape.num_layers, E = c.shape.num_experts;
+  if (L <= 0 || E <= 0 || c.shape.top_k <= 0) return bad("model shape must be positive, got " + c.shape.ToString());
+  const size_t row = static_cast<size_t>(L) * E;
+  if (c.signature.num_layers != L || c.signature.num_experts != E) return bad("/signature shape differs from the root attributes");
+  if (c.signature.idf.size() != row) return bad("/signature/idf must be [num_layers, num_experts]");
+  if (!AllFinite(c.signature.idf)) return bad("/signature/idf has NaN or infinite values");
+  for (float w : c.signature.idf) {
+    if (w < 0) return bad("/signature/idf has negative values");
+  }
+  if (c.signature.layer_mask.size() != static_cast<size_t>(L)) return bad("/signature/layer_mask must be [num_layers]");
+  const int D = c.dim();
+  if (D == 0) return bad("/signature/layer_mask selects no layer");
+  const size_t N = c.request_ids.size();
+  if (N == 0) return bad("/calibration holds no signatures");
+  if (c.domains.size() != N) return bad("/calibration/domains and request_ids differ in length");
+  if (c.signatures.size() != N * D) return bad("/calibration/signatures must be [N, D] with D = |S|*E = " + std::to_string(D));
+  if (!AllFinite(c.signatures)) return bad("/calibration/signatures has NaN or infinite values");
+  if (!c.decode_profiles.empty() && c.decode_profiles.size() != N * row) {
+    return bad("/calibration/decode_profiles must be [N, num_layers, num_experts]");
+  }
+  if (!AllFinite(c.decode_profiles)) return bad("/calibration/decode_profiles has NaN or infinite values");
+  for (float v : c.decode_profiles) {
+    if (v < 0) return bad("/calibration/decode_profiles has negative values");
+  }
+  const int K = c.num_clusters;
+  if (K < 1 || static_cast<size_t>(K) > N) return bad("/clusters K must be in [1, N]");
+  if (c.centroids.size() != static_cast<size_t>(K) * D) return bad("/clusters/centroids must be [K, D]");
+  if (!AllFinite(c.centroids)) return bad("/clusters/centroids has NaN or infinite values");
+  if (c.assignment.size() != N) return bad("/clusters/assignment must be [N]");
+  std::vector<int64_t> sizes(K, 0);
+  for (int32_t a : c.assignment) {
+    if (a < 0 || a >= K) return bad("/clusters/assignment has a cluster id outside [0, K)");
+    ++sizes[a];
+  }
+  if (c.sizes != sizes) return bad("/clusters/sizes does not match the assignment");
+  if (c.expert_load.size() != static_cast<size_t>(K) * row) return bad("/clusters/expert_load must be [K, L, E]");
+  if (!AllFinite(c.expert_load)) return bad("/clusters/expert_load has NaN or infinite values");
+  if (!(c.tau >= 0) || !std::isfinite(c.tau)) return bad("/clusters tau must be a finite value >= 0");
+  return Status::Ok();
+}
+
+Status WriteCalibration(const Calibration& c, const std::string& path) {
+  ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
+  AtomicOutput out(path);
+  ELDR_RETURN_IF_ERROR(out.CheckWritable());
+  {
+    ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::Create(out.temp_path(), path));
+    const hsize_t L = c.shape.num_layers, E = c.shape.num_experts, N = c.request_ids.size(), D = c.dim(),
+                  K = c.num_clusters;
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "format", std::string(kCalibrationFormat)));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "format_version", kCalibrationFormatVersion));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "model", c.shape.model));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "num_layers", static_cast<int64_t>(L)));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "num_experts", static_cast<int64_t>(E)));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "top_k", static_cast<int64_t>(c.shape.top_k)));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "created", c.created));
+
+    ELDR_RETURN_IF_ERROR(f.Write("/signature/idf", c.signature.idf, {L, E}));
+    ELDR_RETURN_IF_ERROR(f.Write("/signature/layer_mask", c.signature.layer_mask, {L}));
+    ELDR_RETURN_IF_ERROR(f.Write("/signature/layer_order", c.layer_order, {c.layer_order.size()}));
+    ELDR_RETURN_IF_ERROR(f.Write("/signature/rho_curve", c.rho_curve, {c.rho_curve.size()}));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "variant", std::string(SignatureVariantName(c.signature.variant))));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "n_star", static_cast<int64_t>(c.n_star)));
+
+    ELDR_RETURN_IF_ERROR(f.Write("/calibration/signatures", c.signatures, {N, D}, true));
+    ELDR_RETURN_IF_ERROR(f.WriteStrings("/calibration/request_ids", c.request_ids));
+    ELDR_RETURN_IF_ERROR(f.WriteStrings("/calibration/domains", c.domains));
+    if (!c.decode_profiles.empty()) {
+      ELDR_RETURN_IF_ERROR(f.Write("/calibration/decode_profiles", c.decode_profiles, {N, L, E}, true));
+    }
+
+    ELDR_RETURN_IF_ERROR(f.Write("/clusters/centroids", c.centroids, {K, D}));
+    ELDR_RETURN_IF_ERROR(f.Write("/clusters/assignment", c.assignment, {N}));
+    ELDR_RETURN_IF_ERROR(f.Write("/clusters/sizes", c.sizes, {K}));
+    ELDR_RETURN_IF_ERROR(f.Write("/clusters/expert_load", c.expert_load, {K, L, E}, true));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "K", static_cast<int64_t>(K)));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "tau", c.tau));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "seed", static_cast<int64_t>(c.seed)));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "balanced", static_cast<int64_t>(c.balanced ? 1 : 0)));
+    ELDR_RETURN_IF_ERROR(f.Close());
+  }
+  return out.Commit();
+}
+
+Result<Calibration> ReadCalibration(const std::string& path) {
+  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
+  Calibration c;
+  auto fmt = f.ReadStringAttribute("/", "format");
+  if (!fmt.ok() || fmt.value() != kCalibrationFormat) {
+    return Status::InvalidArgument(path + ": not a calibration file (root attribute format != '" +
+                                   std::string(kCalibrationFormat) + "'); create one with 'eldr calibrate'");
+  }
+  ELDR_ASSIGN_OR_RETURN(int64_t version, f.ReadIntAttribute("/", "format_version"));
+  if (version != kCalibrationFormatVersion) {
+    return Status::InvalidArgument(path + ": calibration format_version " + std::to_string(version) +
+                                   " is not supported (this eldr reads " + std::to_string(kCalibrationFormatVersion) + ")");
+  }
+  auto model = f.ReadStringAttribute("/", "model");
+  c.shape.model = model.ok() ? model.value() : "";
+  auto created = f.ReadStringAttribute("/", "created");
+  c.created = created.ok() ? created.value() : "";
+  ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
+  ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
+  ELDR_ASSIGN_OR_RETURN(int64_t top_k, f.ReadIntAttribute("/", "top_k"));
+  c.shape.num_layers = static_cast<int>(L);
+  c.shape.num_experts = static_cast<int>(E);
+  c.shape.top_k = static_cast<int>(top_k);
+
+  h5::Dims dims;
+  ELDR_ASSIGN_OR_RETURN(std::string variant, f.ReadStringAttribute("/signature", "variant"));
+  auto v = ParseSignatureVariant(variant);
+  if (!v.ok()) return v.status().WithPrefix(path);
+  c.signature.variant = v.value();
+  c.signature.num_layers = c.shape.num_layers;
+  c.signature.num_experts = c.shape.num_experts;
+  ELDR_ASSIGN_OR_RETURN(c.signature.idf, f.Read<float>("/signature/idf", &dims, 2));
+  ELDR_ASSIGN_OR_RETURN(c.signature.layer_mask, f.Read<uint8_t>("/signature/layer_mask", &dims, 1));
+  ELDR_ASSIGN_OR_RETURN(c.layer_order, f.Read<int32_t>("/signature/layer_order", &dims, 1));
+  ELDR_ASSIGN_OR_RETURN(c.rho_curve, f.Read<double>("/signature/rho_curve", &dims, 1));
+  auto n_star = f.ReadIntAttribute("/signature", "n_star");
+  c.n_star = n_star.ok() ? static_cast<int>(n_star.value()) : c.signature.num_selected_layers();
+
+  ELDR_ASSIGN_OR_RETURN(c.signatures, f.Read<float>("/calibration/signatures", &dims, 2));
+  ELDR_ASSIGN_OR_RETURN(c.request_ids, f.ReadStrings("/calibration/request_ids"));
+  ELDR_ASSIGN_OR_RETURN(c.domains, f.ReadStrings("/calibration/domains"));
+  if (f.Exists("/calibration/decode_profiles")) {
+    ELDR_ASSIGN_OR_RETURN(c.decode_profiles, f.Read<float>("/calibration/decode_profiles", &dims, 3));
+  }
+  ELDR_ASSIGN_OR_RETURN(c.centroids, f.Read<float>("/clusters/centroids", &dims, 2));
+  ELDR_ASSIGN_OR_RETURN(c.assignment, f.Read<int32_t>("/clusters/assignment", &dims, 1));
+  ELDR_ASSIGN_OR_RETURN(c.sizes, f.Read<int64_t>("/clusters/sizes", &dims, 1));
+  ELDR_ASSIGN_OR_RETURN(c.expert_load, f.Read<float>("/clusters/expert_load", &dims, 3));
+  ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/clusters", "K"));
+  c.num_clusters = static_cast<int>(K);
+  ELDR_ASSIGN_OR_RETURN(c.tau, f.ReadDoubleAttribute("/clusters", "tau"));
+  auto seed = f.ReadIntAttribute("/clusters", "seed");
+  c.seed = seed.ok() ? static_cast<uint64_t>(seed.value()) : 0;
+  auto balanced = f.ReadIntAttribute("/clusters", "balanced");
+  c.balanced = !balanced.ok() || balanced.value() != 0;
+  ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
+  return c;
+}
+
+}  // namespace eldr

@@ -1,0 +1,60 @@
+// calibration.h5 (DESIGN.md §5): everything the router needs (IDF, layer mask, centroids) plus what
+// offline reconfiguration needs (the calibration signatures and decode profiles), so that
+// `eldr calibrate --refit` works without the trace.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/common/status.h"
+#include "runtime/signature/signature.h"
+#include "runtime/trace/trace.h"
+
+namespace eldr {
+
+inline constexpr const char* kCalibrationFormat = "eldr-calibration";
+inline constexpr int64_t kCalibrationFormatVersion = 1;
+
+struct Calibration {
+  TraceShape shape;
+  std::string created;  // ISO 8601 UTC
+
+  // /signature
+  SignatureParams signature;         // variant, idf [L, E], layer_mask [L]
+  std::vector<int32_t> layer_order;  // [L] greedy order
+  std::vector<double> rho_curve;     // [L] ρ after each greedy step
+  int n_star = 0;                    // attribute of /signature
+
+  // /calibration
+  std::vector<float> signatures;        // [N, D], D = signature.dim()
+  std::vector<std::string> request_ids; // [N]
+  std::vector<std::string> domains;     // [N]
+  std::vector<float> decode_profiles;   // [N, L, E] d_r, for the per-cluster load on refit
+
+  // /clusters
+  int num_clusters = 0;                 // K
+  double tau = 0.1;
+  uint64_t seed = 0;
+  bool balanced = true;
+  std::vector<float> centroids;         // [K, D]
+  std::vector<int32_t> assignment;      // [N]
+  std::vector<int64_t> sizes;           // [K]
+  std::vector<float> expert_load;       // [K, L, E] mean decode profile of the cluster's members
+
+  int num_signatures() const { return static_cast<int>(request_ids.size()); }
+  int dim() const { return signature.dim(); }
+};
+
+// Reads and validates the whole file (shapes, finite values, assignment range). Errors name the file.
+Result<Calibration> ReadCalibration(const std::string& path);
+// Writes through a temporary file renamed into place.
+Status WriteCalibration(const Calibration& calib, const std::string& path);
+// Checks internal consistency; `name` prefixes errors.
+Status ValidateCalibration(const Calibration& calib, const std::string& name);
+
+// The per-cluster expert load [K, L, E]: mean of the members' decode profiles.
+std::vector<float> ClusterExpertLoad(const std::vector<float>& decode_profiles, const std::vector<int32_t>& assignment,
+                                     int num_clusters, size_t row_size);
+
+}  // namespace eldr

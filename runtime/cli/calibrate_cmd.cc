@@ -1,0 +1,139 @@
+// eldr calibrate (fit or --refit) and eldr inspect.
+#include <cstdio>
+
+#include "runtime/calib/calibrate.h"
+#include "runtime/calib/calibration.h"
+#include "runtime/cli/commands.h"
+#include "runtime/common/json_util.h"
+#include "runtime/common/hdf5.h"
+
+namespace eldr::cli {
+
+namespace {
+
+struct CalibrateArgs {
+  std::string trace;
+  std::string refit;
+  std::string out;
+  std::string variant = "count_idf";
+  std::string layers = "auto";
+  std::string report;
+  CalibrateOptions options;
+  bool unbalanced = false;
+  bool as_json = false;
+  bool quiet = false;
+};
+
+Status RunCalibrate(const CalibrateArgs& a) {
+  CalibrateOptions o = a.options;
+  o.balanced = !a.unbalanced;
+  CalibrateReport report;
+  Calibration calib;
+  if (a.trace.empty() == a.refit.empty()) {
+    return Status::InvalidArgument("give exactly one of --trace (fit) or --refit CALIBRATION (re-cluster)");
+  }
+  if (!a.refit.empty()) {
+    ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
+    auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report);
+    if (!r.ok()) return r.status().WithPrefix(a.refit);
+    calib = std::move(r).value();
+    calib.tau = o.tau;
+  } else {
+    ELDR_ASSIGN_OR_RETURN(o.variant, ParseSignatureVariant(a.variant));
+    if (a.layers == "auto") {
+      o.num_layers = 0;
+    } else {
+      try {
+        size_t used = 0;
+        o.num_layers = std::stoi(a.layers, &used);
+        if (used != a.layers.size() || o.num_layers < 1) throw std::invalid_argument(a.layers);
+      } catch (const std::exception&) {
+        return Status::InvalidArgument("--layers '" + a.layers + "' must be 'auto' or a positive number");
+      }
+    }
+    ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
+    auto r = Calibrate(trace, o, &report);
+    if (!r.ok()) return r.status().WithPrefix(a.trace);
+    calib = std::move(r).value();
+  }
+  ELDR_RETURN_IF_ERROR(WriteCalibration(calib, a.out));
+  nlohmann::json j = report.ToJson();
+  j["out"] = a.out;
+  j["K"] = calib.num_clusters;
+  j["tau"] = calib.tau;
+  j["variant"] = SignatureVariantName(calib.signature.variant);
+  if (!a.report.empty()) ELDR_RETURN_IF_ERROR(WriteJsonFile(a.report, j));
+  if (!a.quiet) PrintResult(a.as_json, report.ToText() + "wrote " + a.out + "\n", j.dump(2));
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddCalibrateCommand(CLI::App& app, Action* action) {
+  auto a = std::make_shared<CalibrateArgs>();
+  auto* cmd = app.add_subcommand(
+      "calibrate", "Fit signatures (IDF, greedy layer mask) and Hungarian-balanced clusters into calibration.h5, or "
+                   "--refit stored signatures for a new decoder count");
+  cmd->add_option("--trace", a->trace, "HDF5 routing trace to calibrate on");
+  cmd->add_option("--refit", a->refit, "existing calibration.h5 to re-cluster (no trace needed)");
+  cmd->add_option("--decoders,-K", a->options.num_decoders, "number of decode workers K")->required();
+  cmd->add_option("--out,-o", a->out, "calibration.h5 to write")->required();
+  cmd->add_option("--signature", a->variant, "signature variant: count_idf, count, sqrt, binary, gate_prob")
+      ->capture_default_str();
+  cmd->add_option("--layers", a->layers, "layers in the mask: auto (N*, where rho peaks) or N (greedy prefix)")
+      ->capture_default_str();
+  cmd->add_option("--tau", a->options.tau, "routing band width stored for the router")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "seed for k-means++, restarts, holdout and pair sampling")
+      ->capture_default_str();
+  cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")->capture_default_str();
+  cmd->add_option("--holdout", a->options.holdout, "fraction of requests held out to measure rho on unseen requests")
+      ->capture_default_str();
+  cmd->add_option("--max-pairs", a->options.max_pairs, "request pairs sampled for rho (0 = all pairs)")
+      ->capture_default_str();
+  cmd->add_flag("--unbalanced", a->unbalanced, "plain spherical k-means without the capacity (ablation)");
+  cmd->add_option("--report", a->report, "also write the report as JSON to this file");
+  cmd->add_flag("--json", a->as_json, "print the report as JSON");
+  cmd->add_flag("--quiet", a->quiet, "print nothing on success");
+  cmd->callback([=] {
+    *action = [=] { return RunCalibrate(*a); };
+  });
+}
+
+void AddInspectCommand(CLI::App& app, Action* action) {
+  auto path = std::make_shared<std::string>();
+  auto trace_path = std::make_shared<std::string>();
+  auto as_json = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand("inspect", "Summarise a calibration.h5; with --trace, check it against a trace");
+  cmd->add_option("calibration", *path, "calibration.h5")->required();
+  cmd->add_option("--trace", *trace_path, "routing trace to score with this calibration (rho, nearest centroids)");
+  cmd->add_flag("--json", *as_json, "print JSON");
+  cmd->callback([=] {
+    *action = [=]() -> Status {
+      auto calib = ReadCalibration(*path);
+      if (!calib.ok()) {
+        // A trace given by mistake gets a pointer to the right command.
+        auto f = h5::File::OpenReadOnly(*path);
+        if (f.ok() && f->Exists("/tokens/topk_ids")) {
+          return Status::InvalidArgument(*path + ": is a routing trace, not a calibration; use 'eldr trace stats'");
+        }
+        return calib.status();
+      }
+      nlohmann::json j = CalibrationSummaryJson(calib.value());
+      std::string text = DescribeCalibration(calib.value());
+      if (!trace_path->empty()) {
+        ELDR_ASSIGN_OR_RETURN(Trace t, ReadTrace(*trace_path));
+        ELDR_ASSIGN_OR_RETURN(TraceCheck check,
+                              CheckTraceAgainstCalibration(calib.value(), t, *trace_path, *path, 20000, calib->seed));
+        j["trace_check"] = check.ToJson();
+        text += "\ntrace " + *trace_path + ": " + std::to_string(check.num_requests) + " requests, rho " +
+                Fmt(check.rho, 4) + "; nearest centroid counts";
+        for (auto c : check.nearest_centroid_counts) text += " " + std::to_string(c);
+        text += "\n";
+      }
+      PrintResult(*as_json, text, j.dump(2));
+      return Status::Ok();
+    };
+  });
+}
+
+}  // namespace eldr::cli

@@ -1,0 +1,22 @@
+// Subcommands of the `eldr` binary. Each Add*Command registers a CLI11 subcommand whose callback
+// stores the action to run; main() runs it and turns a failed Status into one line on stderr and
+// exit code 1.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <functional>
+
+#include "runtime/common/status.h"
+
+namespace eldr::cli {
+
+using Action = std::function<Status()>;
+
+void AddTraceCommand(CLI::App& app, Action* action);
+void AddCalibrateCommand(CLI::App& app, Action* action);
+void AddInspectCommand(CLI::App& app, Action* action);
+
+// Prints `text` to stdout, or `json` (indented) when as_json.
+void PrintResult(bool as_json, const std::string& text, const std::string& json);
+
+}  // namespace eldr::cli

@@ -1,0 +1,47 @@
+// eldr: expert-locality-aware decode routing for MoE serving. One binary, one subcommand per task.
+#include <cstdio>
+#include <iostream>
+
+#include "runtime/cli/commands.h"
+#include "runtime/common/check.h"
+#include "runtime/common/version.h"
+
+namespace eldr::cli {
+
+void PrintResult(bool as_json, const std::string& text, const std::string& json) {
+  std::cout << (as_json ? json + "\n" : text);
+  std::cout.flush();
+}
+
+}  // namespace eldr::cli
+
+int main(int argc, char** argv) {
+  CLI::App app{"eldr: expert-locality-aware decode routing for MoE serving with prefill-decode disaggregation.\n"
+               "Offline: import or synthesise routing traces, calibrate signatures and balanced clusters."};
+  app.set_version_flag("--version", std::string("eldr ") + ELDR_VERSION + " (" + ELDR_GIT_SHA + ", " + ELDR_BUILD_TYPE + ")");
+  app.require_subcommand(1);
+  app.footer("Run 'eldr <command> --help' for the options of each command.");
+  eldr::cli::Action action;
+  eldr::cli::AddTraceCommand(app, &action);
+  eldr::cli::AddCalibrateCommand(app, &action);
+  eldr::cli::AddInspectCommand(app, &action);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    return app.exit(e);
+  }
+  try {
+    eldr::Status st = action ? action() : eldr::Status::InvalidArgument("no command given");
+    if (!st.ok()) {
+      std::fprintf(stderr, "eldr: error: %s\n", st.message().c_str());
+      return 1;
+    }
+  } catch (const eldr::Error& e) {
+    std::fprintf(stderr, "eldr: internal error: %s\n", e.what());
+    return 3;
+  } catch (const std::bad_alloc&) {
+    std::fprintf(stderr, "eldr: error: out of memory\n");
+    return 1;
+  }
+  return 0;
+}

@@ -1,0 +1,391 @@
+#include "runtime/common/hdf5.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+
+namespace eldr::h5 {
+
+namespace {
+
+void SilenceHdf5() {
+  // The C library prints its whole error stack by default; our Status messages replace it.
+  H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
+}
+
+std::string ParentOf(const std::string& path) {
+  auto pos = path.rfind('/');
+  if (pos == std::string::npos || pos == 0) return "/";
+  return path.substr(0, pos);
+}
+
+Dims ChunkFor(const Dims& dims, size_t elem_size) {
+  // About 1 MiB chunks along dimension 0, whole rows.
+  Dims chunk = dims;
+  hsize_t row_bytes = elem_size;
+  for (size_t i = 1; i < dims.size(); ++i) row_bytes *= std::max<hsize_t>(dims[i], 1);
+  hsize_t rows = std::max<hsize_t>(1, (1u << 20) / std::max<hsize_t>(row_bytes, 1));
+  chunk[0] = std::max<hsize_t>(1, std::min<hsize_t>(dims[0], rows));
+  for (auto& c : chunk) c = std::max<hsize_t>(c, 1);
+  return chunk;
+}
+
+}  // namespace
+
+Handle& Handle::operator=(Handle&& o) noexcept {
+  if (this != &o) {
+    Reset();
+    id_ = o.id_;
+    closer_ = o.closer_;
+    o.id_ = H5I_INVALID_HID;
+  }
+  return *this;
+}
+
+void Handle::Reset() {
+  if (id_ >= 0 && closer_) closer_(id_);
+  id_ = H5I_INVALID_HID;
+}
+
+template <> hid_t NativeType<uint8_t>() { return H5T_NATIVE_UINT8; }
+template <> hid_t NativeType<int8_t>() { return H5T_NATIVE_INT8; }
+template <> hid_t NativeType<uint16_t>() { return H5T_NATIVE_UINT16; }
+template <> hid_t NativeType<int32_t>() { return H5T_NATIVE_INT32; }
+template <> hid_t NativeType<int64_t>() { return H5T_NATIVE_INT64; }
+template <> hid_t NativeType<uint64_t>() { return H5T_NATIVE_UINT64; }
+template <> hid_t NativeType<float>() { return H5T_NATIVE_FLOAT; }
+template <> hid_t NativeType<double>() { return H5T_NATIVE_DOUBLE; }
+
+hid_t VarStringType() {
+  hid_t t = H5Tcopy(H5T_C_S1);
+  H5Tset_size(t, H5T_VARIABLE);
+  H5Tset_cset(t, H5T_CSET_UTF8);
+  return t;
+}
+
+Result<File> File::OpenReadOnly(const std::string& path) {
+  SilenceHdf5();
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::NotFound(path + ": no such file");
+  if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(path + ": is a directory");
+  htri_t is_h5 = H5Fis_hdf5(path.c_str());
+  if (is_h5 <= 0) {
+    return Status::Corrupt(path + ": not an HDF5 file (wrong format, truncated or corrupt)");
+  }
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
+  if (id < 0) return Status::Corrupt(path + ": cannot open as HDF5 (truncated or corrupt)");
+  return File(Handle(id, H5Fclose), path);
+}
+
+Result<File> File::Create(const std::string& path, const std::string& display_name) {
+  SilenceHdf5();
+  hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  if (id < 0) return Status::IoError(display_name + ": cannot create HDF5 file");
+  return File(Handle(id, H5Fclose), display_name);
+}
+
+Status File::Close() {
+  if (!file_.valid()) return Status::Ok();
+  hid_t id = file_.get();
+  H5Fflush(id, H5F_SCOPE_GLOBAL);
+  herr_t rc = H5Fclose(id);
+  file_ = Handle();  // already closed; do not close twice
+  if (rc < 0) return Status::IoError(name_ + ": failed to close (disk full?)");
+  return Status::Ok();
+}
+
+Status File::Fail(const std::string& what) const { return Status::Corrupt(name_ + ": " + what); }
+
+bool File::Exists(const std::string& object_path) const {
+  if (object_path == "/") return true;
+  // Check each component so that a missing parent is not an error.
+  std::string partial;
+  size_t pos = 1;
+  while (pos <= object_path.size()) {
+    size_t next = object_path.find('/', pos);
+    if (next == std::string::npos) next = object_path.size();
+    partial = object_path.substr(0, next);
+    if (H5Lexists(file_.get(), partial.c_str(), H5P_DEFAULT) <= 0) return false;
+    pos = next + 1;
+  }
+  return true;
+}
+
+Status File::CreateGroup(const std::string& group_path) {
+  if (Exists(group_path)) return Status::Ok();
+  Handle g(H5Gcreate2(file_.get(), group_path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
+  if (!g.valid()) return Status::IoError(name_ + ": cannot create group " + group_path);
+  return Status::Ok();
+}
+
+namespace {
+
+Status WriteAttrRaw(hid_t file, const std::string& name, const std::string& obj, const std::string& attr,
+                    hid_t type, const void* value) {
+  Handle o(H5Oopen(file, obj.c_str(), H5P_DEFAULT), H5Oclose);
+  if (!o.valid()) return Status::IoError(name + ": no object " + obj + " for attribute " + attr);
+  if (H5Aexists(o.get(), attr.c_str()) > 0) H5Adelete(o.get(), attr.c_str());
+  Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  Handle a(H5Acreate2(o.get(), attr.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!a.valid() || H5Awrite(a.get(), type, value) < 0) {
+    return Status::IoError(name + ": cannot write attribute " + obj + "@" + attr);
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status File::WriteAttribute(const std::string& obj, const std::string& attr, const std::string& value) {
+  Handle t(VarStringType(), H5Tclose);
+  const char* p = value.c_str();
+  return WriteAttrRaw(file_.get(), name_, obj, attr, t.get(), &p);
+}
+Status File::WriteAttribute(const std::string& obj, const std::string& attr, int64_t value) {
+  return WriteAttrRaw(file_.get(), name_, obj, attr, H5T_NATIVE_INT64, &value);
+}
+Status File::WriteAttribute(const std::string& obj, const std::string& attr, double value) {
+  return WriteAttrRaw(file_.get(), name_, obj, attr, H5T_NATIVE_DOUBLE, &value);
+}
+
+Result<std::string> File::ReadStringAttribute(const std::string& obj, const std::string& attr) const {
+  if (!Exists(obj) || H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) {
+    return Fail("missing attribute " + obj + "@" + attr);
+  }
+  Handle a(H5Aopen_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Handle ftype(H5Aget_type(a.get()), H5Tclose);
+  if (!a.valid() || H5Tget_class(ftype.get()) != H5T_STRING) return Fail("attribute " + obj + "@" + attr + " is not a string");
+  if (H5Tis_variable_str(ftype.get()) > 0) {
+    Handle t(VarStringType(), H5Tclose);
+    char* p = nullptr;
+    if (H5Aread(a.get(), t.get(), &p) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
+    std::string s = p ? p : "";
+    H5free_memory(p);
+    return s;
+  }
+  size_t n = H5Tget_size(ftype.get());
+  std::string s(n, '\0');
+  if (H5Aread(a.get(), ftype.get(), s.data()) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
+  s.resize(std::strlen(s.c_str()));
+  return s;
+}
+
+Result<int64_t> File::ReadIntAttribute(const std::string& obj, const std::string& attr) const {
+  if (!Exists(obj) || H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) {
+    return Fail("missing attribute " + obj + "@" + attr);
+  }
+  Handle a(H5Aopen_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Handle ftype(H5Aget_type(a.get()), H5Tclose);
+  if (!a.valid() || H5Tget_class(ftype.get()) != H5T_INTEGER) {
+    return Fail("attribute " + obj + "@" + attr + " is not an integer");
+  }
+  int64_t v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_INT64, &v) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
+  return v;
+}
+
+Result<double> File::ReadDoubleAttribute(const std::string& obj, const std::string& attr) const {
+  if (!Exists(obj) || H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) {
+    return Fail("missing attribute " + obj + "@" + attr);
+  }
+  Handle a(H5Aopen_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  Handle ftype(H5Aget_type(a.get()), H5Tclose);
+  auto cls = H5Tget_class(ftype.get());
+  if (!a.valid() || (cls != H5T_FLOAT && cls != H5T_INTEGER)) {
+    return Fail("attribute " + obj + "@" + attr + " is not a number");
+  }
+  double v = 0;
+  if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
+  return v;
+}
+
+Status File::WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, bool compress) {
+  ELDR_RETURN_IF_ERROR(CreateGroup(ParentOf(path)));
+  Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  hsize_t total = 1;
+  for (auto d : dims) total *= d;
+  if (compress && total > 0) {
+    Dims chunk = ChunkFor(dims, H5Tget_size(type));
+    H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
+    H5Pset_shuffle(dcpl.get());
+    H5Pset_deflate(dcpl.get(), 4);
+  }
+  Handle ds(H5Dcreate2(file_.get(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+            H5Dclose);
+  if (!ds.valid()) return Status::IoError(name_ + ": cannot create dataset " + path);
+  if (total > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+    return Status::IoError(name_ + ": cannot write dataset " + path + " (disk full?)");
+  }
+  return Status::Ok();
+}
+
+template <typename T>
+Status File::Write(const std::string& path, const std::vector<T>& data, const Dims& dims, bool compress) {
+  hsize_t total = 1;
+  for (auto d : dims) total *= d;
+  if (total != data.size()) {
+    return Status::InvalidArgument(name_ + ": dataset " + path + ": data size does not match its shape");
+  }
+  return WriteRaw(path, NativeType<T>(), data.data(), dims, compress);
+}
+
+Status File::WriteStrings(const std::string& path, const std::vector<std::string>& values) {
+  std::vector<const char*> ptrs(values.size());
+  for (size_t i = 0; i < values.size(); ++i) ptrs[i] = values[i].c_str();
+  Handle t(VarStringType(), H5Tclose);
+  return WriteRaw(path, t.get(), ptrs.data(), Dims{values.size()}, false);
+}
+
+Result<Dims> File::Shape(const std::string& path) const {
+  if (!Exists(path)) return Fail("missing dataset " + path);
+  Handle ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+  if (!ds.valid()) return Fail(path + " is not a dataset");
+  Handle space(H5Dget_space(ds.get()), H5Sclose);
+  int rank = H5Sget_simple_extent_ndims(space.get());
+  if (rank < 0) return Fail("cannot read the shape of " + path);
+  Dims dims(rank);
+  H5Sget_simple_extent_dims(space.get(), dims.data(), nullptr);
+  return dims;
+}
+
+Status File::ReadRaw(const std::string& path, hid_t type, size_t elem_size, std::vector<char>* out, Dims* dims,
+                     int expected_rank) const {
+  ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
+  if (expected_rank >= 0 && static_cast<int>(shape.size()) != expected_rank) {
+    return Fail(path + " has rank " + std::to_string(shape.size()) + ", expected " + std::to_string(expected_rank));
+  }
+  Handle ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle ftype(H5Dget_type(ds.get()), H5Tclose);
+  H5T_class_t fcls = H5Tget_class(ftype.get());
+  H5T_class_t mcls = H5Tget_class(type);
+  if (fcls != mcls && !(fcls == H5T_INTEGER && mcls == H5T_FLOAT)) {
+    return Fail(path + " has the wrong element type");
+  }
+  hsize_t total = 1;
+  for (auto d : shape) total *= d;
+  out->resize(total * elem_size);
+  if (total > 0 && H5Dread(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
+    return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
+  }
+  if (dims) *dims = shape;
+  return Status::Ok();
+}
+
+template <typename T>
+Result<std::vector<T>> File::Read(const std::string& path, Dims* dims, int expected_rank) const {
+  std::vector<char> raw;
+  ELDR_RETURN_IF_ERROR(ReadRaw(path, NativeType<T>(), sizeof(T), &raw, dims, expected_rank));
+  std::vector<T> v(raw.size() / sizeof(T));
+  if (!raw.empty()) std::memcpy(v.data(), raw.data(), raw.size());
+  return v;
+}
+
+template <typename T>
+Status File::ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_rows, std::vector<T>* out) const {
+  ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
+  if (shape.empty() || row_begin + num_rows > shape[0]) {
+    return Fail(path + ": rows " + std::to_string(row_begin) + "+" + std::to_string(num_rows) + " out of range");
+  }
+  Handle ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle fspace(H5Dget_space(ds.get()), H5Sclose);
+  Dims start(shape.size(), 0), count = shape;
+  start[0] = row_begin;
+  count[0] = num_rows;
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
+  hsize_t total = 1;
+  for (auto c : count) total *= c;
+  out->resize(total);
+  if (total > 0 && H5Dread(ds.get(), NativeType<T>(), mspace.get(), fspace.get(), H5P_DEFAULT, out->data()) < 0) {
+    return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
+  }
+  return Status::Ok();
+}
+
+Result<std::vector<std::string>> File::ReadStrings(const std::string& path) const {
+  ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
+  if (shape.size() != 1) return Fail(path + " must be a 1-D string dataset");
+  Handle ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+  Handle ftype(H5Dget_type(ds.get()), H5Tclose);
+  if (H5Tget_class(ftype.get()) != H5T_STRING) return Fail(path + " is not a string dataset");
+  std::vector<std::string> out(shape[0]);
+  if (shape[0] == 0) return out;
+  if (H5Tis_variable_str(ftype.get()) > 0) {
+    Handle t(VarStringType(), H5Tclose);
+    std::vector<char*> ptrs(shape[0], nullptr);
+    if (H5Dread(ds.get(), t.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()) < 0) {
+      return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
+    }
+    for (size_t i = 0; i < ptrs.size(); ++i) out[i] = ptrs[i] ? ptrs[i] : "";
+    Handle space(H5Dget_space(ds.get()), H5Sclose);
+    H5Dvlen_reclaim(t.get(), space.get(), H5P_DEFAULT, ptrs.data());
+  } else {
+    size_t n = H5Tget_size(ftype.get());
+    std::vector<char> buf(n * shape[0]);
+    if (H5Dread(ds.get(), ftype.get(), H5S_ALL, H5S_ALL, H5P_DEFAULT, buf.data()) < 0) {
+      return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
+    }
+    for (size_t i = 0; i < shape[0]; ++i) out[i] = std::string(buf.data() + i * n, strnlen(buf.data() + i * n, n));
+  }
+  return out;
+}
+
+Result<Appender> Appender::Create(File& file, const std::string& path, hid_t type, const Dims& row_shape,
+                                  hsize_t chunk_rows, bool compress) {
+  ELDR_RETURN_IF_ERROR(file.CreateGroup(ParentOf(path)));
+  Dims dims{0}, maxdims{H5S_UNLIMITED}, chunk{std::max<hsize_t>(chunk_rows, 1)};
+  for (auto d : row_shape) {
+    dims.push_back(d);
+    maxdims.push_back(d);
+    chunk.push_back(std::max<hsize_t>(d, 1));
+  }
+  Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data()), H5Sclose);
+  Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
+  if (compress) {
+    H5Pset_shuffle(dcpl.get());
+    H5Pset_deflate(dcpl.get(), 4);
+  }
+  Appender a;
+  a.dataset_ = Handle(H5Dcreate2(file.id(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
+                      H5Dclose);
+  if (!a.dataset_.valid()) return Status::IoError(file.name() + ": cannot create dataset " + path);
+  a.type_ = type;
+  a.row_shape_ = row_shape;
+  a.where_ = file.name() + ": " + path;
+  return a;
+}
+
+Status Appender::Append(const void* data, hsize_t num_rows) {
+  if (num_rows == 0) return Status::Ok();
+  Dims new_dims{rows_ + num_rows};
+  for (auto d : row_shape_) new_dims.push_back(d);
+  if (H5Dset_extent(dataset_.get(), new_dims.data()) < 0) return Status::IoError(where_ + ": cannot extend");
+  Handle fspace(H5Dget_space(dataset_.get()), H5Sclose);
+  Dims start(new_dims.size(), 0), count = new_dims;
+  start[0] = rows_;
+  count[0] = num_rows;
+  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
+  if (H5Dwrite(dataset_.get(), type_, mspace.get(), fspace.get(), H5P_DEFAULT, data) < 0) {
+    return Status::IoError(where_ + ": write failed (disk full?)");
+  }
+  rows_ += num_rows;
+  return Status::Ok();
+}
+
+#define ELDR_H5_INSTANTIATE(T)                                                                          \
+  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool);        \
+  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;                 \
+  template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const;
+ELDR_H5_INSTANTIATE(uint8_t)
+ELDR_H5_INSTANTIATE(int8_t)
+ELDR_H5_INSTANTIATE(uint16_t)
+ELDR_H5_INSTANTIATE(int32_t)
+ELDR_H5_INSTANTIATE(int64_t)
+ELDR_H5_INSTANTIATE(uint64_t)
+ELDR_H5_INSTANTIATE(float)
+ELDR_H5_INSTANTIATE(double)
+#undef ELDR_H5_INSTANTIATE
+
+}  // namespace eldr::h5

@@ -1,0 +1,111 @@
+// Thin RAII layer over the HDF5 C API. Every failure is a Status naming the file and the object, so a
+// missing, truncated or corrupt file reaches the user as one clear line. HDF5's own error stack
+// printing is switched off on first use.
+//
+// Thread safety: a File is not thread-safe; the Debian HDF5 build is not thread-safe either, so use
+// HDF5 from one thread at a time.
+#pragma once
+
+#include <hdf5.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/common/status.h"
+
+namespace eldr::h5 {
+
+// Owns one hid_t and closes it with the matching H5?close.
+class Handle {
+ public:
+  using Closer = herr_t (*)(hid_t);
+  Handle() = default;
+  Handle(hid_t id, Closer closer) : id_(id), closer_(closer) {}
+  ~Handle() { Reset(); }
+  Handle(Handle&& o) noexcept : id_(o.id_), closer_(o.closer_) { o.id_ = H5I_INVALID_HID; }
+  Handle& operator=(Handle&& o) noexcept;
+  Handle(const Handle&) = delete;
+  Handle& operator=(const Handle&) = delete;
+  hid_t get() const { return id_; }
+  bool valid() const { return id_ >= 0; }
+  void Reset();
+
+ private:
+  hid_t id_ = H5I_INVALID_HID;
+  Closer closer_ = nullptr;
+};
+
+template <typename T>
+hid_t NativeType();
+
+using Dims = std::vector<hsize_t>;
+
+class File {
+ public:
+  // Opens an existing file read-only. NotFound / Corrupt with the path in the message.
+  static Result<File> OpenReadOnly(const std::string& path);
+  // Creates (truncates) `path` for writing. `display_name` is what errors call it (the final name
+  // when writing to a temporary).
+  static Result<File> Create(const std::string& path, const std::string& display_name);
+
+  const std::string& name() const { return name_; }
+  hid_t id() const { return file_.get(); }
+  Status Close();
+
+  bool Exists(const std::string& object_path) const;
+  Status CreateGroup(const std::string& group_path);
+
+  Status WriteAttribute(const std::string& object_path, const std::string& attr, const std::string& value);
+  Status WriteAttribute(const std::string& object_path, const std::string& attr, int64_t value);
+  Status WriteAttribute(const std::string& object_path, const std::string& attr, double value);
+  Result<std::string> ReadStringAttribute(const std::string& object_path, const std::string& attr) const;
+  Result<int64_t> ReadIntAttribute(const std::string& object_path, const std::string& attr) const;
+  Result<double> ReadDoubleAttribute(const std::string& object_path, const std::string& attr) const;
+
+  // Writes a whole dataset of shape `dims` (row-major). `compress` makes it chunked + deflate.
+  template <typename T>
+  Status Write(const std::string& path, const std::vector<T>& data, const Dims& dims, bool compress = false);
+  Status WriteStrings(const std::string& path, const std::vector<std::string>& values);
+
+  // Reads a whole dataset, converting to T. `expected_rank` (if >= 0) is checked; dims returned.
+  template <typename T>
+  Result<std::vector<T>> Read(const std::string& path, Dims* dims, int expected_rank = -1) const;
+  Result<std::vector<std::string>> ReadStrings(const std::string& path) const;
+  Result<Dims> Shape(const std::string& path) const;
+  // Reads rows [row_begin, row_begin + num_rows) of a dataset along dimension 0.
+  template <typename T>
+  Status ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_rows, std::vector<T>* out) const;
+
+ private:
+  File(Handle file, std::string name) : file_(std::move(file)), name_(std::move(name)) {}
+  Status WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, bool compress);
+  Status ReadRaw(const std::string& path, hid_t type, size_t elem_size, std::vector<char>* out, Dims* dims,
+                 int expected_rank) const;
+  Status Fail(const std::string& what) const;
+
+  Handle file_;
+  std::string name_;
+};
+
+// A dataset that grows along dimension 0, for streaming writers (trace import). Row shape fixed.
+class Appender {
+ public:
+  static Result<Appender> Create(File& file, const std::string& path, hid_t type, const Dims& row_shape,
+                                 hsize_t chunk_rows, bool compress);
+  // Appends `num_rows` rows of row-major data of the element type given at creation.
+  Status Append(const void* data, hsize_t num_rows);
+  hsize_t rows() const { return rows_; }
+
+ private:
+  Handle dataset_;
+  hid_t type_ = H5I_INVALID_HID;
+  Dims row_shape_;
+  hsize_t rows_ = 0;
+  std::string where_;
+};
+
+// Writes a vector of variable-length UTF-8 strings by appending (used with Appender semantics).
+hid_t VarStringType();  // caller closes with H5Tclose
+
+}  // namespace eldr::h5

@@ -1,0 +1,50 @@
+#include "runtime/common/json_util.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <sstream>
+
+#include "runtime/common/atomic_file.h"
+
+namespace eldr {
+
+std::string FormatTable(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows) {
+  std::vector<size_t> width(header.size(), 0);
+  for (size_t c = 0; c < header.size(); ++c) width[c] = header[c].size();
+  for (const auto& r : rows) {
+    for (size_t c = 0; c < r.size() && c < width.size(); ++c) width[c] = std::max(width[c], r[c].size());
+  }
+  std::ostringstream os;
+  auto emit = [&](const std::vector<std::string>& r) {
+    for (size_t c = 0; c < width.size(); ++c) {
+      const std::string cell = c < r.size() ? r[c] : "";
+      if (c) os << "  ";
+      if (c == 0) {
+        os << cell << std::string(width[c] - cell.size(), ' ');
+      } else {
+        os << std::string(width[c] - cell.size(), ' ') << cell;
+      }
+    }
+    os << "\n";
+  };
+  emit(header);
+  size_t total = 0;
+  for (auto w : width) total += w;
+  os << std::string(total + 2 * (width.empty() ? 0 : width.size() - 1), '-') << "\n";
+  for (const auto& r : rows) emit(r);
+  return os.str();
+}
+
+std::string Fmt(double value, int decimals) {
+  if (std::isnan(value)) return "nan";
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "%.*f", decimals, value);
+  return buf;
+}
+
+Status WriteJsonFile(const std::string& path, const nlohmann::json& value) {
+  return WriteFileAtomic(path, value.dump(2) + "\n");
+}
+
+}  // namespace eldr

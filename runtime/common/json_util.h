@@ -1,0 +1,19 @@
+// Output helpers shared by the subcommands: readable fixed-width tables and atomic JSON files.
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/common/status.h"
+
+namespace eldr {
+
+// Left-aligned first column, right-aligned others, a rule under the header.
+std::string FormatTable(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
+// printf-style number formatting for table cells.
+std::string Fmt(double value, int decimals = 3);
+// Writes `value` (indented) to `path` through a temporary file.
+Status WriteJsonFile(const std::string& path, const nlohmann::json& value);
+
+}  // namespace eldr

@@ -1,0 +1,127 @@
+#include "runtime/signature/signature.h"
+
+#include <cmath>
+
+namespace eldr {
+
+const char* SignatureVariantName(SignatureVariant v) {
+  switch (v) {
+    case SignatureVariant::kCount: return "count";
+    case SignatureVariant::kCountIdf: return "count_idf";
+    case SignatureVariant::kSqrt: return "sqrt";
+    case SignatureVariant::kBinary: return "binary";
+    case SignatureVariant::kGateProb: return "gate_prob";
+  }
+  return "unknown";
+}
+
+std::vector<SignatureVariant> AllSignatureVariants() {
+  return {SignatureVariant::kCount, SignatureVariant::kCountIdf, SignatureVariant::kSqrt, SignatureVariant::kBinary,
+          SignatureVariant::kGateProb};
+}
+
+Result<SignatureVariant> ParseSignatureVariant(const std::string& name) {
+  for (auto v : AllSignatureVariants()) {
+    if (name == SignatureVariantName(v)) return v;
+  }
+  return Status::InvalidArgument("unknown signature variant '" + name +
+                                 "' (expected count_idf, count, sqrt, binary or gate_prob)");
+}
+
+RequestFeatures ComputeRequestFeatures(const Trace& trace, const std::vector<int32_t>& request_indices) {
+  RequestFeatures f;
+  const int L = trace.shape.num_layers, E = trace.shape.num_experts, K = trace.shape.top_k;
+  f.num_requests = static_cast<int>(request_indices.size());
+  f.num_layers = L;
+  f.num_experts = E;
+  f.request_index = request_indices;
+  const size_t row = f.row_size();
+  f.prefill_counts.assign(row * f.num_requests, 0.f);
+  f.decode_profile.assign(row * f.num_requests, 0.f);
+  f.decode_tokens.assign(f.num_requests, 0);
+  if (trace.has_weights()) f.gate_sums.assign(row * f.num_requests, 0.f);
+  for (int i = 0; i < f.num_requests; ++i) {
+    const TraceRequest& r = trace.requests[request_indices[i]];
+    float* counts = f.prefill_counts.data() + i * row;
+    float* gates = trace.has_weights() ? f.gate_sums.data() + i * row : nullptr;
+    float* decode = f.decode_profile.data() + i * row;
+    for (int64_t t = 0; t < r.num_tokens; ++t) {
+      const int64_t g = r.offset + t;
+      const uint16_t* ids = trace.token_ids(g);
+      const bool prefill = t < r.prompt_len;
+      float* dst = prefill ? counts : decode;
+      for (int l = 0; l < L; ++l) {
+        for (int j = 0; j < K; ++j) dst[l * E + ids[l * K + j]] += 1.f;
+      }
+      if (prefill && gates) {
+        const float* w = trace.token_weights(g);
+        for (int l = 0; l < L; ++l) {
+          for (int j = 0; j < K; ++j) gates[l * E + ids[l * K + j]] += w[l * K + j];
+        }
+      }
+    }
+    f.decode_tokens[i] = r.decode_len();
+    if (r.decode_len() > 0) {
+      const float inv = 1.f / static_cast<float>(r.decode_len());
+      for (size_t x = 0; x < row; ++x) decode[x] *= inv;
+    }
+  }
+  return f;
+}
+
+std::vector<float> ComputeIdf(const std::vector<float>& prefill_counts, int num_requests, int num_layers,
+                              int num_experts) {
+  const size_t row = static_cast<size_t>(num_layers) * num_experts;
+  std::vector<int64_t> df(row, 0);
+  for (int i = 0; i < num_requests; ++i) {
+    const float* c = prefill_counts.data() + i * row;
+    for (size_t x = 0; x < row; ++x) df[x] += c[x] > 0 ? 1 : 0;
+  }
+  std::vector<float> idf(row);
+  for (size_t x = 0; x < row; ++x) {
+    idf[x] = static_cast<float>(std::log((num_requests + 1.0) / (static_cast<double>(df[x]) + 1.0)));
+  }
+  return idf;
+}
+
+int SignatureParams::num_selected_layers() const {
+  int n = 0;
+  for (auto m : layer_mask) n += m ? 1 : 0;
+  return n;
+}
+
+void ComputeSignature(const SignatureParams& p, const float* counts, const float* gate_sums, float* out) {
+  const int E = p.num_experts;
+  size_t o = 0;
+  double norm2 = 0;
+  for (int l = 0; l < p.num_layers; ++l) {
+    if (!p.layer_mask[l]) continue;
+    for (int e = 0; e < E; ++e) {
+      const size_t x = static_cast<size_t>(l) * E + e;
+      float v = VariantFeature(p.variant, counts[x], gate_sums ? gate_sums[x] : 0.f, p.idf[x]);
+      out[o++] = v;
+      norm2 += static_cast<double>(v) * v;
+    }
+  }
+  if (norm2 > 0) {
+    const float inv = static_cast<float>(1.0 / std::sqrt(norm2));
+    for (size_t i = 0; i < o; ++i) out[i] *= inv;
+  }
+}
+
+Result<std::vector<float>> VariantFeatures(const RequestFeatures& f, SignatureVariant v, const std::vector<float>& idf) {
+  if (v == SignatureVariant::kGateProb && f.gate_sums.empty()) {
+    return Status::FailedPrecondition("signature variant gate_prob needs a trace with topk_weights");
+  }
+  const size_t row = f.row_size();
+  std::vector<float> out(row * f.num_requests);
+  for (int i = 0; i < f.num_requests; ++i) {
+    for (size_t x = 0; x < row; ++x) {
+      const size_t k = i * row + x;
+      out[k] = VariantFeature(v, f.prefill_counts[k], f.gate_sums.empty() ? 0.f : f.gate_sums[k], idf[x]);
+    }
+  }
+  return out;
+}
+
+}  // namespace eldr

@@ -1,0 +1,254 @@
+// JSONL → HDF5 trace import (DESIGN.md §5). Streams the input line by line (gzip or plain, through
+// zlib), validates each request fully and appends it; the first bad line aborts the import.
+#include <zlib.h>
+
+#include <cmath>
+#include <filesystem>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <unordered_set>
+
+#include "runtime/common/progress.h"
+#include "runtime/trace/trace.h"
+#include "runtime/trace/trace_store.h"
+
+namespace eldr {
+
+namespace {
+
+using nlohmann::json;
+
+// Reads lines of any length from a plain or gzip file.
+class LineReader {
+ public:
+  explicit LineReader(gzFile f) : f_(f), buf_(1 << 20) {}
+  // Returns false at end of file; sets *error on a read error.
+  bool Next(std::string* line, bool* error) {
+    line->clear();
+    while (true) {
+      if (pos_ == len_) {
+        int n = gzread(f_, buf_.data(), static_cast<unsigned>(buf_.size()));
+        if (n < 0) {
+          *error = true;
+          return false;
+        }
+        if (n == 0) return !line->empty();
+        pos_ = 0;
+        len_ = static_cast<size_t>(n);
+      }
+      const char* start = buf_.data() + pos_;
+      const void* nl = std::memchr(start, '\n', len_ - pos_);
+      if (nl) {
+        size_t take = static_cast<const char*>(nl) - start;
+        line->append(start, take);
+        pos_ += take + 1;
+        return true;
+      }
+      line->append(start, len_ - pos_);
+      pos_ = len_;
+    }
+  }
+
+ private:
+  gzFile f_;
+  std::vector<char> buf_;
+  size_t pos_ = 0, len_ = 0;
+};
+
+struct ParsedRequest {
+  TraceRequest meta;
+  TraceShape shape;
+  std::vector<uint16_t> ids;  // [T, L, k]
+  std::vector<float> weights; // [T, L, k] or empty
+};
+
+// Parses and validates one line. Errors are the problem only; the caller adds file and line.
+Status ParseLine(const std::string& line, ParsedRequest* out) {
+  json j;
+  try {
+    j = json::parse(line);
+  } catch (const json::parse_error& e) {
+    return Status::InvalidArgument(std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!j.is_object()) return Status::InvalidArgument("a line must be a JSON object");
+  auto get_int = [&](const char* key, int64_t* v, bool required) -> Status {
+    auto it = j.find(key);
+    if (it == j.end()) {
+      return required ? Status::InvalidArgument(std::string("missing field '") + key + "'") : Status::Ok();
+    }
+    if (!it->is_number_integer()) return Status::InvalidArgument(std::string("field '") + key + "' must be an integer");
+    *v = it->get<int64_t>();
+    return Status::Ok();
+  };
+  auto it = j.find("id");
+  if (it == j.end()) return Status::InvalidArgument("missing field 'id'");
+  if (it->is_string()) {
+    out->meta.id = it->get<std::string>();
+  } else if (it->is_number_integer()) {
+    out->meta.id = std::to_string(it->get<int64_t>());
+  } else {
+    return Status::InvalidArgument("field 'id' must be a string or an integer");
+  }
+  if (out->meta.id.empty()) return Status::InvalidArgument("field 'id' is empty");
+  out->meta.domain.clear();
+  if ((it = j.find("domain")) != j.end() && !it->is_null()) {
+    if (!it->is_string()) return Status::InvalidArgument("field 'domain' must be a string");
+    out->meta.domain = it->get<std::string>();
+    if (out->meta.domain.empty()) {
+      return Status::InvalidArgument("field 'domain' is an empty string (omit the field when there is no label)");
+    }
+  }
+  out->shape.model.clear();
+  if ((it = j.find("model")) != j.end() && it->is_string()) out->shape.model = it->get<std::string>();
+  int64_t L = 0, E = 0, K = 0, T = 0, P = 0;
+  ELDR_RETURN_IF_ERROR(get_int("num_layers", &L, true));
+  ELDR_RETURN_IF_ERROR(get_int("num_experts", &E, true));
+  ELDR_RETURN_IF_ERROR(get_int("top_k", &K, true));
+  ELDR_RETURN_IF_ERROR(get_int("num_tokens", &T, true));
+  ELDR_RETURN_IF_ERROR(get_int("prompt_len", &P, true));
+  if (L <= 0 || E <= 0 || K <= 0) return Status::InvalidArgument("num_layers, num_experts and top_k must be positive");
+  if (E > 65535) return Status::InvalidArgument("num_experts must be < 65536");
+  if (K > E) return Status::InvalidArgument("top_k exceeds num_experts");
+  if (T <= 0) return Status::InvalidArgument("num_tokens must be positive");
+  if (P < 0 || P > T) {
+    return Status::InvalidArgument("prompt_len " + std::to_string(P) + " must be in [0, num_tokens = " +
+                                   std::to_string(T) + "]");
+  }
+  out->shape.num_layers = static_cast<int>(L);
+  out->shape.num_experts = static_cast<int>(E);
+  out->shape.top_k = static_cast<int>(K);
+  out->meta.num_tokens = T;
+  out->meta.prompt_len = P;
+
+  auto ids_it = j.find("topk_ids");
+  if (ids_it == j.end()) return Status::InvalidArgument("missing field 'topk_ids'");
+  if (!ids_it->is_array() || static_cast<int64_t>(ids_it->size()) != T) {
+    return Status::InvalidArgument("topk_ids must have num_tokens = " + std::to_string(T) + " entries, has " +
+                                   std::to_string(ids_it->is_array() ? ids_it->size() : 0));
+  }
+  const json* w = nullptr;
+  if ((it = j.find("topk_weights")) != j.end() && !it->is_null()) {
+    w = &*it;
+    if (!w->is_array() || static_cast<int64_t>(w->size()) != T) {
+      return Status::InvalidArgument("topk_weights must have the shape of topk_ids");
+    }
+  }
+  out->ids.assign(static_cast<size_t>(T * L * K), 0);
+  out->weights.assign(w ? static_cast<size_t>(T * L * K) : 0, 0.f);
+  std::vector<int64_t> seen(E, -1);
+  int64_t stamp = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    const json& tok = (*ids_it)[t];
+    if (!tok.is_array() || static_cast<int64_t>(tok.size()) != L) {
+      return Status::InvalidArgument("topk_ids[" + std::to_string(t) + "] must have num_layers = " +
+                                     std::to_string(L) + " entries");
+    }
+    for (int64_t l = 0; l < L; ++l, ++stamp) {
+      const json& sel = tok[l];
+      const std::string where = "topk_ids[" + std::to_string(t) + "][" + std::to_string(l) + "]";
+      if (!sel.is_array() || static_cast<int64_t>(sel.size()) != K) {
+        return Status::InvalidArgument(where + " must have top_k = " + std::to_string(K) + " ids");
+      }
+      for (int64_t m = 0; m < K; ++m) {
+        if (!sel[m].is_number_integer()) return Status::InvalidArgument(where + " has a non-integer id");
+        int64_t e = sel[m].get<int64_t>();
+        if (e < 0 || e >= E) {
+          return Status::InvalidArgument(where + " has expert id " + std::to_string(e) + " outside [0, num_experts = " +
+                                         std::to_string(E) + ")");
+        }
+        if (seen[e] == stamp) {
+          return Status::InvalidArgument(where + " repeats expert " + std::to_string(e) + " (top-k ids must be distinct)");
+        }
+        seen[e] = stamp;
+        out->ids[(t * L + l) * K + m] = static_cast<uint16_t>(e);
+      }
+      if (w) {
+        const json& wt = (*w)[t];
+        if (!wt.is_array() || static_cast<int64_t>(wt.size()) != L || !wt[l].is_array() ||
+            static_cast<int64_t>(wt[l].size()) != K) {
+          return Status::InvalidArgument("topk_weights[" + std::to_string(t) + "] must have the shape of topk_ids");
+        }
+        for (int64_t m = 0; m < K; ++m) {
+          const json& v = wt[l][m];
+          if (!v.is_number()) return Status::InvalidArgument("topk_weights has a non-number value");
+          double x = v.get<double>();
+          if (!std::isfinite(x) || x < 0) {
+            return Status::InvalidArgument("topk_weights[" + std::to_string(t) + "][" + std::to_string(l) +
+                                           "] has a negative or non-finite value");
+          }
+          out->weights[(t * L + l) * K + m] = static_cast<float>(x);
+        }
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path, ImportSummary* summary) {
+  gzFile gz = gzopen(in_path.c_str(), "rb");
+  if (!gz) return Status::NotFound(in_path + ": cannot open: " + std::strerror(errno));
+  struct GzCloser {
+    gzFile f;
+    ~GzCloser() { gzclose(f); }
+  } closer{gz};
+  gzbuffer(gz, 1 << 20);
+  LineReader reader(gz);
+
+  std::unique_ptr<TraceWriter> writer;
+  TraceShape shape;
+  bool with_weights = false;
+  std::unordered_set<std::string> ids;
+  std::string line;
+  bool read_error = false;
+  int64_t line_no = 0;
+  ParsedRequest req;
+  std::error_code ec;
+  const auto file_size = std::filesystem::file_size(in_path, ec);
+  ProgressBar progress("importing " + std::filesystem::path(in_path).filename().string(),
+                       ec ? 0 : static_cast<int64_t>(file_size));
+  while (reader.Next(&line, &read_error)) {
+    ++line_no;
+    if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
+    Status st = ParseLine(line, &req);
+    if (!st.ok()) return Status::InvalidArgument(in_path + ":" + std::to_string(line_no) + ": " + st.message());
+    const std::string where = in_path + ":" + std::to_string(line_no) + ": ";
+    if (!writer) {
+      shape = req.shape;
+      with_weights = !req.weights.empty();
+      ELDR_ASSIGN_OR_RETURN(writer, TraceWriter::Open(out_path, shape, with_weights));
+    } else {
+      if (!req.shape.SameAs(shape)) {
+        return Status::InvalidArgument(where + "shape " + req.shape.ToString() + " differs from the first request's " +
+                                       shape.ToString());
+      }
+      if (with_weights != !req.weights.empty()) {
+        return Status::InvalidArgument(where + (with_weights ? "has no topk_weights but earlier lines do"
+                                                             : "has topk_weights but earlier lines do not"));
+      }
+    }
+    if (!ids.insert(req.meta.id).second) {
+      return Status::InvalidArgument(where + "duplicate request id '" + req.meta.id + "'");
+    }
+    ELDR_RETURN_IF_ERROR(writer->Append(req.meta, req.ids.data(), with_weights ? req.weights.data() : nullptr));
+    progress.Update(static_cast<int64_t>(gzoffset(gz)));
+  }
+  progress.Finish();
+  if (read_error) {
+    int errnum = 0;
+    const char* msg = gzerror(gz, &errnum);
+    return Status::IoError(in_path + ":" + std::to_string(line_no + 1) + ": read error: " + (msg ? msg : "unknown") +
+                           " (truncated gzip?)");
+  }
+  if (!writer) return Status::InvalidArgument(in_path + ": no requests (the file is empty)");
+  if (summary) {
+    summary->num_requests = writer->num_requests();
+    summary->num_tokens = writer->num_tokens();
+    summary->shape = shape;
+    summary->has_weights = with_weights;
+  }
+  return writer->Finish();
+}
+
+}  // namespace eldr

@@ -1,0 +1,212 @@
+#include "runtime/trace/trace.h"
+
+#include <cmath>
+#include <unordered_set>
+
+#include "runtime/common/hdf5.h"
+#include "runtime/trace/trace_store.h"
+
+namespace eldr {
+
+namespace {
+constexpr int64_t kTraceFormatVersion = 1;
+}
+
+std::string TraceShape::ToString() const {
+  return "L=" + std::to_string(num_layers) + " E=" + std::to_string(num_experts) + " k=" + std::to_string(top_k);
+}
+
+int64_t Trace::num_tokens_total() const {
+  size_t stride = token_stride();
+  return stride == 0 ? 0 : static_cast<int64_t>(topk_ids.size() / stride);
+}
+
+std::vector<std::string> Trace::Domains() const {
+  std::vector<std::string> out;
+  std::unordered_set<std::string> seen;
+  for (const auto& r : requests) {
+    if (seen.insert(r.domain).second) out.push_back(r.domain);
+  }
+  return out;
+}
+
+Status ValidateTrace(const Trace& trace, const std::string& name) {
+  const auto& s = trace.shape;
+  if (s.num_layers <= 0 || s.num_experts <= 0 || s.top_k <= 0) {
+    return Status::Corrupt(name + ": shape must be positive, got " + s.ToString());
+  }
+  if (s.num_experts > 65535) return Status::Corrupt(name + ": num_experts must be < 65536");
+  if (s.top_k > s.num_experts) return Status::Corrupt(name + ": top_k exceeds num_experts");
+  const size_t stride = trace.token_stride();
+  if (trace.topk_ids.size() % stride != 0) return Status::Corrupt(name + ": topk_ids size is not a multiple of L*k");
+  const int64_t total = trace.num_tokens_total();
+  if (trace.has_weights() && trace.topk_weights.size() != trace.topk_ids.size()) {
+    return Status::Corrupt(name + ": topk_weights and topk_ids differ in size");
+  }
+  int64_t expected_offset = 0;
+  std::unordered_set<std::string> ids;
+  for (size_t r = 0; r < trace.requests.size(); ++r) {
+    const auto& req = trace.requests[r];
+    const std::string where = name + ": request " + std::to_string(r) + " ('" + req.id + "')";
+    if (!ids.insert(req.id).second) return Status::Corrupt(where + ": duplicate request id");
+    if (req.num_tokens <= 0) return Status::Corrupt(where + ": num_tokens must be positive");
+    if (req.prompt_len < 0 || req.prompt_len > req.num_tokens) {
+      return Status::Corrupt(where + ": prompt_len must be in [0, num_tokens]");
+    }
+    if (req.offset != expected_offset) return Status::Corrupt(where + ": offsets are not contiguous");
+    expected_offset += req.num_tokens;
+  }
+  if (expected_offset != total) {
+    return Status::Corrupt(name + ": requests cover " + std::to_string(expected_offset) + " tokens but topk_ids has " +
+                           std::to_string(total));
+  }
+  std::vector<int64_t> last_seen(s.num_experts, -1);
+  int64_t stamp = 0;
+  for (int64_t t = 0; t < total; ++t) {
+    const uint16_t* row = trace.token_ids(t);
+    for (int l = 0; l < s.num_layers; ++l, ++stamp) {
+      for (int j = 0; j < s.top_k; ++j) {
+        uint16_t e = row[l * s.top_k + j];
+        if (e >= s.num_experts) {
+          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) + ": expert id " +
+                                 std::to_string(e) + " >= num_experts " + std::to_string(s.num_experts));
+        }
+        if (last_seen[e] == stamp) {
+          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) +
+                                 ": expert " + std::to_string(e) + " repeated within top-k");
+        }
+        last_seen[e] = stamp;
+      }
+    }
+  }
+  if (trace.has_weights()) {
+    for (size_t i = 0; i < trace.topk_weights.size(); ++i) {
+      float w = trace.topk_weights[i];
+      if (!std::isfinite(w) || w < 0) {
+        return Status::Corrupt(name + ": topk_weights has a NaN, infinite or negative value at token " +
+                               std::to_string(i / stride));
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+Result<Trace> ReadTrace(const std::string& path) {
+  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
+  Trace t;
+  auto fmt = f.ReadStringAttribute("/", "format");
+  if (fmt.ok() && fmt.value() != "eldr-trace") {
+    return Status::InvalidArgument(path + ": is a '" + fmt.value() + "' file, not a routing trace");
+  }
+  if (f.Exists("/tokens/topk_ids") == false) {
+    return Status::InvalidArgument(path + ": not a routing trace (no /tokens/topk_ids); import JSONL with 'eldr trace import'");
+  }
+  auto model = f.ReadStringAttribute("/", "model");
+  t.shape.model = model.ok() ? model.value() : "";
+  ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
+  ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
+  ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/", "top_k"));
+  t.shape.num_layers = static_cast<int>(L);
+  t.shape.num_experts = static_cast<int>(E);
+  t.shape.top_k = static_cast<int>(K);
+  h5::Dims dims;
+  ELDR_ASSIGN_OR_RETURN(t.topk_ids, f.Read<uint16_t>("/tokens/topk_ids", &dims, 3));
+  if (dims[1] != static_cast<hsize_t>(L) || dims[2] != static_cast<hsize_t>(K)) {
+    return Status::Corrupt(path + ": /tokens/topk_ids shape does not match num_layers/top_k attributes");
+  }
+  if (f.Exists("/tokens/topk_weights")) {
+    h5::Dims wdims;
+    ELDR_ASSIGN_OR_RETURN(t.topk_weights, f.Read<float>("/tokens/topk_weights", &wdims, 3));
+    if (wdims != dims) return Status::Corrupt(path + ": /tokens/topk_weights shape differs from topk_ids");
+  }
+  ELDR_ASSIGN_OR_RETURN(auto ids, f.ReadStrings("/requests/id"));
+  ELDR_ASSIGN_OR_RETURN(auto domains, f.ReadStrings("/requests/domain"));
+  h5::Dims d1;
+  ELDR_ASSIGN_OR_RETURN(auto prompt_len, f.Read<int64_t>("/requests/prompt_len", &d1, 1));
+  ELDR_ASSIGN_OR_RETURN(auto num_tokens, f.Read<int64_t>("/requests/num_tokens", &d1, 1));
+  ELDR_ASSIGN_OR_RETURN(auto offset, f.Read<int64_t>("/requests/offset", &d1, 1));
+  const size_t n = ids.size();
+  if (domains.size() != n || prompt_len.size() != n || num_tokens.size() != n || offset.size() != n) {
+    return Status::Corrupt(path + ": /requests datasets differ in length");
+  }
+  t.requests.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    t.requests[i] = TraceRequest{ids[i], domains[i], prompt_len[i], num_tokens[i], offset[i]};
+  }
+  ELDR_RETURN_IF_ERROR(ValidateTrace(t, path));
+  return t;
+}
+
+Status WriteTrace(const Trace& trace, const std::string& path) {
+  ELDR_RETURN_IF_ERROR(ValidateTrace(trace, path));
+  ELDR_ASSIGN_OR_RETURN(auto writer, TraceWriter::Open(path, trace.shape, trace.has_weights()));
+  for (const auto& r : trace.requests) {
+    ELDR_RETURN_IF_ERROR(writer->Append(r, trace.token_ids(r.offset),
+                                        trace.has_weights() ? trace.token_weights(r.offset) : nullptr));
+  }
+  return writer->Finish();
+}
+
+// ---- TraceWriter ----
+
+Result<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, const TraceShape& shape,
+                                                       bool with_weights) {
+  std::unique_ptr<TraceWriter> w(new TraceWriter(path));
+  ELDR_RETURN_IF_ERROR(w->out_.CheckWritable());
+  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::Create(w->out_.temp_path(), path));
+  w->file_ = std::make_unique<h5::File>(std::move(f));
+  w->shape_ = shape;
+  const h5::Dims row{static_cast<hsize_t>(shape.num_layers), static_cast<hsize_t>(shape.top_k)};
+  const hsize_t chunk_rows = std::max<hsize_t>(1, (1u << 18) / (row[0] * row[1]));
+  ELDR_ASSIGN_OR_RETURN(h5::Appender ids, h5::Appender::Create(*w->file_, "/tokens/topk_ids", H5T_NATIVE_UINT16,
+                                                               row, chunk_rows, true));
+  w->ids_ = std::make_unique<h5::Appender>(std::move(ids));
+  if (with_weights) {
+    ELDR_ASSIGN_OR_RETURN(h5::Appender ws, h5::Appender::Create(*w->file_, "/tokens/topk_weights",
+                                                                H5T_NATIVE_FLOAT, row, chunk_rows, true));
+    w->weights_ = std::make_unique<h5::Appender>(std::move(ws));
+  }
+  return w;
+}
+
+Status TraceWriter::Append(const TraceRequest& request, const uint16_t* ids, const float* weights) {
+  TraceRequest r = request;
+  r.offset = num_tokens_;
+  ELDR_RETURN_IF_ERROR(ids_->Append(ids, r.num_tokens));
+  if (weights_) ELDR_RETURN_IF_ERROR(weights_->Append(weights, r.num_tokens));
+  num_tokens_ += r.num_tokens;
+  requests_.push_back(std::move(r));
+  return Status::Ok();
+}
+
+Status TraceWriter::Finish() {
+  h5::File& f = *file_;
+  const size_t n = requests_.size();
+  std::vector<std::string> ids(n), domains(n);
+  std::vector<int64_t> prompt_len(n), num_tokens(n), offset(n);
+  for (size_t i = 0; i < n; ++i) {
+    ids[i] = requests_[i].id;
+    domains[i] = requests_[i].domain;
+    prompt_len[i] = requests_[i].prompt_len;
+    num_tokens[i] = requests_[i].num_tokens;
+    offset[i] = requests_[i].offset;
+  }
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "format", std::string("eldr-trace")));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "format_version", kTraceFormatVersion));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "model", shape_.model));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "num_layers", static_cast<int64_t>(shape_.num_layers)));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "num_experts", static_cast<int64_t>(shape_.num_experts)));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute("/", "top_k", static_cast<int64_t>(shape_.top_k)));
+  ELDR_RETURN_IF_ERROR(f.WriteStrings("/requests/id", ids));
+  ELDR_RETURN_IF_ERROR(f.WriteStrings("/requests/domain", domains));
+  ELDR_RETURN_IF_ERROR(f.Write("/requests/prompt_len", prompt_len, {n}));
+  ELDR_RETURN_IF_ERROR(f.Write("/requests/num_tokens", num_tokens, {n}));
+  ELDR_RETURN_IF_ERROR(f.Write("/requests/offset", offset, {n}));
+  ids_.reset();
+  weights_.reset();
+  ELDR_RETURN_IF_ERROR(f.Close());
+  file_.reset();
+  return out_.Commit();
+}
+
+}  // namespace eldr

@@ -1,0 +1,71 @@
+// Routing traces: which experts each token of each request was routed to, per MoE layer
+// (DESIGN.md §5). Tokens [0, prompt_len) of a request are prefill, the rest decode.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/common/status.h"
+
+namespace eldr {
+
+struct TraceShape {
+  std::string model;    // free text, may be empty
+  int num_layers = 0;   // MoE layers recorded (L)
+  int num_experts = 0;  // routed experts per layer (E), < 65536
+  int top_k = 0;        // experts per token per layer (k)
+
+  bool SameAs(const TraceShape& o) const {
+    return num_layers == o.num_layers && num_experts == o.num_experts && top_k == o.top_k;
+  }
+  std::string ToString() const;  // "L=26 E=64 k=6"
+};
+
+struct TraceRequest {
+  std::string id;
+  std::string domain;      // "" when the trace has no label
+  int64_t prompt_len = 0;  // prefill tokens
+  int64_t num_tokens = 0;  // prefill + decode tokens
+  int64_t offset = 0;      // first token's row in Trace::topk_ids
+  int64_t decode_len() const { return num_tokens - prompt_len; }
+};
+
+struct Trace {
+  TraceShape shape;
+  std::vector<TraceRequest> requests;
+  std::vector<uint16_t> topk_ids;   // [num_tokens_total, L, k]
+  std::vector<float> topk_weights;  // [num_tokens_total, L, k], or empty when the trace has none
+
+  bool has_weights() const { return !topk_weights.empty(); }
+  int64_t num_tokens_total() const;
+  size_t token_stride() const { return static_cast<size_t>(shape.num_layers) * shape.top_k; }
+  // The [L, k] expert ids of token `t` (a global row).
+  const uint16_t* token_ids(int64_t t) const { return topk_ids.data() + t * token_stride(); }
+  const float* token_weights(int64_t t) const { return topk_weights.data() + t * token_stride(); }
+  // Distinct domain labels in order of first appearance ("" included if present).
+  std::vector<std::string> Domains() const;
+};
+
+// Checks every invariant of a trace (shapes, ids < E, distinct ids per token and layer, lengths,
+// offsets, finite non-negative weights). `name` prefixes the error.
+Status ValidateTrace(const Trace& trace, const std::string& name);
+
+// HDF5 trace store (DESIGN.md §5). Read validates the file fully.
+Result<Trace> ReadTrace(const std::string& path);
+// Written to a temporary and renamed; no partial file on failure.
+Status WriteTrace(const Trace& trace, const std::string& path);
+
+struct ImportSummary {
+  int64_t num_requests = 0;
+  int64_t num_tokens = 0;
+  TraceShape shape;
+  bool has_weights = false;
+};
+
+// Streams a JSONL (optionally gzip-compressed) routing trace into the HDF5 trace format. Every line is
+// validated; the first bad line fails the import with "<in>:<line>: <problem>" and no output file.
+// Memory is bounded by one request plus per-request metadata.
+Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path, ImportSummary* summary);
+
+}  // namespace eldr
