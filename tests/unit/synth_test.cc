@@ -141,7 +141,9 @@ TEST(SynthTest, WeightsAreDescendingGateProbabilities) {
       double sum = 0;
       for (int j = 0; j < K; ++j) {
         ASSERT_GT(w[j], 0.0f);
-        if (j > 0) ASSERT_LE(w[j], w[j - 1]);
+        if (j > 0) {
+          ASSERT_LE(w[j], w[j - 1]);
+        }
         sum += w[j];
       }
       ASSERT_NEAR(sum, 1.0, 1e-5);
@@ -227,16 +229,21 @@ TEST(SynthTest, TokensShareMoreExpertsWithinARequestAndWithinADomain) {
   o.num_experts = 64;
   o.top_k = 4;
   o.num_layers = 6;
-  Trace t = MustSynth(o);
-  const Overlaps ov = MeasureOverlaps(t);
-  // Uniform draws would overlap by k²/E = 0.25 experts.
-  EXPECT_GT(ov.same_domain, 2 * ov.cross_domain) << ov.same_domain << " vs " << ov.cross_domain;
-  EXPECT_GT(ov.same_request, ov.same_domain + 0.2) << ov.same_request << " vs " << ov.same_domain;
+  const Overlaps ov = MeasureOverlaps(MustSynth(o));
+  // Uniform draws would overlap by k²/E = 0.25 experts; the shared set lifts every pair alike.
+  EXPECT_GT(ov.same_domain, 1.5 * ov.cross_domain) << ov.same_domain << " vs " << ov.cross_domain;
+  EXPECT_GT(ov.same_request, ov.same_domain + 0.1) << ov.same_request << " vs " << ov.same_domain;
+
+  // Without a personal preference, two tokens of one request are just two tokens of its domain.
+  o.request_affinity = 0;
+  const Overlaps no_personal = MeasureOverlaps(MustSynth(o));
+  EXPECT_NEAR(no_personal.same_request, no_personal.same_domain, 0.15);
+  EXPECT_GT(no_personal.same_domain, 1.5 * no_personal.cross_domain);
 
   // Without domain preference, domains are indistinguishable (shared set and background only).
   o.domain_affinity = 0;
   const Overlaps flat = MeasureOverlaps(MustSynth(o));
-  EXPECT_NEAR(flat.same_domain, flat.cross_domain, 0.15);
+  EXPECT_NEAR(flat.same_domain, flat.cross_domain, 0.1);
 }
 
 TEST(SynthTest, FullDomainAffinityKeepsTokensInTheDomainsPreferredSet) {

@@ -1,0 +1,219 @@
+// The calibration pipeline end to end on synthetic and real traces: the file round-trips, clusters
+// respect the capacity, domains are recovered where the trace separates them, refit works from the
+// stored signatures alone, and every bad input is a clear error with no file left behind.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <map>
+
+#include "runtime/calib/balanced_kmeans.h"
+#include "runtime/calib/calibrate.h"
+#include "runtime/calib/calibration.h"
+#include "runtime/common/hdf5.h"
+#include "runtime/trace/synth.h"
+
+namespace eldr {
+namespace {
+
+namespace fs = std::filesystem;
+
+class CalibrationTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("eldr_calib_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  fs::path dir_;
+};
+
+Trace SmallSynth(int domains, int requests, uint64_t seed) {
+  SynthOptions o;
+  o.num_domains = domains;
+  o.num_requests = requests;
+  o.num_layers = 6;
+  o.num_experts = 32;
+  o.top_k = 4;
+  o.prompt_len_min = o.prompt_len_max = 24;
+  o.output_len_min = o.output_len_max = 24;
+  o.seed = seed;
+  auto t = SynthesizeTrace(o);
+  EXPECT_TRUE(t.ok()) << t.status().message();
+  return std::move(t).value();
+}
+
+CalibrateOptions Quiet(int k) {
+  CalibrateOptions o;
+  o.num_decoders = k;
+  o.progress = false;
+  return o;
+}
+
+TEST_F(CalibrationTest, RecoversSyntheticDomainsWithBalancedClusters) {
+  Trace t = SmallSynth(4, 120, 1);
+  CalibrateReport rep;
+  auto c = Calibrate(t, Quiet(4), &rep);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(c->num_signatures(), 120);
+  for (auto s : c->sizes) EXPECT_LE(s, ClusterCapacity(120, 4));
+  // Purity: most members of each cluster share a domain.
+  int agree = 0;
+  for (int k = 0; k < 4; ++k) {
+    std::map<std::string, int> counts;
+    for (size_t i = 0; i < c->assignment.size(); ++i) {
+      if (c->assignment[i] == k) ++counts[c->domains[i]];
+    }
+    int best = 0;
+    for (auto& [d, n] : counts) best = std::max(best, n);
+    agree += best;
+  }
+  EXPECT_GE(agree, 0.9 * 120);
+  EXPECT_GT(rep.rho_selected, 0.3);
+  EXPECT_GE(rep.rho_selected, rep.rho_all_layers - 1e-12);  // the peak is at least the all-layer value
+  EXPECT_EQ(static_cast<int>(rep.rho_curve.size()), 6);
+  // Signatures are unit vectors; expert load rows sum to top_k per layer.
+  const int D = c->dim();
+  for (int i = 0; i < c->num_signatures(); ++i) {
+    double n2 = 0;
+    for (int x = 0; x < D; ++x) n2 += c->signatures[i * D + x] * c->signatures[i * D + x];
+    EXPECT_NEAR(n2, 1.0, 1e-4);
+  }
+  for (int k = 0; k < 4; ++k) {
+    for (int l = 0; l < 6; ++l) {
+      double s = 0;
+      for (int e = 0; e < 32; ++e) s += c->expert_load[(k * 6 + l) * 32 + e];
+      EXPECT_NEAR(s, 4.0, 1e-4);
+    }
+  }
+}
+
+TEST_F(CalibrationTest, FileRoundTripAndSchema) {
+  Trace t = SmallSynth(3, 60, 2);
+  auto c = Calibrate(t, Quiet(3), nullptr);
+  ASSERT_TRUE(c.ok());
+  const std::string p = Path("calibration.h5");
+  ASSERT_TRUE(WriteCalibration(c.value(), p).ok());
+  auto r = ReadCalibration(p);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->signatures, c->signatures);
+  EXPECT_EQ(r->centroids, c->centroids);
+  EXPECT_EQ(r->assignment, c->assignment);
+  EXPECT_EQ(r->signature.idf, c->signature.idf);
+  EXPECT_EQ(r->signature.layer_mask, c->signature.layer_mask);
+  EXPECT_EQ(r->expert_load, c->expert_load);
+  EXPECT_EQ(r->request_ids, c->request_ids);
+  EXPECT_DOUBLE_EQ(r->tau, 0.1);
+  // Schema of DESIGN.md §5, read with the raw HDF5 layer.
+  auto f = h5::File::OpenReadOnly(p);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f->ReadStringAttribute("/", "format").value(), "eldr-calibration");
+  EXPECT_EQ(f->ReadStringAttribute("/signature", "variant").value(), "count_idf");
+  EXPECT_EQ(f->ReadIntAttribute("/clusters", "K").value(), 3);
+  EXPECT_EQ(f->Shape("/signature/idf").value(), (h5::Dims{6, 32}));
+  EXPECT_EQ(f->Shape("/clusters/expert_load").value(), (h5::Dims{3, 6, 32}));
+  EXPECT_EQ(f->Shape("/clusters/centroids").value(), (h5::Dims{3, static_cast<hsize_t>(c->dim())}));
+  EXPECT_EQ(f->Shape("/calibration/signatures").value(), (h5::Dims{60, static_cast<hsize_t>(c->dim())}));
+}
+
+TEST_F(CalibrationTest, RefitFromStoredSignatures) {
+  Trace t = SmallSynth(4, 80, 3);
+  auto c = Calibrate(t, Quiet(4), nullptr);
+  ASSERT_TRUE(c.ok());
+  auto r = Refit(c.value(), 2, 0, 4, true, false, nullptr);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_EQ(r->num_clusters, 2);
+  EXPECT_EQ(r->sizes, (std::vector<int64_t>{40, 40}));
+  EXPECT_EQ(r->signatures, c->signatures);
+  EXPECT_EQ(r->signature.layer_mask, c->signature.layer_mask);
+  EXPECT_EQ(r->expert_load.size(), 2u * 6 * 32);
+  EXPECT_EQ(Refit(c.value(), 81, 0, 4, true, false, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Refit(c.value(), 0, 0, 4, true, false, nullptr).status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST_F(CalibrationTest, HoldoutAndFixedLayerCount) {
+  Trace t = SmallSynth(2, 60, 4);
+  CalibrateOptions o = Quiet(2);
+  o.holdout = 0.25;
+  o.num_layers = 2;
+  CalibrateReport rep;
+  auto c = Calibrate(t, o, &rep);
+  ASSERT_TRUE(c.ok()) << c.status().message();
+  EXPECT_EQ(rep.num_holdout, 15);
+  EXPECT_EQ(c->num_signatures(), 45);
+  EXPECT_EQ(c->signature.num_selected_layers(), 2);
+  EXPECT_TRUE(std::isfinite(rep.rho_holdout));
+}
+
+TEST_F(CalibrationTest, BadInputsAreClearErrors) {
+  Trace t = SmallSynth(2, 20, 5);
+  EXPECT_EQ(Calibrate(t, Quiet(0), nullptr).status().code(), StatusCode::kInvalidArgument);
+  auto too_many = Calibrate(t, Quiet(21), nullptr);
+  EXPECT_EQ(too_many.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(too_many.status().message().find("must be in [1, 20]"), std::string::npos);
+  CalibrateOptions o = Quiet(2);
+  o.tau = -1;
+  EXPECT_FALSE(Calibrate(t, o, nullptr).ok());
+  o = Quiet(2);
+  o.holdout = 1.5;
+  EXPECT_FALSE(Calibrate(t, o, nullptr).ok());
+
+  // A calibration with NaN in its signatures is refused on write and on read.
+  auto c = Calibrate(t, Quiet(2), nullptr);
+  ASSERT_TRUE(c.ok());
+  Calibration bad = c.value();
+  bad.signatures[3] = std::nanf("");
+  EXPECT_EQ(WriteCalibration(bad, Path("bad.h5")).code(), StatusCode::kCorrupt);
+  EXPECT_FALSE(fs::exists(Path("bad.h5")));
+  // Negative decode profile values are refused too.
+  bad = c.value();
+  bad.decode_profiles[0] = -1;
+  EXPECT_FALSE(WriteCalibration(bad, Path("bad.h5")).ok());
+
+  // A trace of another model shape is refused by the calibration check.
+  SynthOptions so;
+  so.num_requests = 10;
+  so.num_layers = 7;
+  so.num_experts = 32;
+  so.top_k = 4;
+  auto other = SynthesizeTrace(so);
+  ASSERT_TRUE(other.ok());
+  auto chk = CheckTraceAgainstCalibration(c.value(), other.value(), "other.h5", "calib.h5", 1000, 0);
+  EXPECT_EQ(chk.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(chk.status().message().find("other.h5"), std::string::npos);
+
+  // Reading a trace as a calibration, a missing file, a truncated file.
+  ASSERT_TRUE(WriteTrace(t, Path("trace.h5")).ok());
+  EXPECT_EQ(ReadCalibration(Path("trace.h5")).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadCalibration(Path("nope.h5")).status().code(), StatusCode::kNotFound);
+  ASSERT_TRUE(WriteCalibration(c.value(), Path("good.h5")).ok());
+  fs::copy_file(Path("good.h5"), Path("cut.h5"));
+  fs::resize_file(Path("cut.h5"), fs::file_size(Path("good.h5")) / 2);
+  auto cut = ReadCalibration(Path("cut.h5"));
+  ASSERT_FALSE(cut.ok());
+  EXPECT_NE(cut.status().message().find("cut.h5"), std::string::npos);
+}
+
+TEST_F(CalibrationTest, RealTraceSeparatesTaskDomains) {
+  const std::string jsonl = std::string(ELDR_TEST_DATA_DIR) + "/esft-deepseek-v2-lite/routing.jsonl.gz";
+  ASSERT_TRUE(ImportJsonlTrace(jsonl, Path("real.h5"), nullptr).ok());
+  auto t = ReadTrace(Path("real.h5"));
+  ASSERT_TRUE(t.ok());
+  EXPECT_EQ(t->requests.size(), 108u);
+  EXPECT_EQ(t->shape.num_layers, 26);
+  EXPECT_EQ(t->shape.num_experts, 64);
+  EXPECT_EQ(t->shape.top_k, 6);
+  CalibrateReport rep;
+  auto c = Calibrate(t.value(), Quiet(4), &rep);
+  ASSERT_TRUE(c.ok());
+  EXPECT_EQ(c->sizes, (std::vector<int64_t>{27, 27, 27, 27}));
+  // Prefill signatures predict decode similarity on real routing (the paper's premise).
+  EXPECT_GT(rep.rho_selected, 0.5);
+  EXPECT_EQ(rep.variants.size(), 5u);  // the real trace has gate weights
+}
+
+}  // namespace
+}  // namespace eldr
