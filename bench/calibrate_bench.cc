@@ -1,1 +1,102 @@
-int main() { return 0; }
+// Offline calibration benchmarks (bench/README.md). The headline figure is BM_CalibrateFit: the whole
+// `eldr calibrate` fit for N = 1000 requests, L = 48, E = 128, top-8, K = 16 on a synthetic trace,
+// greedy layer selection included (target <= 5 s, stretch <= 2 s on the 2-core dev machine).
+#include <benchmark/benchmark.h>
+
+#include <cmath>
+#include <cstdio>
+#include <random>
+
+#include "runtime/calib/balanced_kmeans.h"
+#include "runtime/calib/calibrate.h"
+#include "runtime/signature/quality.h"
+#include "runtime/trace/synth.h"
+
+namespace eldr {
+namespace {
+
+const Trace& FitTrace() {
+  static const Trace trace = [] {
+    SynthOptions o;
+    o.num_domains = 16;
+    o.num_requests = 1000;
+    o.num_layers = 48;
+    o.num_experts = 128;
+    o.top_k = 8;
+    o.prompt_len_min = 64;
+    o.prompt_len_max = 512;
+    o.output_len_min = o.output_len_max = 128;
+    o.seed = 1;
+    return SynthesizeTrace(o).value();
+  }();
+  return trace;
+}
+
+CalibrateOptions FitOptions() {
+  CalibrateOptions o;
+  o.num_decoders = 16;
+  o.progress = false;
+  return o;
+}
+
+void BM_CalibrateFit(benchmark::State& state) {
+  const Trace& t = FitTrace();  // synthesised once, outside the timed loop
+  CalibrateOptions o = FitOptions();
+  CalibrateReport rep;
+  for (auto _ : state) {
+    auto c = Calibrate(t, o, &rep);
+    if (!c.ok()) state.SkipWithError(c.status().message().c_str());
+    benchmark::DoNotOptimize(c);
+  }
+  state.counters["n_star"] = rep.n_star;
+  state.counters["rho_selected"] = rep.rho_selected;
+  state.counters["s_features"] = rep.seconds_features;
+  state.counters["s_rho_greedy"] = rep.seconds_quality;
+  state.counters["s_kmeans"] = rep.seconds_kmeans;
+  state.counters["s_total"] = rep.seconds_total;
+}
+BENCHMARK(BM_CalibrateFit)->Setup([](const benchmark::State&) { FitTrace(); })->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+
+// Error of ρ from the default 20k sampled pairs against all N(N-1)/2 = 499500 pairs, for every greedy
+// prefix of the fit's layer order (reported as the max and mean absolute error).
+void BM_RhoSampleError(benchmark::State& state) {
+  const Trace& t = FitTrace();
+  CalibrateReport rep;
+  auto c = Calibrate(t, FitOptions(), &rep);
+  std::vector<int32_t> idx(t.requests.size());
+  for (size_t i = 0; i < idx.size(); ++i) idx[i] = static_cast<int32_t>(i);
+  RequestFeatures f = ComputeRequestFeatures(t, idx);
+  auto feats = VariantFeatures(f, SignatureVariant::kCountIdf, c->signature.idf).value();
+  const int n = f.num_requests, L = f.num_layers, E = f.num_experts;
+  double max_err = 0, sum_err = 0;
+  for (auto _ : state) {
+    SignatureQuality all(feats, f.decode_profile, n, L, E, SampleRequestPairs(n, 0, 0));
+    SignatureQuality sample(feats, f.decode_profile, n, L, E, SampleRequestPairs(n, 20000, 0));
+    std::vector<uint8_t> mask(L, 0);
+    max_err = sum_err = 0;
+    for (int i = 0; i < L; ++i) {
+      mask[rep.layer_order[i]] = 1;
+      const double err = std::abs(all.Rho(mask) - sample.Rho(mask));
+      max_err = std::max(max_err, err);
+      sum_err += err;
+    }
+  }
+  state.counters["rho_err_max"] = max_err;
+  state.counters["rho_err_mean"] = sum_err / L;
+}
+BENCHMARK(BM_RhoSampleError)->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(1);
+
+void BM_CapacitatedAssignment(benchmark::State& state) {
+  const int n = static_cast<int>(state.range(0)), k = static_cast<int>(state.range(1));
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(0, 2);
+  std::vector<double> cost(static_cast<size_t>(n) * k);
+  for (auto& x : cost) x = u(rng);
+  for (auto _ : state) benchmark::DoNotOptimize(CapacitatedAssignment(cost, n, k, ClusterCapacity(n, k)));
+}
+BENCHMARK(BM_CapacitatedAssignment)->Args({1000, 16})->Args({10000, 40})->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace eldr
+
+BENCHMARK_MAIN();

@@ -133,11 +133,12 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   rep.num_pairs = static_cast<int64_t>(pairs.size());
   rep.all_pairs = pairs.all_pairs;
   const std::vector<uint8_t> all_layers(L, 1);
+  const std::vector<double> decode_ranks = SignatureQuality::DecodeRanks(fc.decode_profile, fc.row_size(), pairs);
   std::vector<std::pair<SignatureVariant, std::unique_ptr<SignatureQuality>>> evaluators;
   for (SignatureVariant v : AllSignatureVariants()) {
     auto feats = VariantFeatures(fc, v, idf);
     if (!feats.ok()) continue;  // gate_prob without weights
-    evaluators.emplace_back(v, std::make_unique<SignatureQuality>(feats.value(), fc.decode_profile, N, L, E, pairs));
+    evaluators.emplace_back(v, std::make_unique<SignatureQuality>(feats.value(), decode_ranks, N, L, E, pairs));
   }
   const SignatureQuality* chosen = nullptr;
   for (auto& [v, q] : evaluators) {

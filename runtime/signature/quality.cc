@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <numeric>
 #include <random>
@@ -95,35 +96,52 @@ double CosineDistance(const float* a, const float* b, size_t n) {
   return 1.0 - ab / std::sqrt(aa * bb);
 }
 
+std::vector<double> SignatureQuality::DecodeRanks(const std::vector<float>& decode_profile, size_t row_size,
+                                                  const RequestPairs& pairs) {
+  std::vector<double> decode_dist(pairs.size());
+  ParallelFor(static_cast<int64_t>(pairs.size()), [&](int64_t p) {
+    decode_dist[p] = CosineDistance(decode_profile.data() + pairs.first[p] * row_size,
+                                    decode_profile.data() + pairs.second[p] * row_size, row_size);
+  });
+  return AverageRanks(decode_dist);
+}
+
 SignatureQuality::SignatureQuality(const std::vector<float>& features, const std::vector<float>& decode_profile,
                                    int num_requests, int num_layers, int num_experts, const RequestPairs& pairs)
-    : num_requests_(num_requests), num_layers_(num_layers), num_pairs_(pairs.size()), pairs_(pairs) {
+    : SignatureQuality(features, DecodeRanks(decode_profile, static_cast<size_t>(num_layers) * num_experts, pairs),
+                       num_requests, num_layers, num_experts, pairs) {}
+
+SignatureQuality::SignatureQuality(const std::vector<float>& features, std::vector<double> decode_ranks,
+                                   int num_requests, int num_layers, int num_experts, const RequestPairs& pairs)
+    : num_requests_(num_requests),
+      num_layers_(num_layers),
+      num_pairs_(pairs.size()),
+      pairs_(pairs),
+      decode_ranks_(std::move(decode_ranks)) {
   const int L = num_layers, E = num_experts, N = num_requests;
   const size_t P = num_pairs_;
   const size_t row = static_cast<size_t>(L) * E;
   layer_dot_.assign(static_cast<size_t>(L) * P, 0.0);
   layer_norm2_.assign(static_cast<size_t>(L) * N, 0.0);
   ParallelFor(L, [&](int64_t l) {
+    // Copy layer l of every request into one contiguous [N, E] slice so that the pair loop, which visits
+    // requests in random order, reads from cache instead of striding through the whole [N, L, E] array.
+    std::vector<float> slice(static_cast<size_t>(N) * E);
     for (int i = 0; i < N; ++i) {
       const float* x = features.data() + i * row + l * E;
+      std::copy(x, x + E, slice.begin() + static_cast<size_t>(i) * E);
       double s = 0;
       for (int e = 0; e < E; ++e) s += static_cast<double>(x[e]) * x[e];
       layer_norm2_[l * N + i] = s;
     }
     for (size_t p = 0; p < P; ++p) {
-      const float* a = features.data() + pairs_.first[p] * row + l * E;
-      const float* b = features.data() + pairs_.second[p] * row + l * E;
+      const float* a = slice.data() + static_cast<size_t>(pairs_.first[p]) * E;
+      const float* b = slice.data() + static_cast<size_t>(pairs_.second[p]) * E;
       float s = 0;
       for (int e = 0; e < E; ++e) s += a[e] * b[e];
       layer_dot_[l * P + p] = s;
     }
   });
-  std::vector<double> decode_dist(P);
-  ParallelFor(static_cast<int64_t>(P), [&](int64_t p) {
-    decode_dist[p] = CosineDistance(decode_profile.data() + pairs_.first[p] * row,
-                                    decode_profile.data() + pairs_.second[p] * row, row);
-  });
-  decode_ranks_ = AverageRanks(decode_dist);
   decode_rank_mean_ = 0;
   for (double r : decode_ranks_) decode_rank_mean_ += r;
   decode_rank_mean_ /= std::max<size_t>(P, 1);
@@ -131,17 +149,66 @@ SignatureQuality::SignatureQuality(const std::vector<float>& features, const std
   for (double r : decode_ranks_) decode_rank_ss_ += (r - decode_rank_mean_) * (r - decode_rank_mean_);
 }
 
+namespace {
+
+// Ranks (ties averaged) of non-negative distances. The greedy search ranks #pairs values ~L²/2 times, so
+// this sorts the float bit patterns (non-negative floats order like their bits) with a 3-pass LSD radix
+// sort of 11-bit digits instead of a comparison sort. Values equal as floats count as ties.
+struct RankScratch {
+  std::vector<uint32_t> key, idx, key2, idx2;
+};
+
+void FastAverageRanks(const std::vector<double>& values, RankScratch* s, std::vector<double>* ranks) {
+  const size_t n = values.size();
+  s->key.resize(n);
+  s->idx.resize(n);
+  s->key2.resize(n);
+  s->idx2.resize(n);
+  ranks->resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    const float v = static_cast<float>(std::max(0.0, values[i]));
+    std::memcpy(&s->key[i], &v, sizeof(uint32_t));
+    s->idx[i] = static_cast<uint32_t>(i);
+  }
+  constexpr int kBits = 11;
+  constexpr uint32_t kBuckets = 1u << kBits;
+  for (int pass = 0; pass < 3; ++pass) {
+    const int shift = pass * kBits;
+    uint32_t count[kBuckets + 1] = {0};
+    for (size_t i = 0; i < n; ++i) ++count[((s->key[i] >> shift) & (kBuckets - 1)) + 1];
+    for (uint32_t b = 0; b < kBuckets; ++b) count[b + 1] += count[b];
+    for (size_t i = 0; i < n; ++i) {
+      const uint32_t pos = count[(s->key[i] >> shift) & (kBuckets - 1)]++;
+      s->key2[pos] = s->key[i];
+      s->idx2[pos] = s->idx[i];
+    }
+    s->key.swap(s->key2);
+    s->idx.swap(s->idx2);
+  }
+  size_t i = 0;
+  while (i < n) {
+    size_t j = i + 1;
+    while (j < n && s->key[j] == s->key[i]) ++j;
+    const double r = 0.5 * static_cast<double>(i + 1 + j);
+    for (size_t m = i; m < j; ++m) (*ranks)[s->idx[m]] = r;
+    i = j;
+  }
+}
+
+}  // namespace
+
 double SignatureQuality::RhoFromSums(const std::vector<double>& dot, const std::vector<double>& norm2) const {
   const size_t P = num_pairs_;
-  std::vector<double> dist(P);
+  thread_local std::vector<double> dist, ranks;
+  thread_local RankScratch keys;
+  dist.resize(P);
   for (size_t p = 0; p < P; ++p) {
     const double na = norm2[pairs_.first[p]], nb = norm2[pairs_.second[p]];
     dist[p] = (na > 0 && nb > 0) ? 1.0 - dot[p] / std::sqrt(na * nb) : 1.0;
   }
-  const std::vector<double> ranks = AverageRanks(dist);
-  double mx = 0;
-  for (double r : ranks) mx += r;
-  mx /= std::max<size_t>(P, 1);
+  FastAverageRanks(dist, &keys, &ranks);
+  // Ranks 1..P (ties averaged) have mean (P+1)/2.
+  const double mx = 0.5 * (static_cast<double>(P) + 1.0);
   double sxy = 0, sxx = 0;
   for (size_t p = 0; p < P; ++p) {
     sxy += (ranks[p] - mx) * (decode_ranks_[p] - decode_rank_mean_);

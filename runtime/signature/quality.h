@@ -46,6 +46,13 @@ class SignatureQuality {
   // decode tokens must be excluded by the caller (their profile is zero).
   SignatureQuality(const std::vector<float>& features, const std::vector<float>& decode_profile, int num_requests,
                    int num_layers, int num_experts, const RequestPairs& pairs);
+  // Same, with the decode-distance ranks computed once by DecodeRanks and shared between evaluators of
+  // one request set (one per signature variant).
+  SignatureQuality(const std::vector<float>& features, std::vector<double> decode_ranks, int num_requests,
+                   int num_layers, int num_experts, const RequestPairs& pairs);
+  // Ranks (ties averaged) of the decode-profile cosine distances of `pairs`; decode_profile: [N, row_size].
+  static std::vector<double> DecodeRanks(const std::vector<float>& decode_profile, size_t row_size,
+                                         const RequestPairs& pairs);
 
   // ρ for the layer subset `mask` ([L], 1 = in S).
   double Rho(const std::vector<uint8_t>& mask) const;

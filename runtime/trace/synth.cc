@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "runtime/common/json_util.h"
@@ -65,14 +66,18 @@ std::vector<double> ZipfWeights(int m) {
 
 // Walker/Vose alias table over n outcomes, built in exact integer arithmetic: every bucket holds 2^32
 // units, so an outcome of probability 0 is never drawn and the build never leaves a bucket half-defined.
-// One 64-bit random number draws one outcome: the high half picks the bucket, the low half compares
-// with the bucket's threshold. A full bucket has threshold 2^32-1 and aliases itself.
+// A full bucket has threshold 2^32-1 and aliases itself.
+struct AliasBucket {
+  uint32_t thresh;  // the bucket's own outcome is drawn when the fraction is below this
+  uint16_t alias;   // else this one
+};
+
 class AliasTable {
  public:
   explicit AliasTable(int n) : n_(n), units_(n), small_(n), large_(n) {}
 
-  // p: [n], non-negative with a positive sum. thresh, alias: [n] outputs.
-  void Build(const double* p, uint32_t* thresh, uint16_t* alias) {
+  // p: [n], non-negative with a positive sum. table: [n] output.
+  void Build(const double* p, AliasBucket* table) {
     constexpr int64_t kBucket = int64_t{1} << 32;
     double sum = 0;
     for (int i = 0; i < n_; ++i) sum += p[i];
@@ -96,8 +101,7 @@ class AliasTable {
     while (num_small > 0 && num_large > 0) {
       const int s = small_[--num_small];
       const int l = large_[num_large - 1];
-      thresh[s] = static_cast<uint32_t>(units_[s]);
-      alias[s] = static_cast<uint16_t>(l);
+      table[s] = AliasBucket{static_cast<uint32_t>(units_[s]), static_cast<uint16_t>(l)};
       units_[l] -= kBucket - units_[s];
       if (units_[l] < kBucket) {
         --num_large;
@@ -105,24 +109,23 @@ class AliasTable {
       }
     }
     // With exact sums only full buckets remain; a leftover small one cannot occur but is made full anyway.
-    for (int i = 0; i < num_large; ++i) SetFull(large_[i], thresh, alias);
-    for (int i = 0; i < num_small; ++i) SetFull(small_[i], thresh, alias);
+    for (int i = 0; i < num_large; ++i) table[large_[i]] = AliasBucket{UINT32_MAX, static_cast<uint16_t>(large_[i])};
+    for (int i = 0; i < num_small; ++i) table[small_[i]] = AliasBucket{UINT32_MAX, static_cast<uint16_t>(small_[i])};
   }
 
  private:
-  static void SetFull(int i, uint32_t* thresh, uint16_t* alias) {
-    thresh[i] = UINT32_MAX;
-    alias[i] = static_cast<uint16_t>(i);
-  }
-
   int n_;
   std::vector<int64_t> units_;
   std::vector<int> small_, large_;
 };
 
-inline uint16_t DrawAlias(uint64_t r, uint32_t n, const uint32_t* thresh, const uint16_t* alias) {
-  const uint32_t bucket = static_cast<uint32_t>(((r >> 32) * n) >> 32);
-  return static_cast<uint32_t>(r) < thresh[bucket] ? static_cast<uint16_t>(bucket) : alias[bucket];
+// One 32-bit uniform u draws one outcome: the integer part of u·n / 2^32 picks the bucket and the
+// fraction (uniform on a grid of step n / 2^32) is compared with the bucket's threshold. Branch-free:
+// which side of the threshold a draw falls on is unpredictable.
+inline uint16_t DrawAlias(uint32_t u, uint32_t n, const AliasBucket* table) {
+  const uint64_t scaled = static_cast<uint64_t>(u) * n;
+  const AliasBucket b = table[scaled >> 32];
+  return static_cast<uint32_t>(scaled) < b.thresh ? static_cast<uint16_t>(scaled >> 32) : b.alias;
 }
 
 Status ValidateOptions(const SynthOptions& o) {
@@ -252,22 +255,22 @@ Result<Trace> SynthesizeTrace(const SynthOptions& o) {
     total_tokens += req.num_tokens;
   }
   const size_t stride = trace.token_stride();
+  // Reserved here and grown one request at a time, so each request's rows are zeroed just before they are
+  // written (in cache) rather than in one cold pass over the whole trace.
   trace.topk_ids.resize(static_cast<size_t>(total_tokens) * stride);
-  if (o.with_weights) trace.topk_weights.resize(trace.topk_ids.size());
+  if (o.with_weights) trace.topk_weights.resize(static_cast<size_t>(total_tokens) * stride);
 
   // ---- tokens: one mixture (alias table) per request and layer; every token draws k distinct experts ----
   AliasTable builder(E);
   std::vector<double> p(E);
   std::vector<float> prob(static_cast<size_t>(L) * E);        // [L, E] the request's mixture, for weights
-  std::vector<uint32_t> thresh(static_cast<size_t>(L) * E);   // [L, E]
-  std::vector<uint16_t> alias(static_cast<size_t>(L) * E);    // [L, E]
+  std::vector<AliasBucket> table(static_cast<size_t>(L) * E);  // [L, E] the request's mixture, to draw from
   std::vector<uint16_t> personal(personal_set);
   std::vector<uint32_t> mark(E, 0);  // mark[e] == stamp: e already drawn for this token and layer
   uint32_t stamp = 0;
   // The rarest expert of a support of exactly k has probability >= 1/(k·H_k); a draw that is still short
   // after this many tries takes the most probable unused experts instead (keeps the support; ~never used).
   const int max_tries = 64 * K + 256;
-  std::vector<std::pair<float, uint16_t>> ranked(K);
 
   for (int64_t r = 0; r < o.num_requests; ++r) {
     const auto& req = trace.requests[r];
@@ -282,7 +285,7 @@ Result<Trace> SynthesizeTrace(const SynthOptions& o) {
       for (int i = 0; i < shared_set; ++i) p[sh[i]] += mass_shared * shared_w[i];
       ChooseDistinct(id_rng, personal_set, &perm, personal.data());
       for (int i = 0; i < personal_set; ++i) p[personal[i]] += mass_personal * personal_w[i];
-      builder.Build(p.data(), &thresh[static_cast<size_t>(l) * E], &alias[static_cast<size_t>(l) * E]);
+      builder.Build(p.data(), &table[static_cast<size_t>(l) * E]);
       for (int e = 0; e < E; ++e) prob[static_cast<size_t>(l) * E + e] = static_cast<float>(p[e]);
     }
 
@@ -293,15 +296,18 @@ Result<Trace> SynthesizeTrace(const SynthOptions& o) {
           std::fill(mark.begin(), mark.end(), 0);
           stamp = 1;
         }
-        const uint32_t* th = &thresh[static_cast<size_t>(l) * E];
-        const uint16_t* al = &alias[static_cast<size_t>(l) * E];
+        const AliasBucket* tl = &table[static_cast<size_t>(l) * E];
         int n = 0;
-        for (int tries = 0; n < K && tries < max_tries; ++tries) {
-          const uint16_t e = DrawAlias(id_rng(), static_cast<uint32_t>(E), th, al);
-          if (mark[e] != stamp) {
-            mark[e] = stamp;
-            ids[n++] = e;
-          }
+        // Branch-free rejection of repeats: always write ids[n], advance n only for a new expert.
+        auto accept = [&](uint16_t e) {
+          ids[n] = e;
+          n += mark[e] != stamp;
+          mark[e] = stamp;
+        };
+        for (int tries = 0; n < K && tries < max_tries; tries += 2) {
+          const uint64_t bits = id_rng();
+          accept(DrawAlias(static_cast<uint32_t>(bits >> 32), static_cast<uint32_t>(E), tl));
+          if (n < K) accept(DrawAlias(static_cast<uint32_t>(bits), static_cast<uint32_t>(E), tl));
         }
         const float* pl = &prob[static_cast<size_t>(l) * E];
         while (n < K) {
@@ -313,28 +319,22 @@ Result<Trace> SynthesizeTrace(const SynthOptions& o) {
           ids[n++] = static_cast<uint16_t>(best);
         }
         if (!o.with_weights) continue;
-        // Gate probabilities: the expert's mixture probability times a U[0.5, 1.5) jitter (16 random bits
-        // each), sorted descending with the ids and normalised.
-        uint64_t bits = 0;
-        float sum = 0;
-        for (int j = 0; j < K; ++j) {
-          if (j % 4 == 0) bits = weight_rng();
-          const float jitter = 0.5f + static_cast<float>(bits & 0xffff) * (1.0f / 65536.0f);
-          bits >>= 16;
-          ranked[j] = {pl[ids[j]] * jitter, ids[j]};
-          sum += ranked[j].first;
-        }
-        for (int j = 1; j < K; ++j) {  // insertion sort, descending; k is small
-          auto x = ranked[j];
-          int i = j - 1;
-          for (; i >= 0 && ranked[i].first < x.first; --i) ranked[i + 1] = ranked[i];
-          ranked[i + 1] = x;
-        }
+        // Sequential draws without replacement rank the experts as a Plackett–Luce model of gate scores
+        // does, so the draw order is the top-k order. Weights follow it: w_j = min(w_{j-1}, p(e_j)·jitter_j)
+        // with jitter in [0.5, 1.5) (8 random bits each), so they descend and track the mixture; then they
+        // are normalised.
         float* w = trace.topk_weights.data() + (ids - trace.topk_ids.data());
+        uint64_t bits = 0;
+        float prev = std::numeric_limits<float>::max(), sum = 0;
         for (int j = 0; j < K; ++j) {
-          ids[j] = ranked[j].second;
-          w[j] = ranked[j].first / sum;
+          if (j % 8 == 0) bits = weight_rng();
+          const float jitter = 0.5f + static_cast<float>(bits & 0xff) * (1.0f / 256.0f);
+          bits >>= 8;
+          prev = w[j] = std::min(prev, pl[ids[j]] * jitter);
+          sum += w[j];
         }
+        const float inv = 1.0f / sum;
+        for (int j = 0; j < K; ++j) w[j] *= inv;
       }
     }
   }

@@ -1,0 +1,181 @@
+#!/usr/bin/env bash
+# End-to-end tests of the eldr binary: the offline pipeline on the bundled real trace, the file formats
+# as h5dump and h5py read them, and every bad input of the foundation issue (one clear line on stderr,
+# non-zero exit, no output file).
+# Usage: cli_test.sh /path/to/eldr /path/to/source
+set -u
+ELDR="$1"
+SRC="$2"
+PY=/usr/bin/python3  # Debian's python, where python3-h5py is installed
+export ELDR_SRC="$SRC"
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+passed=0
+failed=0
+
+ok() { passed=$((passed + 1)); echo "ok     $1"; }
+bad() { failed=$((failed + 1)); echo "FAILED $1"; [ -n "${2:-}" ] && echo "       $2"; }
+
+# run_ok NAME CMD... : must exit 0
+run_ok() {
+  local name="$1"; shift
+  if "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"; then ok "$name"; else bad "$name" "$(head -3 "$WORK/err.txt")"; fi
+}
+
+# expect_error NAME PATTERN OUTPUT CMD... : non-zero exit, exactly one stderr line matching PATTERN,
+# and OUTPUT (if not "-") does not exist afterwards, nor any temporary beside it.
+expect_error() {
+  local name="$1" pattern="$2" output="$3"; shift 3
+  "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"
+  local rc=$?
+  local lines; lines=$(wc -l <"$WORK/err.txt")
+  if [ "$rc" -eq 0 ]; then bad "$name" "exit code 0"; return; fi
+  if [ "$lines" -ne 1 ]; then bad "$name" "stderr has $lines lines: $(head -3 "$WORK/err.txt")"; return; fi
+  if ! grep -qE -- "$pattern" "$WORK/err.txt"; then bad "$name" "stderr '$(cat "$WORK/err.txt")' lacks /$pattern/"; return; fi
+  if [ "$output" != "-" ]; then
+    if [ -e "$output" ]; then bad "$name" "partial output $output left behind"; return; fi
+    if ls -a "$(dirname "$output")" 2>/dev/null | grep -q "^\.$(basename "$output")\.tmp"; then bad "$name" "temporary left"; return; fi
+  fi
+  ok "$name"
+}
+
+# ---- help and version ----
+run_ok "--version" "$ELDR" --version
+grep -q "^eldr " "$WORK/out.txt" || bad "--version prints the version"
+for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect"; do
+  run_ok "help: $sub" $ELDR $sub --help
+done
+
+# ---- the offline pipeline on the bundled real trace ----
+run_ok "import the bundled real trace" "$ELDR" trace import --in "$SRC/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz" --out real.h5
+run_ok "trace stats" "$ELDR" trace stats real.h5
+run_ok "trace stats --json" "$ELDR" trace stats real.h5 --json
+$PY -c "import json,sys; j=json.load(open('$WORK/out.txt')); assert j['num_requests']==108, j['num_requests']" \
+  && ok "stats JSON parses, 108 requests" || bad "stats JSON parses"
+run_ok "calibrate K=4" "$ELDR" calibrate --trace real.h5 --decoders 4 --out calib.h5 --holdout 0.2 --report report.json
+run_ok "inspect" "$ELDR" inspect calib.h5
+run_ok "inspect --json" "$ELDR" inspect calib.h5 --json
+run_ok "inspect --trace" "$ELDR" inspect calib.h5 --trace real.h5
+run_ok "refit K=2" "$ELDR" calibrate --refit calib.h5 --decoders 2 --out calib2.h5
+run_ok "synth" "$ELDR" trace synth --domains 3 --requests 60 --layers 4 --experts 16 --top-k 2 --prompt-len 8:16 --output-len 8 --mix wildchat --seed 1 --out syn.h5
+run_ok "calibrate synthetic, unbalanced, fixed layers" "$ELDR" calibrate --trace syn.h5 -K 3 --layers 2 --unbalanced --signature binary --out syn_calib.h5
+
+# ---- the files as h5py and h5dump see them (names, types, shapes of DESIGN.md §5) ----
+if $PY - "$WORK" <<'PYEOF'
+import sys, h5py, numpy as np, json
+w = sys.argv[1]
+t = h5py.File(f"{w}/real.h5", "r")
+assert t.attrs["num_layers"] == 26 and t.attrs["num_experts"] == 64 and t.attrs["top_k"] == 6
+ids = t["/tokens/topk_ids"]
+assert ids.dtype == np.uint16 and ids.shape[1:] == (26, 6), (ids.dtype, ids.shape)
+assert ids.chunks is not None and ids.compression == "gzip"
+assert t["/tokens/topk_weights"].dtype == np.float32 and t["/tokens/topk_weights"].shape == ids.shape
+for name in ("id", "domain", "prompt_len", "num_tokens", "offset"):
+    assert t["/requests/" + name].shape == (108,), name
+assert t["/requests/offset"][-1] + t["/requests/num_tokens"][-1] == ids.shape[0]
+# The first request's first token matches the JSONL line.
+import gzip
+import os
+first = json.loads(gzip.open(os.environ["ELDR_SRC"] + "/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz").readline())
+assert t["/requests/id"][0].decode() == first["id"]
+assert (ids[0] == np.array(first["topk_ids"][0])).all()
+c = h5py.File(f"{w}/calib.h5", "r")
+assert c.attrs["format"] == "eldr-calibration" and c.attrs["format_version"] == 1
+for a in ("model", "num_layers", "num_experts", "top_k", "created"):
+    assert a in c.attrs, a
+L, E = 26, 64
+assert c["/signature/idf"].shape == (L, E) and c["/signature/idf"].dtype == np.float32
+mask = c["/signature/layer_mask"][:]
+assert mask.shape == (L,) and c["/signature"].attrs["variant"] == "count_idf"
+assert c["/signature/layer_order"].shape == (L,) and c["/signature/rho_curve"].shape == (L,)
+D = int(mask.sum()) * E
+N = c["/calibration/signatures"].shape[0]
+assert c["/calibration/signatures"].shape == (N, D)
+assert c["/calibration/request_ids"].shape == (N,) and c["/calibration/domains"].shape == (N,)
+K = c["/clusters"].attrs["K"]
+assert K == 4 and abs(c["/clusters"].attrs["tau"] - 0.1) < 1e-12
+assert c["/clusters/centroids"].shape == (K, D) and c["/clusters/assignment"].shape == (N,)
+assert c["/clusters/sizes"].shape == (K,) and c["/clusters/expert_load"].shape == (K, L, E)
+assert c["/clusters/sizes"][:].sum() == N and c["/clusters/sizes"][:].max() <= -(-N // K)
+sig = c["/calibration/signatures"][:]
+assert np.allclose(np.linalg.norm(sig, axis=1), 1, atol=1e-4)
+# IDF by the definition, recomputed independently from the trace for the calibration requests.
+ids_all = t["/tokens/topk_ids"][:]
+rid = [x.decode() for x in t["/requests/id"][:]]
+cal = set(x.decode() for x in c["/calibration/request_ids"][:])
+off, pl = t["/requests/offset"][:], t["/requests/prompt_len"][:]
+df = np.zeros((L, E))
+for i, r in enumerate(rid):
+    if r not in cal: continue
+    seen = np.zeros((L, E), bool)
+    for tok in ids_all[off[i]:off[i] + pl[i]]:
+        for l in range(L): seen[l, tok[l]] = True
+    df += seen
+idf = np.log((len(cal) + 1) / (df + 1))
+assert np.allclose(idf, c["/signature/idf"][:], atol=1e-5), "idf differs from the definition"
+c2 = h5py.File(f"{w}/calib2.h5", "r")
+assert c2["/clusters"].attrs["K"] == 2 and c2["/clusters/centroids"].shape == (2, D)
+PYEOF
+then ok "h5py reads trace and calibration with the documented schema; IDF matches the definition"; else bad "h5py schema check"; fi
+if h5dump -H calib.h5 >"$WORK/dump.txt" 2>&1 && grep -q 'DATASET "centroids"' "$WORK/dump.txt" \
+   && grep -q 'DATASET "expert_load"' "$WORK/dump.txt" && grep -q 'ATTRIBUTE "variant"' "$WORK/dump.txt"; then
+  ok "h5dump reads calibration.h5"
+else bad "h5dump reads calibration.h5" "$(head -5 "$WORK/dump.txt")"; fi
+if h5dump -H real.h5 >"$WORK/dump.txt" 2>&1 && grep -q 'DATASET "topk_ids"' "$WORK/dump.txt" \
+   && grep -q 'H5T_STD_U16LE' "$WORK/dump.txt"; then ok "h5dump reads the trace (uint16 topk_ids)"; else bad "h5dump reads the trace"; fi
+
+# ---- bad input: one line, non-zero exit, no output file ----
+expect_error "missing trace" "missing.h5: no such file" out.h5 "$ELDR" calibrate --trace missing.h5 -K 2 --out out.h5
+head -c 5000 real.h5 > truncated.h5
+expect_error "truncated trace" "truncated.h5" out.h5 "$ELDR" calibrate --trace truncated.h5 -K 2 --out out.h5
+head -c 100000 real.h5 > truncated2.h5
+expect_error "trace truncated after the header" "truncated2.h5" out.h5 "$ELDR" trace stats truncated2.h5
+head -c 20000 /dev/urandom > corrupt.h5
+expect_error "corrupt trace" "corrupt.h5: not an HDF5 file" out.h5 "$ELDR" calibrate --trace corrupt.h5 -K 2 --out out.h5
+expect_error "corrupt calibration" "corrupt.h5" - "$ELDR" inspect corrupt.h5
+head -c 3000 calib.h5 > cut_calib.h5
+expect_error "truncated calibration" "cut_calib.h5" new.h5 "$ELDR" calibrate --refit cut_calib.h5 -K 2 --out new.h5
+expect_error "trace given as calibration" "is a routing trace" - "$ELDR" inspect real.h5
+expect_error "trace shape differs from the calibration" "syn.h5: model shape .* differs from calib.h5" - \
+  "$ELDR" inspect calib.h5 --trace syn.h5
+expect_error "K < 1" "must be in \[1," out.h5 "$ELDR" calibrate --trace real.h5 -K 0 --out out.h5
+expect_error "K > N" "K = 500 must be in \[1, 108\]" out.h5 "$ELDR" calibrate --trace real.h5 -K 500 --out out.h5
+expect_error "refit K > N" "must be in \[1," out.h5 "$ELDR" calibrate --refit calib.h5 -K 1000 --out out.h5
+expect_error "negative tau" "tau" out.h5 "$ELDR" calibrate --trace real.h5 -K 2 --tau -0.5 --out out.h5
+expect_error "unwritable output path" "no/such/dir/out.h5: cannot write" no/such/dir/out.h5 \
+  "$ELDR" calibrate --trace real.h5 -K 2 --out no/such/dir/out.h5
+mkdir -p ro && chmod 555 ro
+if [ "$(id -u)" != 0 ]; then
+  expect_error "read-only output directory" "ro/out.h5: cannot write" ro/out.h5 "$ELDR" calibrate --trace real.h5 -K 2 --out ro/out.h5
+fi
+# NaN and negative values inside an HDF5 calibration (edited with h5py), and in a JSONL trace.
+cp calib.h5 nan.h5 && $PY -c "import h5py,numpy as np; f=h5py.File('nan.h5','r+'); s=f['/calibration/signatures']; a=s[:]; a[0,0]=np.nan; s[...]=a"
+expect_error "NaN in calibration signatures" "nan.h5: .*NaN" out.h5 "$ELDR" calibrate --refit nan.h5 -K 2 --out out.h5
+cp calib.h5 neg.h5 && $PY -c "import h5py; f=h5py.File('neg.h5','r+'); d=f['/signature/idf']; a=d[:]; a[0,0]=-1; d[...]=a"
+expect_error "negative IDF in calibration" "neg.h5: .*negative" - "$ELDR" inspect neg.h5
+cp real.h5 negw.h5 && $PY -c "import h5py; f=h5py.File('negw.h5','r+'); d=f['/tokens/topk_weights']; a=d[0:1]; a[0,0,0]=-2; d[0:1]=a"
+expect_error "negative weight in HDF5 trace" "negw.h5: .*negative" out.h5 "$ELDR" calibrate --trace negw.h5 -K 2 --out out.h5
+line='{"id":"a","domain":"x","num_layers":1,"num_experts":4,"top_k":2,"num_tokens":2,"prompt_len":1,"topk_ids":[[[0,1]],[[2,3]]]}'
+printf '%s\n%s\n' "$line" "${line/\"a\"/\"b\"}" > good.jsonl
+run_ok "import a hand-written JSONL" "$ELDR" trace import --in good.jsonl --out good.h5
+printf '%s\n%s\n' "$line" "${line/\[\[0,1\]\]/[[0,NaN]]}" | sed '2s/"a"/"b"/' > nan.jsonl
+expect_error "NaN in a JSONL line" "nan.jsonl:2: not valid JSON" out.h5 "$ELDR" trace import --in nan.jsonl --out out.h5
+printf '%s\n%s\n' "$line" "${line/\"x\"/\"\"}" | sed '2s/"a"/"b"/' > emptydom.jsonl
+expect_error "empty domain label" "emptydom.jsonl:2: field 'domain' is an empty string" out.h5 "$ELDR" trace import --in emptydom.jsonl --out out.h5
+printf '%s\n%s\n' "$line" "${line/\[\[2,3\]\]/[[2,9]]}" | sed '2s/"a"/"b"/' > badid.jsonl
+expect_error "expert id >= num_experts" "badid.jsonl:2: .*expert id 9" out.h5 "$ELDR" trace import --in badid.jsonl --out out.h5
+expect_error "missing JSONL" "nothere.jsonl: cannot open" out.h5 "$ELDR" trace import --in nothere.jsonl --out out.h5
+head -c 3000000 "$SRC/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz" > cut.jsonl.gz
+expect_error "truncated gzip JSONL" "cut.jsonl.gz" out.h5 "$ELDR" trace import --in cut.jsonl.gz --out out.h5
+expect_error "synth with zero domains" "domain" out.h5 "$ELDR" trace synth --domains 0 --out out.h5
+expect_error "synth with bad range" "--prompt-len" out.h5 "$ELDR" trace synth --prompt-len 9:3 --out out.h5
+expect_error "gate_prob without weights" "gate_prob" out.h5 "$ELDR" calibrate --trace good.h5 -K 1 --signature gate_prob --out out.h5
+# An existing output survives a failed run untouched.
+cp calib.h5 keep.h5; before=$(md5sum < keep.h5)
+expect_error "failed run keeps the old output" "must be in" - "$ELDR" calibrate --trace real.h5 -K 0 --out keep.h5
+[ "$(md5sum < keep.h5)" = "$before" ] && ok "old output intact" || bad "old output intact"
+
+echo
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ]
