@@ -17,7 +17,8 @@ void PrintResult(bool as_json, const std::string& text, const std::string& json)
 
 int main(int argc, char** argv) {
   CLI::App app{"eldr: expert-locality-aware decode routing for MoE serving with prefill-decode disaggregation.\n"
-               "Offline: import or synthesise routing traces, calibrate signatures and balanced clusters."};
+               "Offline: import or synthesise routing traces, calibrate signatures and balanced clusters,\n"
+               "preview decode routing policies on a trace."};
   app.set_version_flag("--version", std::string("eldr ") + ELDR_VERSION + " (" + ELDR_GIT_SHA + ", " + ELDR_BUILD_TYPE + ")");
   app.require_subcommand(1);
   app.footer("Run 'eldr <command> --help' for the options of each command.");
@@ -25,6 +26,7 @@ int main(int argc, char** argv) {
   eldr::cli::AddTraceCommand(app, &action);
   eldr::cli::AddCalibrateCommand(app, &action);
   eldr::cli::AddInspectCommand(app, &action);
+  eldr::cli::AddRouteCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -95,8 +95,7 @@ Status CheckTraceLayout(const Trace& trace) {
     if (req.offset < 0 || req.num_tokens < 0 || req.num_tokens > total - req.offset || req.prompt_len < 0 ||
         req.prompt_len > req.num_tokens) {
       return Status::InvalidArgument("trace stats: request " + std::to_string(r) + " ('" + req.id +
-                                     "') has offset/lengths outside the trace's " + std::to_string(total) +
-                                     " tokens");
+                                     "') has offset/lengths outside the trace's " + std::to_string(total) + " tokens");
     }
   }
   return Status::Ok();
@@ -104,8 +103,8 @@ Status CheckTraceLayout(const Trace& trace) {
 
 // Draws the decode tokens of one batch: `batch_size` requests from `pool` (distinct when the pool is large
 // enough, a partial Fisher–Yates that leaves the pool a permutation of itself; otherwise with replacement),
-// one uniformly random decode token of each. Returns whether requests were drawn with replacement.
-bool DrawBatch(const Trace& trace, std::vector<int>* pool, int batch_size, std::mt19937_64& rng,
+// one uniformly random decode token of each.
+void DrawBatch(const Trace& trace, std::vector<int>* pool, int batch_size, std::mt19937_64& rng,
                std::vector<int64_t>* tokens) {
   tokens->clear();
   const size_t n = pool->size();
@@ -122,7 +121,6 @@ bool DrawBatch(const Trace& trace, std::vector<int>* pool, int batch_size, std::
     const auto& req = trace.requests[r];
     tokens->push_back(req.offset + req.prompt_len + static_cast<int64_t>(UniformBelow(rng, req.decode_len())));
   }
-  return reuse;
 }
 
 // Mean over layers of the number of distinct experts in the tokens' top-k sets.
@@ -246,14 +244,16 @@ Result<TraceStats> ComputeTraceStats(const Trace& trace, const TraceStatsOptions
   for (int b : options.batch_sizes) {
     BatchDistinctStats bs;
     bs.batch_size = b;
+    // Decided by the trace, not by which domains the seed happens to draw.
+    for (const auto& g : groups) bs.requests_reused |= g.size() < static_cast<size_t>(b);
     double same = 0, mixed = 0;
     for (int i = 0; i < options.num_batches; ++i) {
       auto& g = groups[UniformBelow(rng, groups.size())];
-      bs.requests_reused |= DrawBatch(trace, &g, b, rng, &tokens);
+      DrawBatch(trace, &g, b, rng, &tokens);
       same += DistinctPerLayer(trace, tokens, &mark, &stamp);
     }
     for (int i = 0; i < options.num_batches; ++i) {
-      bs.requests_reused |= DrawBatch(trace, &all, b, rng, &tokens);
+      DrawBatch(trace, &all, b, rng, &tokens);
       mixed += DistinctPerLayer(trace, tokens, &mark, &stamp);
     }
     bs.same_domain = same / options.num_batches;

@@ -40,8 +40,8 @@ struct BatchDistinctStats {
   double same_domain = NAN;      // mean distinct experts per MoE layer, batches drawn from one domain
   double mixed = NAN;            // same, batches drawn from the whole trace
   double reduction_pct = NAN;    // 100 * (mixed - same_domain) / mixed
-  bool requests_reused = false;  // some domain (or the whole trace) had fewer than batch_size requests with
-                                 // decode tokens, so requests were drawn with replacement
+  bool requests_reused = false;  // some domain has fewer than batch_size requests with decode tokens, so its
+                                 // batches (and mixed ones, if the whole trace has fewer) reuse requests
 };
 
 struct TraceStats {

@@ -137,8 +137,8 @@ Status ValidateOptions(const SynthOptions& o) {
   if (o.num_experts > 65535) return bad("num_experts must be < 65536, got " + std::to_string(o.num_experts));
   if (o.top_k < 1) return bad("top_k must be >= 1, got " + std::to_string(o.top_k));
   if (o.top_k > o.num_experts) {
-    return bad("top_k (" + std::to_string(o.top_k) + ") must not exceed num_experts (" +
-               std::to_string(o.num_experts) + ")");
+    return bad("top_k (" + std::to_string(o.top_k) + ") must not exceed num_experts (" + std::to_string(o.num_experts) +
+               ")");
   }
   if (o.prompt_len_min < 1) return bad("prompt_len_min must be >= 1, got " + std::to_string(o.prompt_len_min));
   if (o.prompt_len_min > o.prompt_len_max) {
@@ -173,7 +173,8 @@ Status ValidateOptions(const SynthOptions& o) {
     if (!(sum > 0) || !std::isfinite(sum)) return bad("domain_mix must have a positive, finite sum");
   }
   auto fraction = [&](const char* name, double v) -> Status {
-    if (!std::isfinite(v) || v < 0 || v > 1) return bad(std::string(name) + " must be in [0, 1], got " + std::to_string(v));
+    if (!std::isfinite(v) || v < 0 || v > 1)
+      return bad(std::string(name) + " must be in [0, 1], got " + std::to_string(v));
     return Status::Ok();
   };
   ELDR_RETURN_IF_ERROR(fraction("domain_affinity", o.domain_affinity));
@@ -243,9 +244,11 @@ Result<Trace> SynthesizeTrace(const SynthOptions& o) {
     if (d > last_domain) d = last_domain;
     request_domain[r] = d;
     const int64_t prompt_len =
-        o.prompt_len_min + static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(o.prompt_len_max - o.prompt_len_min) + 1));
+        o.prompt_len_min +
+        static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(o.prompt_len_max - o.prompt_len_min) + 1));
     const int64_t output_len =
-        o.output_len_min + static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(o.output_len_max - o.output_len_min) + 1));
+        o.output_len_min +
+        static_cast<int64_t>(UniformBelow(rng, static_cast<uint64_t>(o.output_len_max - o.output_len_min) + 1));
     auto& req = trace.requests[r];
     req.domain = "d" + std::to_string(d);
     req.id = "syn-" + req.domain + "-" + std::to_string(r);
@@ -255,15 +258,13 @@ Result<Trace> SynthesizeTrace(const SynthOptions& o) {
     total_tokens += req.num_tokens;
   }
   const size_t stride = trace.token_stride();
-  // Reserved here and grown one request at a time, so each request's rows are zeroed just before they are
-  // written (in cache) rather than in one cold pass over the whole trace.
   trace.topk_ids.resize(static_cast<size_t>(total_tokens) * stride);
   if (o.with_weights) trace.topk_weights.resize(static_cast<size_t>(total_tokens) * stride);
 
   // ---- tokens: one mixture (alias table) per request and layer; every token draws k distinct experts ----
   AliasTable builder(E);
   std::vector<double> p(E);
-  std::vector<float> prob(static_cast<size_t>(L) * E);        // [L, E] the request's mixture, for weights
+  std::vector<float> prob(static_cast<size_t>(L) * E);         // [L, E] the request's mixture, for weights
   std::vector<AliasBucket> table(static_cast<size_t>(L) * E);  // [L, E] the request's mixture, to draw from
   std::vector<uint16_t> personal(personal_set);
   std::vector<uint32_t> mark(E, 0);  // mark[e] == stamp: e already drawn for this token and layer

@@ -9,7 +9,10 @@
 //   p(e) = a·q·personal_r(e) + a·(1−q)·domain_d(e) + s·shared(e) + (1−a−s)/E
 // where a = domain_affinity, s = shared_fraction, q = request_affinity. Prefill and decode tokens of a
 // request draw from the same mixture, so a request's prefill predicts its decode and a domain's tokens
-// share experts with each other more than with other domains'.
+// share experts with each other more than with other domains'. The k experts are drawn one after another
+// (an alias table per request and layer, repeats rejected), so they come out in a Plackett–Luce order: the
+// stored order is the top-k order. Gate weights, when emitted, descend along it and follow the mixture:
+// w_j = min(w_{j-1}, p(e_j)·jitter_j), jitter uniform in [0.5, 1.5), then normalised to sum 1.
 #pragma once
 
 #include <cstdint>
@@ -43,10 +46,10 @@ std::vector<double> WildChatMix(int num_domains);
 
 // Generates a trace of options.num_requests requests. Request i gets a domain drawn from the mix (names
 // "d0", "d1", ...) and the id "syn-<domain>-<i>" (e.g. "syn-d1-17"; i is the global request index, so ids
-// are unique); requests are stored contiguously in index order. With weights, the k experts of a token and
-// layer are stored in descending weight order. The result passes ValidateTrace.
-// Deterministic for a given options value on every platform with IEEE doubles: it uses std::mt19937_64
-// (whose output the standard specifies) and its own distributions. topk_ids do not depend on with_weights.
+// are unique); requests are stored contiguously in index order. The result passes ValidateTrace.
+// Deterministic for a given options value: it uses std::mt19937_64 (whose output the standard specifies)
+// and its own distributions, none of the implementation-defined std ones. topk_ids do not depend on
+// with_weights.
 // Invalid options return InvalidArgument naming the option.
 // Thread safety: reentrant.
 Result<Trace> SynthesizeTrace(const SynthOptions& options);

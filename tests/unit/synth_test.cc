@@ -273,6 +273,30 @@ TEST(SynthTest, FullSharedFractionGivesEveryTokenTheSameExperts) {
   }
 }
 
+TEST(SynthTest, FirstDrawFollowsTheMixture) {
+  // Shared set (k = 4 experts, Zipf weights 1/(i+1) / H_4 = 0.48, 0.24, 0.16, 0.12) with mass s = 0.5, the
+  // rest uniform over E = 32. A token's first expert is one draw from the mixture, so the sorted first-draw
+  // frequencies at a layer are 0.5·w_i + 0.5/32 for the shared experts and 0.5/32 for the others.
+  SynthOptions o = Small();
+  o.num_requests = 2000;
+  o.num_layers = 2;
+  o.domain_affinity = 0;
+  o.shared_fraction = 0.5;
+  Trace t = MustSynth(o);
+  const double h4 = 1 + 1.0 / 2 + 1.0 / 3 + 1.0 / 4, bg = 0.5 / 32;
+  std::vector<double> expected(32, bg);
+  for (int i = 0; i < 4; ++i) expected[i] += 0.5 / (i + 1) / h4;
+  const double n = static_cast<double>(t.num_tokens_total());
+  for (int l = 0; l < 2; ++l) {
+    std::vector<double> freq(32, 0);
+    for (int64_t tok = 0; tok < t.num_tokens_total(); ++tok) freq[t.token_ids(tok)[l * o.top_k]] += 1 / n;
+    std::sort(freq.rbegin(), freq.rend());
+    for (int i = 0; i < 32; ++i) {
+      EXPECT_NEAR(freq[i], expected[i], 5 * std::sqrt(expected[i] / n) + 0.002) << "layer " << l << " rank " << i;
+    }
+  }
+}
+
 TEST(SynthTest, BackgroundOnlyIsUniformOverExperts) {
   SynthOptions o = Small();
   o.domain_affinity = 0;
@@ -302,6 +326,7 @@ TEST(SynthTest, RejectsInvalidOptions) {
     const char* what;
     void (*edit)(SynthOptions*);
   };
+  // clang-format off
   const Case cases[] = {
       {"num_domains", [](SynthOptions* o) { o->num_domains = 0; }},
       {"num_requests", [](SynthOptions* o) { o->num_requests = 0; }},
@@ -320,9 +345,11 @@ TEST(SynthTest, RejectsInvalidOptions) {
       {"domain_affinity", [](SynthOptions* o) { o->domain_affinity = 1.5; }},
       {"shared_fraction", [](SynthOptions* o) { o->shared_fraction = -0.1; }},
       {"request_affinity", [](SynthOptions* o) { o->request_affinity = NAN; }},
-      {"domain_affinity + shared_fraction", [](SynthOptions* o) { o->domain_affinity = 0.7, o->shared_fraction = 0.4; }},
+      {"domain_affinity + shared_fraction",
+       [](SynthOptions* o) { o->domain_affinity = 0.7; o->shared_fraction = 0.4; }},
       {"exceeds the limit", [](SynthOptions* o) { o->num_requests = int64_t{1} << 40; }},
   };
+  // clang-format on
   for (const auto& c : cases) {
     SynthOptions o = Small();
     c.edit(&o);

@@ -1,11 +1,10 @@
 // `eldr trace stats` computations (runtime/trace/stats.h) on hand-built traces whose frequencies,
 // correlations and distinct-expert counts are worked out by hand in the comments.
-#include "runtime/trace/stats.h"
-
 #include <gtest/gtest.h>
 
 #include <cmath>
 
+#include "runtime/trace/stats.h"
 #include "runtime/trace/synth.h"
 #include "runtime/trace/trace.h"
 
@@ -185,6 +184,26 @@ TEST(TraceStatsTest, DrawsOneUniformDecodeTokenPerRequestAndSkipsRequestsWithout
   EXPECT_FALSE(s.batches[0].requests_reused);
   o.batch_sizes = {3};  // only 2 requests have decode tokens
   EXPECT_TRUE(MustStats(t, o).batches[0].requests_reused);
+}
+
+TEST(TraceStatsTest, ReuseFlagDependsOnTheTraceNotOnTheDraws) {
+  // Domain A has 3 requests with decode tokens, B has 1: B = 2 needs replacement for B's batches, flagged
+  // even when the one batch drawn happens to come from A. Domain C (no decode tokens) never counts.
+  Trace t = Empty(1, 4, 1);
+  AddRequest(&t, "a1", "A", {T1(0)}, {T1(0)});
+  AddRequest(&t, "a2", "A", {T1(0)}, {T1(1)});
+  AddRequest(&t, "a3", "A", {T1(0)}, {T1(2)});
+  AddRequest(&t, "b1", "B", {T1(0)}, {T1(3)});
+  AddRequest(&t, "c1", "C", {T1(0)}, {});
+  TraceStatsOptions o;
+  o.batch_sizes = {1, 2};
+  o.num_batches = 1;
+  for (uint64_t seed = 0; seed < 8; ++seed) {
+    o.seed = seed;
+    TraceStats s = MustStats(t, o);
+    EXPECT_FALSE(s.batches[0].requests_reused);
+    EXPECT_TRUE(s.batches[1].requests_reused);
+  }
 }
 
 TEST(TraceStatsTest, DeterministicForASeed) {

@@ -1,0 +1,118 @@
+// Expert placement (DESIGN.md §2, §3): replicate hot experts into redundant physical slots and spread the
+// slots over the expert-parallel (EP) ranks of a decode worker, so that no rank becomes the bottleneck.
+//
+// Terms. A layer has E logical experts and P >= E physical slots; slots [r*P/R, (r+1)*P/R) live on rank r,
+// and ranks [n*R/N, (n+1)*R/N) on node n. Each logical expert occupies logcnt >= 1 slots (its replicas) and
+// every replica serves an equal share load/logcnt. Experts come in G groups of E/G consecutive ids.
+//
+// Algorithms.
+//  - kDeepSeekHierarchical: the public EPLB algorithm (github.com/deepseek-ai/EPLB, eplb.py,
+//    rebalance_experts_hierarchical): pack whole expert groups onto nodes, replicate within each node, then
+//    pack the node's physical experts onto its ranks. Reproduces the README example of that repository.
+//  - kDeepSeekGlobal: the same with one group and one node (eplb.py's global policy).
+//  - kEldr: never puts two replicas of one expert on a rank; balance first (greedy replication, then
+//    heaviest-first packing and bottleneck swaps), then, without raising any layer's bottleneck, swaps
+//    that keep each group on a home node (node-aware, not node-forced) and, given a previous placement,
+//    swaps that keep experts on the rank that already holds their weights (fewer moves).
+//
+// Tie rule of the DeepSeek variants (eplb.py uses torch sort/max): (1) "heaviest first" is a stable sort
+// by descending load, so equal loads keep ascending index order; (2) "lightest non-full pack" takes the
+// lowest pack index among equal pack loads; (3) "the expert with the highest load per replica" takes the
+// lowest (node-local) index among equal values, as torch.max does. Loads are compared in double
+// precision (eplb.py converts to float32), so loads equal in float32 but not in double may order
+// differently from eplb.py; integer loads below 2^24 order identically.
+//
+// Thread safety: every function is reentrant; nothing is shared between calls.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "runtime/common/status.h"
+
+namespace eldr {
+
+struct PlacementProblem {
+  int num_layers = 0;         // L
+  int num_experts = 0;        // E, logical experts per layer
+  std::vector<double> load;   // [L, E], finite and >= 0, any unit (tokens, fractions of tokens)
+  int num_slots = 0;          // P = E + redundant physical slots per layer; P % R == 0
+  int num_ranks = 0;          // R, EP ranks (GPUs); R % N == 0
+  int num_nodes = 1;          // N, nodes the ranks are spread over (fast links inside a node)
+  int num_groups = 1;         // G, expert groups of E/G consecutive experts; E % G == 0
+};
+
+struct Placement {
+  int num_layers = 0;
+  int num_experts = 0;
+  int num_slots = 0;
+  int num_ranks = 0;
+  int max_replicas = 0;            // max over the whole placement of logcnt
+  std::vector<int32_t> phy2log;    // [L, P], logical expert in each physical slot
+  std::vector<int32_t> log2phy;    // [L, E, max_replicas], slots of each expert, -1 padded
+  std::vector<int32_t> logcnt;     // [L, E], replicas of each expert, >= 1, summing to P in a layer
+
+  int slots_per_rank() const { return num_ranks > 0 ? num_slots / num_ranks : 0; }
+};
+
+enum class PlacementAlgorithm { kDeepSeekGlobal, kDeepSeekHierarchical, kEldr };
+
+// "deepseek-global", "deepseek-hierarchical" or "eldr"; InvalidArgument naming the choices otherwise.
+Result<PlacementAlgorithm> ParsePlacementAlgorithm(const std::string& name);
+const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
+
+// Places every layer of `problem`. InvalidArgument (naming the values) if a count is < 1, load is not
+// [L, E] or has a negative or non-finite value, P < E, P % R != 0, R % N != 0, E % G != 0; for
+// kDeepSeekHierarchical also G % N != 0; for kEldr also P/R > E (a rank could not avoid holding two
+// replicas of one expert) or a `previous` of another shape.
+// `previous` (optional, kEldr only; the DeepSeek variants follow the public algorithm and ignore it):
+// the placement in service now; among the placements the search finds with the same per-layer bottleneck
+// load, kEldr prefers those that move fewer expert weights (CountMoves). When the load is unchanged and
+// `previous` came from kEldr on the same problem, the result equals `previous` (zero moves).
+// Layers with zero total load are valid: the DeepSeek variants behave as eplb.py does (every redundant
+// slot goes to expert 0 of the node), kEldr spreads redundant slots over distinct experts.
+// log2phy order: DeepSeek variants list replicas in eplb.py's replica-rank order (the original slot
+// first, then redundant copies in the order they were created); kEldr lists slots in ascending order.
+// Performance: O(L * (E log E + P * R)) plus bounded local search; scratch buffers are allocated once
+// per call, not per layer.
+Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
+                        const Placement* previous = nullptr);
+
+// DESIGN.md §3: Σ_layers mean-over-ranks load ÷ Σ_layers max-over-ranks load, where rank r holds slots
+// [r*P/R, (r+1)*P/R) and each slot of expert e carries load[l, e] / logcnt[l, e]. 1.0 = perfect; also 1.0
+// when the load is zero everywhere. load: [L, E]. REQUIRES: a placement returned by Place (or
+// PlacementFromPhy2Log) with the same L and E as `load`.
+double Balancedness(const Placement& placement, const std::vector<double>& load);
+
+// How much of each group's load is served on one node: Σ_{l,g} max_n served(l, g, n) ÷ Σ_{l,g} load(l, g),
+// where served(l, g, n) is the load of group g's replicas on node n. 1.0 = every group on one node (as
+// kDeepSeekHierarchical guarantees); 1.0 also when the load is zero. REQUIRES: E % G == 0, R % N == 0.
+double GroupLocality(const Placement& placement, const std::vector<double>& load, int num_groups,
+                     int num_nodes);
+
+struct MoveStats {
+  int64_t moved_experts = 0;  // expert weights that must be copied onto a rank that does not hold them
+  int64_t moved_bytes = 0;    // moved_experts * expert_bytes
+  int64_t changed_slots = 0;  // slots whose logical expert differs (includes reorders within a rank)
+};
+// moved_experts = Σ_{layer, rank, expert} max(0, replicas on the rank in `to` − replicas there in `from`):
+// reordering slots inside a rank is a local copy and is not counted as a move.
+// REQUIRES: same num_layers, num_experts, num_slots and num_ranks.
+MoveStats CountMoves(const Placement& from, const Placement& to, int64_t expert_bytes = 0);
+
+// Rebuilds logcnt and log2phy (ascending slots) from phy2log [L, P], e.g. a placement read from a file.
+// InvalidArgument if a value is outside [0, E), an expert has no slot, or P % R != 0.
+Result<Placement> PlacementFromPhy2Log(int num_layers, int num_experts, int num_ranks, std::vector<int32_t> phy2log);
+
+// Load readers. Both return [L, E] row-major and set *num_layers and *num_experts.
+// JSON as in the expert-load profiles (bench/data/expert-load-profiles): {"token_scores": {"<layer>":
+// {"<expert>": value}}}. Layers are the keys of token_scores in ascending numeric order (ids need not start
+// at 0); every layer must have the experts 0..E-1. All-zero layers are kept. NotFound / Corrupt /
+// InvalidArgument with the path in the message.
+Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layers, int* num_experts);
+// A 2-D numeric dataset [L, E] of an HDF5 file, e.g. "/load".
+Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::string& dataset, int* num_layers,
+                                         int* num_experts);
+
+}  // namespace eldr

@@ -1,0 +1,46 @@
+// eldr route: preview the decode-routing policies on a trace with a calibration.
+#include "runtime/calib/calibration.h"
+#include "runtime/cli/commands.h"
+#include "runtime/router/replay.h"
+
+namespace eldr::cli {
+
+void AddRouteCommand(CLI::App& app, Action* action) {
+  struct Args {
+    std::string calib, trace, policy = "all";
+    RouteReplayOptions options;
+    bool as_json = false;
+  };
+  auto a = std::make_shared<Args>();
+  auto* cmd = app.add_subcommand(
+      "route", "Replay a trace through the router (every policy side by side): requests per decoder, domain purity, "
+               "band sizes, distinct experts per decode step");
+  cmd->add_option("--calib", a->calib, "calibration.h5 (its K is the number of decoders)")->required();
+  cmd->add_option("--trace", a->trace, "HDF5 routing trace to replay")->required();
+  cmd->add_option("--policy", a->policy,
+                  "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr")
+      ->capture_default_str();
+  cmd->add_option("--tau", a->options.tau, "eldr band width (default: the calibration's)");
+  cmd->add_option("--rate", a->options.rate, "arrival rate, requests/s (Poisson; 0 = all at once)")->capture_default_str();
+  cmd->add_option("--step-ms", a->options.step_ms, "decode step time of the load model")->capture_default_str();
+  cmd->add_option("--cap", a->options.admission_cap, "admission cap per decoder (0 = none)")->capture_default_str();
+  cmd->add_option("--repeat", a->options.repeat, "replay the trace this many times")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")->capture_default_str();
+  cmd->add_flag("--json", a->as_json, "print JSON");
+  cmd->callback([=] {
+    *action = [=]() -> Status {
+      RouteReplayOptions o = a->options;
+      if (a->policy != "all") {
+        ELDR_ASSIGN_OR_RETURN(RoutingPolicy p, ParseRoutingPolicy(a->policy));
+        o.policies = {p};
+      }
+      ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a->calib));
+      ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a->trace));
+      ELDR_ASSIGN_OR_RETURN(RouteReplayReport rep, ReplayRoutes(trace, calib, o, a->trace, a->calib));
+      PrintResult(a->as_json, rep.ToText(), rep.ToJson().dump(2));
+      return Status::Ok();
+    };
+  });
+}
+
+}  // namespace eldr::cli

@@ -1,0 +1,246 @@
+#include "runtime/router/replay.h"
+
+#include <algorithm>
+#include <cmath>
+#include <map>
+#include <random>
+#include <sstream>
+
+#include "runtime/common/json_util.h"
+#include "runtime/signature/signature.h"
+
+namespace eldr {
+
+namespace {
+
+struct Active {
+  int request;       // index into trace.requests
+  int64_t progress;  // decode tokens already produced
+};
+
+}  // namespace
+
+Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& calib, const RouteReplayOptions& o,
+                                       const std::string& trace_name, const std::string& calib_name) {
+  if (!trace.shape.SameAs(calib.shape)) {
+    return Status::FailedPrecondition(trace_name + ": model shape " + trace.shape.ToString() + " differs from " +
+                                      calib_name + " (" + calib.shape.ToString() + ")");
+  }
+  if (!(o.rate >= 0) || !std::isfinite(o.rate)) return Status::InvalidArgument("--rate must be >= 0");
+  if (!(o.step_ms > 0) || !std::isfinite(o.step_ms)) return Status::InvalidArgument("--step-ms must be > 0");
+  if (o.repeat < 1) return Status::InvalidArgument("--repeat must be >= 1");
+  if (trace.requests.empty()) return Status::InvalidArgument(trace_name + ": the trace has no requests");
+  if (calib.signature.variant == SignatureVariant::kGateProb && !trace.has_weights()) {
+    return Status::FailedPrecondition(trace_name + ": the calibration uses gate_prob signatures but the trace has no weights");
+  }
+  const int L = trace.shape.num_layers, E = trace.shape.num_experts, k = trace.shape.top_k;
+  const int K = calib.num_clusters;
+  std::vector<int32_t> all(trace.requests.size());
+  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
+  const RequestFeatures f = ComputeRequestFeatures(trace, all);
+  const size_t row = f.row_size();
+
+  // One arrival sequence shared by every policy: a seeded permutation per repeat, Poisson gaps.
+  std::mt19937_64 rng(o.seed);
+  std::vector<int> order;
+  for (int r = 0; r < o.repeat; ++r) {
+    std::vector<int> perm(all.begin(), all.end());
+    for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[rng() % i]);
+    order.insert(order.end(), perm.begin(), perm.end());
+  }
+  std::vector<double> arrival(order.size(), 0.0);
+  double t = 0;
+  std::exponential_distribution<double> gap(o.rate > 0 ? o.rate : 1.0);
+  for (size_t i = 0; i < order.size(); ++i) {
+    if (o.rate > 0 && i > 0) t += gap(rng);
+    arrival[i] = t;
+  }
+  const double step_s = o.step_ms / 1000.0;
+
+  RouteReplayReport report;
+  report.num_decoders = K;
+  report.num_requests = static_cast<int>(order.size());
+  std::vector<RoutingPolicy> policies = o.policies.empty() ? AllRoutingPolicies() : o.policies;
+  std::vector<int64_t> stamp(E, -1);
+  int64_t stamp_id = 0;
+  for (RoutingPolicy p : policies) {
+    RouterConfig rc;
+    rc.policy = p;
+    rc.num_decoders = K;
+    rc.tau = o.tau;
+    rc.admission_cap = o.admission_cap;
+    rc.seed = o.seed;
+    rc.job_shape = trace.shape;
+    std::vector<std::string> labels;
+    for (const auto& r : trace.requests) labels.push_back(r.domain);
+    rc.domains = labels;
+    auto router_or = Router::Create(rc, &calib);
+    if (!router_or.ok()) {
+      if (p == RoutingPolicy::kDomain && o.policies.empty()) continue;  // unlabelled trace: skip the oracle
+      return router_or.status().WithPrefix(calib_name);
+    }
+    Router router = std::move(router_or).value();
+    PolicyReplayStats ps;
+    ps.policy = RoutingPolicyName(p);
+    ps.tau = router.tau();
+    ps.decoders.assign(K, DecoderReplayStats());
+    std::vector<std::vector<Active>> active(K);
+    std::vector<std::map<std::string, int64_t>> domain_counts(K);
+    std::vector<double> distinct_sum(K, 0), batch_sum(K, 0);
+    int64_t band_sum = 0, band_n = 0;
+    size_t next = 0;
+    int64_t in_flight = 0;
+    double total_distinct = 0;
+    int64_t total_steps = 0;
+    double total_batch = 0;
+    for (int64_t step = 0; next < order.size() || in_flight > 0; ++step) {
+      const double now = step * step_s;
+      // Route every request that has arrived by now.
+      while (next < order.size() && arrival[next] <= now + 1e-12) {
+        const int r = order[next++];
+        const TraceRequest& req = trace.requests[r];
+        const RoutingDecision d = router.Route(f.prefill_counts.data() + r * row,
+                                               f.gate_sums.empty() ? nullptr : f.gate_sums.data() + r * row, req.domain);
+        if (UsesSignature(p)) {
+          band_sum += d.band_size;
+          ++band_n;
+        }
+        ps.fallbacks += d.fallback ? 1 : 0;
+        ++ps.decoders[d.decoder].requests;
+        ++domain_counts[d.decoder][req.domain];
+        if (req.decode_len() == 0) continue;  // nothing to decode: in and out at once
+        router.Dispatch(d.decoder);
+        ++in_flight;
+        active[d.decoder].push_back({r, 0});
+      }
+      ps.max_in_flight = std::max(ps.max_in_flight, in_flight);
+      // One decode step on every decoder.
+      for (int dec = 0; dec < K; ++dec) {
+        auto& batch = active[dec];
+        if (batch.empty()) continue;
+        int64_t distinct = 0;
+        for (int l = 0; l < L; ++l) {
+          ++stamp_id;
+          for (const Active& a : batch) {
+            const TraceRequest& req = trace.requests[a.request];
+            const uint16_t* ids = trace.token_ids(req.offset + req.prompt_len + a.progress) + l * k;
+            for (int j = 0; j < k; ++j) {
+              if (stamp[ids[j]] != stamp_id) {
+                stamp[ids[j]] = stamp_id;
+                ++distinct;
+              }
+            }
+          }
+        }
+        distinct_sum[dec] += static_cast<double>(distinct);
+        batch_sum[dec] += static_cast<double>(batch.size());
+        ++ps.decoders[dec].steps;
+        total_distinct += static_cast<double>(distinct);
+        total_batch += static_cast<double>(batch.size());
+        ++total_steps;
+        for (auto& a : batch) ++a.progress;
+        auto done = std::remove_if(batch.begin(), batch.end(), [&](const Active& a) {
+          if (a.progress < trace.requests[a.request].decode_len()) return false;
+          router.Complete(dec);
+          --in_flight;
+          return true;
+        });
+        batch.erase(done, batch.end());
+      }
+    }
+    double purity_weighted = 0;
+    for (int dec = 0; dec < K; ++dec) {
+      auto& ds = ps.decoders[dec];
+      ds.mean_distinct_experts = ds.steps ? distinct_sum[dec] / ds.steps : 0;
+      ds.mean_batch = ds.steps ? batch_sum[dec] / ds.steps : 0;
+      int64_t best = 0;
+      for (const auto& [dom, n] : domain_counts[dec]) {
+        if (n > best) {
+          best = n;
+          ds.top_domain = dom;
+        }
+      }
+      ds.purity = ds.requests ? static_cast<double>(best) / ds.requests : 0;
+      purity_weighted += static_cast<double>(best);
+      ps.requests += ds.requests;
+    }
+    ps.mean_purity = ps.requests ? purity_weighted / ps.requests : 0;
+    ps.mean_distinct_experts_per_step = total_steps ? total_distinct / total_steps : 0;
+    ps.mean_batch = total_steps ? total_batch / total_steps : 0;
+    ps.distinct_experts_per_token = total_batch > 0 ? total_distinct / total_batch : 0;
+    ps.mean_band_size = band_n ? static_cast<double>(band_sum) / band_n : 0;
+    report.policies.push_back(std::move(ps));
+  }
+  return report;
+}
+
+nlohmann::json RouteReplayReport::ToJson() const {
+  nlohmann::json j;
+  j["num_decoders"] = num_decoders;
+  j["num_requests"] = num_requests;
+  j["policies"] = nlohmann::json::array();
+  for (const auto& p : policies) {
+    nlohmann::json pj = {{"policy", p.policy},
+                         {"tau", p.tau},
+                         {"requests", p.requests},
+                         {"mean_distinct_experts_per_step", p.mean_distinct_experts_per_step},
+                         {"mean_batch", p.mean_batch},
+                         {"distinct_experts_per_token", p.distinct_experts_per_token},
+                         {"mean_purity", p.mean_purity},
+                         {"mean_band_size", p.mean_band_size},
+                         {"fallbacks", p.fallbacks},
+                         {"max_in_flight", p.max_in_flight}};
+    pj["decoders"] = nlohmann::json::array();
+    for (const auto& d : p.decoders) {
+      pj["decoders"].push_back({{"requests", d.requests},
+                                {"top_domain", d.top_domain},
+                                {"purity", d.purity},
+                                {"steps", d.steps},
+                                {"mean_batch", d.mean_batch},
+                                {"mean_distinct_experts", d.mean_distinct_experts}});
+    }
+    j["policies"].push_back(pj);
+  }
+  return j;
+}
+
+std::string RouteReplayReport::ToText() const {
+  std::ostringstream os;
+  os << num_requests << " requests routed to " << num_decoders << " decoders\n\n";
+  double jsq = 0, jsq_token = 0;
+  for (const auto& p : policies) {
+    if (p.policy == "jsq") {
+      jsq = p.mean_distinct_experts_per_step;
+      jsq_token = p.distinct_experts_per_token;
+    }
+  }
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& p : policies) {
+    std::string per;
+    for (const auto& d : p.decoders) per += (per.empty() ? "" : "/") + std::to_string(d.requests);
+    rows.push_back({p.policy, Fmt(p.mean_distinct_experts_per_step, 1),
+                    jsq > 0 ? Fmt(100.0 * (p.mean_distinct_experts_per_step / jsq - 1.0), 1) : "-",
+                    Fmt(p.distinct_experts_per_token, 1),
+                    jsq_token > 0 ? Fmt(100.0 * (p.distinct_experts_per_token / jsq_token - 1.0), 1) : "-",
+                    Fmt(p.mean_batch, 2), Fmt(p.mean_purity, 3), p.mean_band_size > 0 ? Fmt(p.mean_band_size, 2) : "-",
+                    std::to_string(p.fallbacks), per});
+  }
+  os << "distinct = Σ over MoE layers of the experts a decode step loads; per token = Σ distinct / Σ batch tokens\n";
+  os << FormatTable({"policy", "distinct/step", "vs jsq %", "distinct/token", "vs jsq %", "batch", "purity", "band", "fallbacks", "requests per decoder"},
+                    rows);
+  os << "\nper-decoder domain purity (top domain, share of its requests)\n";
+  rows.clear();
+  for (const auto& p : policies) {
+    std::vector<std::string> r = {p.policy};
+    std::string cells;
+    for (const auto& d : p.decoders) {
+      cells += (cells.empty() ? "" : "  ") + (d.top_domain.empty() ? std::string("-") : d.top_domain) + " " + Fmt(d.purity, 2);
+    }
+    r.push_back(cells);
+    rows.push_back(r);
+  }
+  os << FormatTable({"policy", "decoders"}, rows);
+  return os.str();
+}
+
+}  // namespace eldr

@@ -1,0 +1,65 @@
+// `eldr route`: replays a routing trace through the Router with a simple load model, to show what each
+// policy will do before a run. Arrivals are Poisson at `rate` requests/s in a seeded random order; a
+// routed request stays in flight for its decode length × `step_ms`; every step, each decoder's batch is
+// its in-flight requests, each contributing its current decode token. Distinct experts per step is
+// Σ over MoE layers of |∪ over the batch's tokens of top-k(ℓ)| (DESIGN.md §3), from the trace's decode
+// routing.
+#pragma once
+
+#include <cstdint>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "runtime/calib/calibration.h"
+#include "runtime/router/router.h"
+#include "runtime/trace/trace.h"
+
+namespace eldr {
+
+struct RouteReplayOptions {
+  std::vector<RoutingPolicy> policies;  // empty = all
+  double tau = -1;                      // < 0: the calibration's τ
+  double rate = 20;                     // requests per second; 0 = all arrive at once
+  double step_ms = 20;                  // decode step time
+  int64_t admission_cap = 0;            // per decoder; 0 = none
+  int repeat = 1;                       // replay the trace this many times
+  uint64_t seed = 0;
+};
+
+struct DecoderReplayStats {
+  int64_t requests = 0;
+  std::string top_domain;
+  double purity = 0;                     // share of the decoder's requests in its most common domain
+  int64_t steps = 0;                     // steps with a non-empty batch
+  double mean_batch = 0;
+  double mean_distinct_experts = 0;      // per step, summed over layers
+};
+
+struct PolicyReplayStats {
+  std::string policy;
+  double tau = 0;
+  int64_t requests = 0;
+  double mean_distinct_experts_per_step = 0;  // over all decoder-steps with a non-empty batch
+  double mean_batch = 0;
+  double distinct_experts_per_token = 0;      // Σ distinct / Σ batch tokens: locality independent of batch size
+  double mean_purity = 0;                     // request-weighted
+  double mean_band_size = 0;                  // signature policies
+  int64_t fallbacks = 0;
+  int64_t max_in_flight = 0;
+  std::vector<DecoderReplayStats> decoders;
+};
+
+struct RouteReplayReport {
+  int num_decoders = 0;
+  int num_requests = 0;
+  std::vector<PolicyReplayStats> policies;
+  nlohmann::json ToJson() const;
+  std::string ToText() const;
+};
+
+// FailedPrecondition when the trace's model shape differs from the calibration's (names both files).
+Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& calib, const RouteReplayOptions& options,
+                                       const std::string& trace_name, const std::string& calib_name);
+
+}  // namespace eldr

@@ -1,0 +1,259 @@
+#include "runtime/router/router.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <set>
+
+#include "runtime/common/check.h"
+
+namespace eldr {
+
+const char* RoutingPolicyName(RoutingPolicy p) {
+  switch (p) {
+    case RoutingPolicy::kRandom: return "random";
+    case RoutingPolicy::kRoundRobin: return "round_robin";
+    case RoutingPolicy::kJsq: return "jsq";
+    case RoutingPolicy::kP2c: return "p2c";
+    case RoutingPolicy::kDomain: return "domain";
+    case RoutingPolicy::kLocalityTop1: return "locality_top1";
+    case RoutingPolicy::kEldr: return "eldr";
+  }
+  return "unknown";
+}
+
+std::vector<RoutingPolicy> AllRoutingPolicies() {
+  return {RoutingPolicy::kRandom, RoutingPolicy::kRoundRobin, RoutingPolicy::kJsq, RoutingPolicy::kP2c,
+          RoutingPolicy::kDomain, RoutingPolicy::kLocalityTop1, RoutingPolicy::kEldr};
+}
+
+Result<RoutingPolicy> ParseRoutingPolicy(const std::string& name) {
+  for (auto p : AllRoutingPolicies()) {
+    if (name == RoutingPolicyName(p)) return p;
+  }
+  return Status::InvalidArgument("unknown routing policy '" + name +
+                                 "' (expected random, round_robin, jsq, p2c, domain, locality_top1 or eldr)");
+}
+
+bool UsesSignature(RoutingPolicy p) { return p == RoutingPolicy::kEldr || p == RoutingPolicy::kLocalityTop1; }
+
+namespace {
+
+// Least-loaded decoder among `candidates` (all decoders when null) that is eligible (or any, when
+// require_eligible is false). Ties → lower index. -1 when none.
+int LeastLoaded(const std::vector<DecoderState>& d, const std::vector<int>* candidates, bool require_eligible) {
+  int best = -1;
+  auto consider = [&](int k) {
+    if (require_eligible && !d[k].eligible()) return;
+    if (best < 0 || d[k].in_flight < d[best].in_flight || (d[k].in_flight == d[best].in_flight && k < best)) best = k;
+  };
+  if (candidates) {
+    for (int k : *candidates) consider(k);
+  } else {
+    for (int k = 0; k < static_cast<int>(d.size()); ++k) consider(k);
+  }
+  return best;
+}
+
+RoutingDecision Band(const DecisionInputs& in, double tau) {
+  const auto& d = *in.decoders;
+  const int K = static_cast<int>(d.size());
+  double dmin = std::numeric_limits<double>::infinity();
+  for (int k = 0; k < K; ++k) dmin = std::min(dmin, in.distances[k]);
+  RoutingDecision out;
+  const double bound = dmin + tau;
+  int best = -1;
+  for (int k = 0; k < K; ++k) {
+    if (!(in.distances[k] <= bound)) continue;
+    ++out.band_size;
+    if (!d[k].eligible()) continue;
+    if (best < 0 || d[k].in_flight < d[best].in_flight ||
+        (d[k].in_flight == d[best].in_flight && in.distances[k] < in.distances[best])) {
+      best = k;  // equal load and equal distance keeps the lower index (scan order)
+    }
+  }
+  if (best < 0) {
+    out.fallback = true;
+    best = LeastLoaded(d, nullptr, true);
+    if (best < 0) best = LeastLoaded(d, nullptr, false);
+  }
+  out.decoder = best;
+  out.distance = in.distances[best];
+  return out;
+}
+
+}  // namespace
+
+RoutingDecision Decide(const DecisionInputs& in) {
+  ELDR_CHECK(in.decoders && !in.decoders->empty(), "Decide needs at least one decoder");
+  const auto& d = *in.decoders;
+  const int K = static_cast<int>(d.size());
+  RoutingDecision out;
+  std::vector<int> eligible;
+  switch (in.policy) {
+    case RoutingPolicy::kEldr:
+      ELDR_CHECK(in.distances, "eldr routing needs distances");
+      return Band(in, in.tau);
+    case RoutingPolicy::kLocalityTop1:
+      ELDR_CHECK(in.distances, "locality_top1 routing needs distances");
+      return Band(in, 0.0);
+    case RoutingPolicy::kJsq:
+      out.decoder = LeastLoaded(d, nullptr, true);
+      break;
+    case RoutingPolicy::kDomain: {
+      const std::vector<int>* group = in.domain_group && !in.domain_group->empty() ? in.domain_group : nullptr;
+      out.decoder = group ? LeastLoaded(d, group, true) : -1;
+      if (out.decoder < 0) out.decoder = LeastLoaded(d, nullptr, true);
+      break;
+    }
+    case RoutingPolicy::kRandom:
+    case RoutingPolicy::kP2c:
+    case RoutingPolicy::kRoundRobin: {
+      for (int k = 0; k < K; ++k) {
+        if (d[k].eligible()) eligible.push_back(k);
+      }
+      if (eligible.empty()) break;
+      const uint64_t n = eligible.size();
+      if (in.policy == RoutingPolicy::kRandom) {
+        out.decoder = eligible[in.random_a % n];
+      } else if (in.policy == RoutingPolicy::kRoundRobin) {
+        // The first eligible decoder at or after the counter position (cyclically).
+        const int start = static_cast<int>(((in.round_robin_next % K) + K) % K);
+        for (int i = 0; i < K; ++i) {
+          const int k = (start + i) % K;
+          if (d[k].eligible()) {
+            out.decoder = k;
+            break;
+          }
+        }
+      } else {
+        int a = eligible[in.random_a % n];
+        int b = a;
+        if (n > 1) {
+          // b uniform over the other n-1 eligible decoders.
+          const uint64_t j = in.random_b % (n - 1);
+          const uint64_t ia = in.random_a % n;
+          b = eligible[j < ia ? j : j + 1];
+        }
+        if (d[b].in_flight < d[a].in_flight || (d[b].in_flight == d[a].in_flight && b < a)) std::swap(a, b);
+        out.decoder = a;
+      }
+      break;
+    }
+  }
+  if (out.decoder < 0) {
+    out.fallback = true;
+    out.decoder = LeastLoaded(d, nullptr, false);
+  }
+  return out;
+}
+
+Result<Router> Router::Create(const RouterConfig& config, const Calibration* calib) {
+  if (config.num_decoders < 1) {
+    return Status::InvalidArgument("the job needs at least one decoder, got " + std::to_string(config.num_decoders));
+  }
+  if (config.admission_cap < 0) return Status::InvalidArgument("admission cap must be >= 0");
+  Router r;
+  r.config_ = config;
+  r.decoders_.assign(config.num_decoders, DecoderState{0, config.admission_cap});
+  r.rng_.seed(config.seed);
+  if (calib) {
+    if (config.job_shape.num_layers > 0 && !config.job_shape.SameAs(calib->shape)) {
+      return Status::FailedPrecondition("calibration is for model shape " + calib->shape.ToString() +
+                                        " but the job's model is " + config.job_shape.ToString());
+    }
+    if (calib->num_clusters != config.num_decoders) {
+      return Status::FailedPrecondition("calibration has K = " + std::to_string(calib->num_clusters) +
+                                        " centroids but the job has " + std::to_string(config.num_decoders) +
+                                        " decoders; re-cluster with 'eldr calibrate --refit CALIB --decoders " +
+                                        std::to_string(config.num_decoders) + "'");
+    }
+    r.params_ = calib->signature;
+    r.centroids_ = calib->centroids;
+    if (config.tau < 0) r.config_.tau = calib->tau;
+  } else if (UsesSignature(config.policy)) {
+    return Status::InvalidArgument(std::string("routing policy ") + RoutingPolicyName(config.policy) +
+                                   " needs a calibration file (centroids, IDF, layer mask)");
+  }
+  if (!(r.config_.tau >= 0) || !std::isfinite(r.config_.tau)) {
+    return Status::InvalidArgument("tau must be a finite value >= 0");
+  }
+  std::vector<std::string> labels = config.domains;
+  if (labels.empty() && calib) labels = calib->domains;
+  std::set<std::string> uniq;
+  for (const auto& l : labels) {
+    if (!l.empty()) uniq.insert(l);
+  }
+  if (config.policy == RoutingPolicy::kDomain && uniq.empty()) {
+    return Status::InvalidArgument("routing policy domain needs domain labels (from the calibration or the job)");
+  }
+  // Domain i of M (sorted labels) → decoders {k : k mod M = i} when K >= M, else decoder i mod K.
+  const int M = static_cast<int>(uniq.size()), K = config.num_decoders;
+  int i = 0;
+  for (const auto& label : uniq) {
+    std::vector<int> group;
+    if (K >= M) {
+      for (int k = i; k < K; k += M) group.push_back(k);
+    } else {
+      group.push_back(i % K);
+    }
+    r.domain_groups_[label] = group;
+    ++i;
+  }
+  r.distances_.assign(K, 0.0);
+  r.signature_.assign(r.params_.dim(), 0.f);
+  return r;
+}
+
+const std::vector<int>* Router::DomainGroup(const std::string& domain) const {
+  auto it = domain_groups_.find(domain);
+  return it == domain_groups_.end() ? nullptr : &it->second;
+}
+
+RoutingDecision Router::DecideNow(const double* distances, const std::string& domain) {
+  DecisionInputs in;
+  in.policy = config_.policy;
+  in.decoders = &decoders_;
+  in.distances = distances;
+  in.tau = config_.tau;
+  in.domain_group = config_.policy == RoutingPolicy::kDomain ? DomainGroup(domain) : nullptr;
+  if (config_.policy == RoutingPolicy::kRandom || config_.policy == RoutingPolicy::kP2c) {
+    in.random_a = rng_();
+    in.random_b = rng_();
+  }
+  in.round_robin_next = round_robin_next_;
+  RoutingDecision out = Decide(in);
+  if (config_.policy == RoutingPolicy::kRoundRobin) round_robin_next_ = out.decoder + 1;
+  return out;
+}
+
+RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain) {
+  if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain);
+  const int K = config_.num_decoders, D = params_.dim();
+  for (int k = 0; k < K; ++k) {
+    const float* mu = centroids_.data() + static_cast<size_t>(k) * D;
+    float dot = 0;
+    for (int x = 0; x < D; ++x) dot += signature[x] * mu[x];
+    distances_[k] = 1.0 - static_cast<double>(dot);
+  }
+  return DecideNow(distances_.data(), domain);
+}
+
+RoutingDecision Router::Route(const float* counts, const float* gate_sums, const std::string& domain) {
+  if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain);
+  ComputeSignature(params_, counts, gate_sums, signature_.data());
+  return RouteSignature(signature_.data(), domain);
+}
+
+void Router::Dispatch(int decoder) {
+  ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
+  ++decoders_[decoder].in_flight;
+}
+
+void Router::Complete(int decoder) {
+  ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
+  ELDR_CHECK(decoders_[decoder].in_flight > 0, "decoder " << decoder << " completed more requests than it was sent");
+  --decoders_[decoder].in_flight;
+}
+
+}  // namespace eldr

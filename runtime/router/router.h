@@ -1,0 +1,119 @@
+// Decode routing (DESIGN.md §3 "Band routing", "Baselines"). After prefill, the router picks the decode
+// worker (decoder) of each request.
+//
+// Two layers:
+//  - Decide(): a pure function of a snapshot of decoder states and the request's routing inputs;
+//    deterministic given the random draws it is handed (random, p2c).
+//  - Router: the stateful part. Owns the centroids, IDF and layer mask (from calibration.h5), tracks
+//    in-flight counts (Dispatch / Complete), round-robin position and a seeded random stream.
+//
+// Thread safety: Router is not thread-safe; rank 0 owns one and calls it from one thread.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "runtime/calib/calibration.h"
+#include "runtime/common/status.h"
+#include "runtime/signature/signature.h"
+
+namespace eldr {
+
+enum class RoutingPolicy { kRandom, kRoundRobin, kJsq, kP2c, kDomain, kLocalityTop1, kEldr };
+
+const char* RoutingPolicyName(RoutingPolicy p);  // "random", "round_robin", "jsq", "p2c", "domain", "locality_top1", "eldr"
+Result<RoutingPolicy> ParseRoutingPolicy(const std::string& name);
+std::vector<RoutingPolicy> AllRoutingPolicies();
+// True for policies that need a signature and centroids.
+bool UsesSignature(RoutingPolicy p);
+
+// One decoder as the router sees it.
+struct DecoderState {
+  int64_t in_flight = 0;       // requests dispatched and not completed (the JSQ load signal)
+  int64_t admission_cap = 0;   // a decoder with in_flight >= cap is not eligible; 0 = no cap
+  bool eligible() const { return admission_cap <= 0 || in_flight < admission_cap; }
+};
+
+struct RoutingDecision {
+  int decoder = -1;
+  int band_size = 0;       // eldr / locality_top1: |B|; 0 for load-only policies
+  bool fallback = false;   // no eligible decoder in the band: globally least-loaded eligible one
+  double distance = 0;     // d_k of the chosen decoder (signature policies)
+};
+
+// The inputs of one decision. Pointers are borrowed for the call.
+struct DecisionInputs {
+  RoutingPolicy policy = RoutingPolicy::kJsq;
+  const std::vector<DecoderState>* decoders = nullptr;  // [K]
+  const double* distances = nullptr;  // [K] d_k = 1 − s·μ_k (signature policies)
+  double tau = 0.1;
+  const std::vector<int>* domain_group = nullptr;  // decoders of the request's domain (domain policy); null/empty = all
+  uint64_t random_a = 0, random_b = 0;  // uniform 64-bit draws (random: a; p2c: a and b)
+  int64_t round_robin_next = 0;         // the round-robin counter
+};
+
+// The pure decision. Rules (DESIGN.md §3):
+//  eldr: B = {k : d_k ≤ min_j d_j + τ}; argmin load over eligible k in B, tie → smaller d_k, then lower k;
+//        if B has no eligible decoder, the globally least-loaded eligible decoder (fallback = true).
+//  locality_top1: eldr with τ = 0.
+//  jsq: argmin load over eligible decoders, tie → lower index.
+//  p2c: two distinct decoders drawn from a and b among the eligible ones; the less loaded (tie → lower index).
+//  random: uniform over eligible decoders. round_robin: the next eligible decoder from round_robin_next.
+//  domain: jsq within the request's domain group (eligible members), else jsq over all.
+// When no decoder is eligible at all, every policy returns the globally least-loaded decoder (fallback).
+RoutingDecision Decide(const DecisionInputs& in);
+
+struct RouterConfig {
+  RoutingPolicy policy = RoutingPolicy::kEldr;
+  int num_decoders = 1;
+  double tau = 0.1;               // eldr band width (negative: take the calibration's value)
+  int64_t admission_cap = 0;      // per decoder; 0 = none
+  uint64_t seed = 0;
+  TraceShape job_shape;           // the model of the job; must match the calibration's
+  // Domain labels for the domain policy (its decoder groups); empty = the calibration's labels.
+  std::vector<std::string> domains;
+};
+
+class Router {
+ public:
+  // Signature policies need `calib`; its model shape and K must match the job. `calib` may be null
+  // for load-only policies (domain groups then come from the labels seen at routing time).
+  static Result<Router> Create(const RouterConfig& config, const Calibration* calib);
+
+  // Routes a request with its prefill counts [L, E] (c_r(ℓ,e)); `gate_sums` [L, E] only for gate_prob
+  // signatures (may be null). `domain` is used by the domain policy only.
+  RoutingDecision Route(const float* counts, const float* gate_sums, const std::string& domain);
+  // Routes with a ready signature s_r ([signature_dim()]).
+  RoutingDecision RouteSignature(const float* signature, const std::string& domain);
+
+  void Dispatch(int decoder);  // one more request in flight on `decoder`
+  void Complete(int decoder);  // one fewer. REQUIRES: in_flight > 0.
+
+  const std::vector<DecoderState>& decoders() const { return decoders_; }
+  const SignatureParams& signature_params() const { return params_; }
+  int signature_dim() const { return params_.dim(); }
+  RoutingPolicy policy() const { return config_.policy; }
+  double tau() const { return config_.tau; }
+  // d_k of the last signature routed ([K]).
+  const std::vector<double>& last_distances() const { return distances_; }
+
+ private:
+  Router() = default;
+  const std::vector<int>* DomainGroup(const std::string& domain) const;
+  RoutingDecision DecideNow(const double* distances, const std::string& domain);
+
+  RouterConfig config_;
+  SignatureParams params_;
+  std::vector<float> centroids_;  // [K, D]
+  std::vector<DecoderState> decoders_;
+  std::vector<double> distances_;
+  std::vector<float> signature_;  // scratch [D]
+  std::map<std::string, std::vector<int>> domain_groups_;
+  std::mt19937_64 rng_;
+  int64_t round_robin_next_ = 0;
+};
+
+}  // namespace eldr
