@@ -1,0 +1,114 @@
+// Expert-load readers: the JSON expert-score profiles and a plain [L, E] HDF5 dataset.
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <utility>
+
+#include "placement/placement.h"
+#include "runtime/common/hdf5.h"
+
+namespace eldr {
+
+namespace {
+
+// A non-negative decimal integer key without leading zeros such as "46" (so keys map one-to-one to ids).
+bool ParseIndex(const std::string& key, int64_t* value) {
+  if (key.empty() || key.size() > 9 || (key.size() > 1 && key[0] == '0')) return false;
+  int64_t v = 0;
+  for (char c : key) {
+    if (c < '0' || c > '9') return false;
+    v = v * 10 + (c - '0');
+  }
+  *value = v;
+  return true;
+}
+
+Status CheckLoadValue(const std::string& where, double v) {
+  if (!std::isfinite(v) || v < 0) {
+    return Status::InvalidArgument(where + " is " + std::to_string(v) + "; loads must be finite and >= 0");
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layers, int* num_experts) {
+  using json = nlohmann::json;
+  std::error_code ec;
+  if (!std::filesystem::exists(path, ec)) return Status::NotFound(path + ": no such file");
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IoError(path + ": cannot open for reading");
+  json doc;
+  try {
+    doc = json::parse(in);
+  } catch (const json::exception& e) {
+    return Status::Corrupt(path + ": not valid JSON (" + e.what() + ")");
+  }
+  if (!doc.is_object() || !doc.contains("token_scores") || !doc["token_scores"].is_object()) {
+    return Status::Corrupt(path + ": expected an object with \"token_scores\": {layer: {expert: load}}");
+  }
+  const json& scores = doc["token_scores"];
+  if (scores.empty()) return Status::Corrupt(path + ": \"token_scores\" has no layers");
+  std::vector<std::pair<int64_t, const json*>> layers;
+  layers.reserve(scores.size());
+  for (auto it = scores.begin(); it != scores.end(); ++it) {
+    int64_t id = 0;
+    if (!ParseIndex(it.key(), &id) || !it.value().is_object()) {
+      return Status::Corrupt(path + ": token_scores[\"" + it.key() +
+                             "\"] must be a numeric layer id mapping to {expert: load}");
+    }
+    layers.emplace_back(id, &it.value());
+  }
+  std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+  const int L = static_cast<int>(layers.size());
+  const int E = static_cast<int>(layers.front().second->size());
+  if (E == 0) return Status::Corrupt(path + ": layer " + std::to_string(layers.front().first) + " has no experts");
+  std::vector<double> load(static_cast<size_t>(L) * E, -1.0);
+  for (int l = 0; l < L; ++l) {
+    const std::string layer = "token_scores[\"" + std::to_string(layers[l].first) + "\"]";
+    const json& row = *layers[l].second;
+    if (static_cast<int>(row.size()) != E) {
+      return Status::Corrupt(path + ": " + layer + " has " + std::to_string(row.size()) + " experts, the first layer " +
+                             std::to_string(E));
+    }
+    for (auto it = row.begin(); it != row.end(); ++it) {
+      int64_t e = 0;
+      if (!ParseIndex(it.key(), &e) || e >= E) {
+        return Status::Corrupt(path + ": " + layer + " has expert key \"" + it.key() + "\", expected 0.." +
+                               std::to_string(E - 1));
+      }
+      if (!it.value().is_number()) {
+        return Status::Corrupt(path + ": " + layer + "[\"" + it.key() + "\"] is not a number");
+      }
+      const double v = it.value().get<double>();
+      ELDR_RETURN_IF_ERROR(CheckLoadValue(path + ": " + layer + "[\"" + it.key() + "\"]", v));
+      load[static_cast<size_t>(l) * E + e] = v;
+    }
+  }
+  *num_layers = L;
+  *num_experts = E;
+  return load;
+}
+
+Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::string& dataset, int* num_layers,
+                                         int* num_experts) {
+  ELDR_ASSIGN_OR_RETURN(h5::File file, h5::File::OpenReadOnly(path));
+  if (!file.Exists(dataset)) return Status::NotFound(path + ": no dataset " + dataset);
+  h5::Dims dims;
+  ELDR_ASSIGN_OR_RETURN(std::vector<double> load, file.Read<double>(dataset, &dims, 2));
+  if (dims[0] < 1 || dims[1] < 1 || dims[0] > (1u << 30) || dims[1] > (1u << 30)) {
+    return Status::InvalidArgument(path + ": " + dataset + " must be [layers, experts] with both >= 1");
+  }
+  const int E = static_cast<int>(dims[1]);
+  for (size_t i = 0; i < load.size(); ++i) {
+    ELDR_RETURN_IF_ERROR(CheckLoadValue(
+        path + ": " + dataset + "[" + std::to_string(i / E) + ", " + std::to_string(i % E) + "]", load[i]));
+  }
+  *num_layers = static_cast<int>(dims[0]);
+  *num_experts = E;
+  return load;
+}
+
+}  // namespace eldr

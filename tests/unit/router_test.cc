@@ -1,0 +1,266 @@
+// Routing policies against hand-computed cases and distributional invariants (DESIGN.md §3).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "runtime/router/router.h"
+
+namespace eldr {
+namespace {
+
+std::vector<DecoderState> Loads(std::vector<int64_t> in_flight, int64_t cap = 0) {
+  std::vector<DecoderState> d;
+  for (auto n : in_flight) d.push_back({n, cap});
+  return d;
+}
+
+RoutingDecision Band(const std::vector<DecoderState>& d, std::vector<double> dist, double tau) {
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldr;
+  in.decoders = &d;
+  in.distances = dist.data();
+  in.tau = tau;
+  return Decide(in);
+}
+
+TEST(Decide, BandPicksLeastLoadedWithinTau) {
+  // d = {0.30, 0.35, 0.50, 0.38}, τ = 0.1 → B = {0, 1, 3} (≤ 0.40); loads {5, 3, 0, 4} → decoder 1.
+  auto d = Loads({5, 3, 0, 4});
+  auto r = Band(d, {0.30, 0.35, 0.50, 0.38}, 0.1);
+  EXPECT_EQ(r.decoder, 1);
+  EXPECT_EQ(r.band_size, 3);
+  EXPECT_FALSE(r.fallback);
+}
+
+TEST(Decide, TieOnLoadGoesToTheNearerCentroid) {
+  auto d = Loads({2, 2, 2});
+  EXPECT_EQ(Band(d, {0.20, 0.10, 0.15}, 0.2).decoder, 1);
+  // Equal load and equal distance: the lower index.
+  EXPECT_EQ(Band(d, {0.10, 0.10, 0.30}, 0.2).decoder, 0);
+}
+
+TEST(Decide, EverythingInTheBandIsJsq) {
+  auto d = Loads({4, 1, 3, 2});
+  auto r = Band(d, {0.9, 0.1, 0.5, 0.3}, 10.0);
+  EXPECT_EQ(r.decoder, 1);
+  EXPECT_EQ(r.band_size, 4);
+}
+
+TEST(Decide, NothingEligibleInTheBandFallsBackToGlobalLeastLoaded) {
+  // cap 3: decoders 0 and 1 are full; band = {0, 1} → fallback to the least loaded eligible (3, load 1).
+  auto d = Loads({3, 3, 2, 1}, 3);
+  auto r = Band(d, {0.1, 0.12, 0.9, 0.8}, 0.05);
+  EXPECT_TRUE(r.fallback);
+  EXPECT_EQ(r.decoder, 3);
+  // Nobody eligible at all: the globally least-loaded decoder.
+  auto full = Loads({3, 3, 3}, 3);
+  auto f = Band(full, {0.1, 0.2, 0.3}, 0.05);
+  EXPECT_TRUE(f.fallback);
+  EXPECT_EQ(f.decoder, 0);
+}
+
+TEST(Decide, TauZeroEqualsLocalityTop1AndLargeTauEqualsJsq) {
+  std::mt19937_64 rng(1);
+  std::uniform_real_distribution<double> u(0, 1);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int K = 1 + static_cast<int>(rng() % 12);
+    std::vector<DecoderState> d;
+    std::vector<double> dist(K);
+    for (int k = 0; k < K; ++k) {
+      d.push_back({static_cast<int64_t>(rng() % 5), 0});
+      dist[k] = std::round(u(rng) * 20) / 20;  // coarse values make ties common
+    }
+    DecisionInputs in;
+    in.decoders = &d;
+    in.distances = dist.data();
+    in.policy = RoutingPolicy::kEldr;
+    in.tau = 0;
+    const auto eldr0 = Decide(in);
+    in.policy = RoutingPolicy::kLocalityTop1;
+    EXPECT_EQ(eldr0.decoder, Decide(in).decoder);
+    // Independently: among the nearest centroids (exact ties), the least loaded, then the lower index.
+    const double dmin = *std::min_element(dist.begin(), dist.end());
+    int expect = -1;
+    for (int k = 0; k < K; ++k) {
+      if (dist[k] == dmin && (expect < 0 || d[k].in_flight < d[expect].in_flight)) expect = k;
+    }
+    EXPECT_EQ(eldr0.decoder, expect);
+    // τ = 0 with distinct minimum: the nearest centroid.
+    in.policy = RoutingPolicy::kEldr;
+    in.tau = 100;
+    const auto wide = Decide(in);
+    in.policy = RoutingPolicy::kJsq;
+    const auto jsq = Decide(in);
+    EXPECT_EQ(d[wide.decoder].in_flight, d[jsq.decoder].in_flight);  // same load; ties differ only by distance
+    EXPECT_EQ(wide.band_size, K);
+  }
+}
+
+TEST(Decide, JsqAndDomain) {
+  auto d = Loads({2, 0, 0, 1});
+  DecisionInputs in;
+  in.decoders = &d;
+  in.policy = RoutingPolicy::kJsq;
+  EXPECT_EQ(Decide(in).decoder, 1);  // tie between 1 and 2 → lower index
+  in.policy = RoutingPolicy::kDomain;
+  std::vector<int> group = {0, 3};
+  in.domain_group = &group;
+  EXPECT_EQ(Decide(in).decoder, 3);
+  in.domain_group = nullptr;  // unknown domain → jsq over all
+  EXPECT_EQ(Decide(in).decoder, 1);
+}
+
+TEST(Decide, P2cNeverPicksTheMoreLoadedOfItsTwo) {
+  auto d = Loads({0, 1, 2, 3, 4, 5, 6, 7});
+  std::mt19937_64 rng(3);
+  std::vector<int> picks(8, 0);
+  for (int i = 0; i < 20000; ++i) {
+    DecisionInputs in;
+    in.decoders = &d;
+    in.policy = RoutingPolicy::kP2c;
+    in.random_a = rng();
+    in.random_b = rng();
+    const int a = static_cast<int>(in.random_a % 8);
+    const uint64_t j = in.random_b % 7;
+    const int b = static_cast<int>(j < static_cast<uint64_t>(a) ? j : j + 1);
+    const int got = Decide(in).decoder;
+    EXPECT_EQ(got, std::min(a, b));  // loads equal the index here
+    ++picks[got];
+  }
+  EXPECT_EQ(picks[7], 0);  // the most loaded decoder is never chosen
+  // P(pick k) = P(k is the min of two distinct draws) = 2(7-k)/56.
+  for (int k = 0; k < 8; ++k) EXPECT_NEAR(picks[k] / 20000.0, 2.0 * (7 - k) / 56.0, 0.015) << k;
+}
+
+TEST(Router, RoundRobinIsExactlyEvenAndRandomIsRoughlyUniform) {
+  for (auto policy : {RoutingPolicy::kRoundRobin, RoutingPolicy::kRandom}) {
+    RouterConfig c;
+    c.policy = policy;
+    c.num_decoders = 5;
+    c.seed = 7;
+    auto r = Router::Create(c, nullptr);
+    ASSERT_TRUE(r.ok());
+    std::vector<int> n(5, 0);
+    for (int i = 0; i < 5000; ++i) {
+      const int k = r->Route(nullptr, nullptr, "").decoder;
+      ++n[k];
+      r->Dispatch(k);  // loads do not influence these policies
+    }
+    for (int k = 0; k < 5; ++k) {
+      if (policy == RoutingPolicy::kRoundRobin) {
+        EXPECT_EQ(n[k], 1000);
+      } else {
+        EXPECT_NEAR(n[k], 1000, 120);
+      }
+    }
+  }
+}
+
+TEST(Router, RoundRobinSkipsDecodersAtTheirCap) {
+  RouterConfig c;
+  c.policy = RoutingPolicy::kRoundRobin;
+  c.num_decoders = 3;
+  c.admission_cap = 1;
+  auto r = Router::Create(c, nullptr).value();
+  EXPECT_EQ(r.Route(nullptr, nullptr, "").decoder, 0);
+  r.Dispatch(0);
+  r.Dispatch(1);  // decoder 1 is full
+  EXPECT_EQ(r.Route(nullptr, nullptr, "").decoder, 2);
+}
+
+Calibration TinyCalibration(int K) {
+  // L = 1, E = 4, all layers selected, idf 1; centroid k = e_k (unit vector on expert k).
+  Calibration c;
+  c.shape = {"tiny", 1, 4, 1};
+  c.signature = {SignatureVariant::kCount, 1, 4, {1, 1, 1, 1}, {1}};
+  c.num_clusters = K;
+  c.tau = 0.1;
+  for (int k = 0; k < K; ++k) {
+    for (int e = 0; e < 4; ++e) c.centroids.push_back(e == k ? 1.f : 0.f);
+  }
+  return c;
+}
+
+TEST(Router, SignatureRoutingFromCounts) {
+  Calibration calib = TinyCalibration(3);
+  RouterConfig c;
+  c.policy = RoutingPolicy::kEldr;
+  c.num_decoders = 3;
+  c.tau = -1;  // take 0.1 from the calibration
+  c.job_shape = calib.shape;
+  auto r = Router::Create(c, &calib);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_DOUBLE_EQ(r->tau(), 0.1);
+  // counts {0, 5, 0, 1}: s = (0, 5, 0, 1)/√26; d_1 = 1 − 5/√26 ≈ 0.019 is nearest, d_0 = d_2 = 1 → B = {1}.
+  std::vector<float> counts = {0, 5, 0, 1};
+  auto d = r->Route(counts.data(), nullptr, "");
+  EXPECT_EQ(d.decoder, 1);
+  EXPECT_EQ(d.band_size, 1);
+  EXPECT_NEAR(r->last_distances()[1], 1 - 5 / std::sqrt(26.0), 1e-6);
+  // Load decoder 1 to the cap-free point where a wider band would move the request: τ = 2 → jsq.
+  r->Dispatch(1);
+  c.tau = 2;
+  auto wide = Router::Create(c, &calib).value();
+  wide.Dispatch(1);
+  EXPECT_EQ(wide.Route(counts.data(), nullptr, "").decoder, 0);
+}
+
+TEST(Router, RefusesMismatchedCalibration) {
+  Calibration calib = TinyCalibration(3);
+  RouterConfig c;
+  c.policy = RoutingPolicy::kEldr;
+  c.num_decoders = 4;
+  c.job_shape = calib.shape;
+  auto r = Router::Create(c, &calib);
+  EXPECT_EQ(r.status().code(), StatusCode::kFailedPrecondition);
+  EXPECT_NE(r.status().message().find("--refit"), std::string::npos);
+  c.num_decoders = 3;
+  c.job_shape = {"other", 2, 4, 1};
+  EXPECT_EQ(Router::Create(c, &calib).status().code(), StatusCode::kFailedPrecondition);
+  c.job_shape = calib.shape;
+  EXPECT_EQ(Router::Create(c, nullptr).status().code(), StatusCode::kInvalidArgument);  // eldr without calibration
+  c.policy = RoutingPolicy::kDomain;
+  EXPECT_EQ(Router::Create(c, nullptr).status().code(), StatusCode::kInvalidArgument);  // no labels
+  EXPECT_EQ(ParseRoutingPolicy("nope").status().code(), StatusCode::kInvalidArgument);
+}
+
+TEST(Router, DomainGroupsSplitDecoders) {
+  RouterConfig c;
+  c.policy = RoutingPolicy::kDomain;
+  c.num_decoders = 4;
+  c.domains = {"b", "a", "a"};
+  auto r = Router::Create(c, nullptr).value();
+  // Sorted labels a → {0, 2}, b → {1, 3}.
+  for (int i = 0; i < 6; ++i) {
+    const int k = r.Route(nullptr, nullptr, "a").decoder;
+    EXPECT_TRUE(k == 0 || k == 2);
+    r.Dispatch(k);
+  }
+  EXPECT_EQ(r.decoders()[0].in_flight, 3);
+  EXPECT_EQ(r.decoders()[2].in_flight, 3);
+  const int k = r.Route(nullptr, nullptr, "b").decoder;
+  EXPECT_TRUE(k == 1 || k == 3);
+}
+
+TEST(Router, DeterministicForASeed) {
+  std::vector<int> a, b;
+  for (auto* out : {&a, &b}) {
+    RouterConfig c;
+    c.policy = RoutingPolicy::kP2c;
+    c.num_decoders = 6;
+    c.seed = 99;
+    auto r = Router::Create(c, nullptr).value();
+    for (int i = 0; i < 200; ++i) {
+      const int k = r.Route(nullptr, nullptr, "").decoder;
+      out->push_back(k);
+      r.Dispatch(k);
+      if (i % 3 == 0) r.Complete(k);
+    }
+  }
+  EXPECT_EQ(a, b);
+}
+
+}  // namespace
+}  // namespace eldr
