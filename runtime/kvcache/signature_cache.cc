@@ -1,5 +1,6 @@
 #include "runtime/kvcache/signature_cache.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "runtime/common/check.h"
@@ -37,20 +38,33 @@ void SignatureCache::DropBlock(BlockId b) {
 
 void SignatureCache::SumCounts(const std::vector<BlockId>& blocks, const std::vector<uint8_t>* layer_mask,
                                float* counts) const {
-  // Accumulate in int32 (exact), convert once.
+  // Rows are int8 with entries <= block_size, so up to 32767 / block_size rows add up exactly in int16,
+  // which halves the vector width of the hot loop; int16 partial sums flush into int32 between chunks.
   thread_local std::vector<int32_t> acc;
+  thread_local std::vector<int16_t> part;
   acc.assign(row_size_, 0);
+  part.assign(row_size_, 0);
   const size_t E = num_experts_;
+  const size_t chunk = static_cast<size_t>(32767 / block_size_);
+  size_t in_part = 0;
+  auto flush = [&] {
+    for (size_t x = 0; x < row_size_; ++x) acc[x] += part[x];
+    std::fill(part.begin(), part.end(), 0);
+    in_part = 0;
+  };
   for (BlockId b : blocks) {
     ELDR_CHECK(valid_[b], "block " << b << " has no signature row (not prefilled, or evicted)");
+    if (in_part == chunk) flush();
     const int8_t* r = row(b);
     for (int l = 0; l < num_layers_; ++l) {
       if (layer_mask && !(*layer_mask)[l]) continue;
-      int32_t* a = acc.data() + l * E;
+      int16_t* a = part.data() + l * E;
       const int8_t* src = r + l * E;
-      for (size_t e = 0; e < E; ++e) a[e] += src[e];
+      for (size_t e = 0; e < E; ++e) a[e] = static_cast<int16_t>(a[e] + src[e]);
     }
+    ++in_part;
   }
+  flush();
   for (size_t x = 0; x < row_size_; ++x) counts[x] = static_cast<float>(acc[x]);
 }
 

@@ -1,5 +1,6 @@
 #include "runtime/router/router.h"
 
+#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -201,6 +202,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     ++i;
   }
   r.distances_.assign(K, 0.0);
+  r.dots_.assign(K, 0.f);
   r.signature_.assign(r.params_.dim(), 0.f);
   return r;
 }
@@ -230,12 +232,13 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
 RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain) {
   if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain);
   const int K = config_.num_decoders, D = params_.dim();
-  for (int k = 0; k < K; ++k) {
-    const float* mu = centroids_.data() + static_cast<size_t>(k) * D;
-    float dot = 0;
-    for (int x = 0; x < D; ++x) dot += signature[x] * mu[x];
-    distances_[k] = 1.0 - static_cast<double>(dot);
-  }
+  // d = 1 − M s with M the [K, D] centroid matrix: one vectorised matrix-vector product.
+  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::Map<const RowMatrix> M(centroids_.data(), K, D);
+  Eigen::Map<const Eigen::VectorXf> s(signature, D);
+  Eigen::Map<Eigen::VectorXf> dots(dots_.data(), K);
+  dots.noalias() = M * s;
+  for (int k = 0; k < K; ++k) distances_[k] = 1.0 - static_cast<double>(dots_[k]);
   return DecideNow(distances_.data(), domain);
 }
 

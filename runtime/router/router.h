@@ -110,6 +110,7 @@ class Router {
   std::vector<float> centroids_;  // [K, D]
   std::vector<DecoderState> decoders_;
   std::vector<double> distances_;
+  std::vector<float> dots_;       // scratch [K]
   std::vector<float> signature_;  // scratch [D]
   std::map<std::string, std::vector<int>> domain_groups_;
   std::mt19937_64 rng_;

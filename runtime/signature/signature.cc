@@ -91,21 +91,39 @@ int SignatureParams::num_selected_layers() const {
 }
 
 void ComputeSignature(const SignatureParams& p, const float* counts, const float* gate_sums, float* out) {
+  // One branch per layer and variant, straight loops inside, so the compiler vectorises them.
   const int E = p.num_experts;
-  size_t o = 0;
-  double norm2 = 0;
+  float* o = out;
   for (int l = 0; l < p.num_layers; ++l) {
     if (!p.layer_mask[l]) continue;
-    for (int e = 0; e < E; ++e) {
-      const size_t x = static_cast<size_t>(l) * E + e;
-      float v = VariantFeature(p.variant, counts[x], gate_sums ? gate_sums[x] : 0.f, p.idf[x]);
-      out[o++] = v;
-      norm2 += static_cast<double>(v) * v;
+    const size_t base = static_cast<size_t>(l) * E;
+    const float* c = counts + base;
+    const float* w = p.idf.data() + base;
+    switch (p.variant) {
+      case SignatureVariant::kCount:
+        for (int e = 0; e < E; ++e) o[e] = c[e];
+        break;
+      case SignatureVariant::kCountIdf:
+        for (int e = 0; e < E; ++e) o[e] = c[e] * w[e];
+        break;
+      case SignatureVariant::kSqrt:
+        for (int e = 0; e < E; ++e) o[e] = c[e] > 0 ? std::sqrt(c[e]) : 0.f;
+        break;
+      case SignatureVariant::kBinary:
+        for (int e = 0; e < E; ++e) o[e] = c[e] > 0 ? 1.f : 0.f;
+        break;
+      case SignatureVariant::kGateProb:
+        for (int e = 0; e < E; ++e) o[e] = gate_sums ? gate_sums[base + e] : 0.f;
+        break;
     }
+    o += E;
   }
+  const size_t n = static_cast<size_t>(o - out);
+  double norm2 = 0;
+  for (size_t i = 0; i < n; ++i) norm2 += static_cast<double>(out[i]) * out[i];
   if (norm2 > 0) {
     const float inv = static_cast<float>(1.0 / std::sqrt(norm2));
-    for (size_t i = 0; i < o; ++i) out[i] *= inv;
+    for (size_t i = 0; i < n; ++i) out[i] *= inv;
   }
 }
 

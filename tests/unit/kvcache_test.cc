@@ -105,6 +105,26 @@ TEST(SignatureCache, FootprintOfQwen3_30B_A3B) {
   EXPECT_LE(f.ratio(), 0.01);
 }
 
+TEST(SignatureCache, SumsBeyondTheInt16RangeStayExact) {
+  // 600 blocks of 127 tokens, every token routed to experts {0, 1} at both layers: the sum, 76200 per
+  // entry, overflows int16 unless the partial sums are flushed in time.
+  const int bs = 127, n = 600;
+  SignatureCache sc(n, 2, 4, bs);
+  std::vector<uint16_t> ids;
+  for (int t = 0; t < bs; ++t) ids.insert(ids.end(), {0, 1, 0, 1});
+  std::vector<BlockId> blocks;
+  for (int b = 0; b < n; ++b) {
+    sc.WriteBlock(b, ids.data(), bs, 2);
+    blocks.push_back(b);
+  }
+  std::vector<float> counts(8);
+  sc.SumCounts(blocks, nullptr, counts.data());
+  EXPECT_EQ(counts, (std::vector<float>{76200, 76200, 0, 0, 76200, 76200, 0, 0}));
+  std::vector<uint8_t> mask = {0, 1};
+  sc.SumCounts(blocks, &mask, counts.data());
+  EXPECT_EQ(counts, (std::vector<float>{0, 0, 0, 0, 76200, 76200, 0, 0}));
+}
+
 // ---- the exactness property ----
 
 constexpr int kL = 3, kE = 8, kTopK = 2;

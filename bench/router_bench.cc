@@ -1,0 +1,130 @@
+// Online routing cost (bench/README.md): per-request routing overhead end to end (assemble counts from the
+// block rows of a 2048-token prompt, IDF + mask + L2, band decision) and the decision alone. Per-iteration
+// latencies are timed individually so that p50/p99 can be reported (counters p50_us, p99_us).
+#include <benchmark/benchmark.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <random>
+
+#include "runtime/kvcache/signature_cache.h"
+#include "runtime/router/router.h"
+
+namespace eldr {
+namespace {
+
+constexpr int kL = 48, kE = 128, kTopK = 8, kBlockSize = 16, kPromptTokens = 2048;
+
+Calibration RandomCalibration(int K, int selected_layers, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  Calibration c;
+  c.shape = {"bench", kL, kE, kTopK};
+  c.signature.variant = SignatureVariant::kCountIdf;
+  c.signature.num_layers = kL;
+  c.signature.num_experts = kE;
+  c.signature.idf.resize(kL * kE);
+  for (auto& w : c.signature.idf) w = 3.f * u(rng);
+  c.signature.layer_mask.assign(kL, 0);
+  for (int l = 0; l < selected_layers; ++l) c.signature.layer_mask[(l * 7) % kL] = 1;
+  const int D = c.signature.dim();
+  c.num_clusters = K;
+  c.tau = 0.1;
+  c.centroids.resize(static_cast<size_t>(K) * D);
+  for (int k = 0; k < K; ++k) {
+    double n2 = 0;
+    for (int x = 0; x < D; ++x) n2 += std::pow(c.centroids[k * D + x] = u(rng), 2);
+    for (int x = 0; x < D; ++x) c.centroids[k * D + x] /= static_cast<float>(std::sqrt(n2));
+  }
+  return c;
+}
+
+void ReportPercentiles(benchmark::State& state, std::vector<double>& ns) {
+  if (ns.empty()) return;
+  std::sort(ns.begin(), ns.end());
+  state.counters["p50_us"] = ns[ns.size() / 2] / 1000.0;
+  state.counters["p99_us"] = ns[std::min(ns.size() - 1, ns.size() * 99 / 100)] / 1000.0;
+}
+
+// Args: K, selected layers.
+void BM_RouteEndToEnd(benchmark::State& state) {
+  const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
+  const int num_blocks = kPromptTokens / kBlockSize;
+  SignatureCache cache(num_blocks, kL, kE, kBlockSize);
+  std::mt19937_64 rng(1);
+  std::vector<uint16_t> ids(static_cast<size_t>(kBlockSize) * kL * kTopK);
+  std::vector<BlockId> blocks;
+  for (int b = 0; b < num_blocks; ++b) {
+    for (int t = 0; t < kBlockSize * kL; ++t) {
+      const uint16_t first = static_cast<uint16_t>(rng() % (kE - kTopK));
+      for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = static_cast<uint16_t>(first + j);  // distinct
+    }
+    cache.WriteBlock(b, ids.data(), kBlockSize, kTopK);
+    blocks.push_back(b);
+  }
+  Calibration calib = RandomCalibration(K, S, 2);
+  RouterConfig rc;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = K;
+  rc.tau = 0.1;
+  rc.job_shape = calib.shape;
+  Router router = Router::Create(rc, &calib).value();
+  std::vector<float> counts(static_cast<size_t>(kL) * kE);
+  std::vector<double> ns;
+  ns.reserve(1 << 16);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cache.SumCounts(blocks, &calib.signature.layer_mask, counts.data());
+    const RoutingDecision d = router.Route(counts.data(), nullptr, "");
+    router.Dispatch(d.decoder);
+    router.Complete(d.decoder);
+    benchmark::DoNotOptimize(d);
+    ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ReportPercentiles(state, ns);
+  state.counters["D"] = calib.signature.dim();
+}
+BENCHMARK(BM_RouteEndToEnd)
+    ->ArgsProduct({{8, 16, 40}, {16, 48}})
+    ->ArgNames({"K", "layers"})
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_RouteDecision(benchmark::State& state) {
+  const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
+  Calibration calib = RandomCalibration(K, S, 3);
+  RouterConfig rc;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = K;
+  rc.job_shape = calib.shape;
+  Router router = Router::Create(rc, &calib).value();
+  std::vector<float> s(calib.signature.dim());
+  std::mt19937_64 rng(4);
+  for (auto& x : s) x = static_cast<float>(rng() % 1000) / 1000.f;
+  std::vector<double> ns;
+  ns.reserve(1 << 16);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const RoutingDecision d = router.RouteSignature(s.data(), "");
+    benchmark::DoNotOptimize(d);
+    ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ReportPercentiles(state, ns);
+}
+BENCHMARK(BM_RouteDecision)->ArgsProduct({{40}, {16, 48}})->ArgNames({"K", "layers"})->Unit(benchmark::kMicrosecond);
+
+// Not a timing: the memory footprint of the signature cache for Qwen3-30B-A3B (48 layers, 128 experts,
+// 4 KV heads x head dim 128, bf16, block 16), as counters.
+void BM_SignatureCacheFootprint(benchmark::State& state) {
+  SignatureCacheFootprint f;
+  for (auto _ : state) benchmark::DoNotOptimize(f = ComputeSignatureCacheFootprint(48, 128, 48, 4, 128, 2, 16));
+  state.counters["sig_bytes_per_block"] = static_cast<double>(f.signature_bytes_per_block);
+  state.counters["kv_bytes_per_block"] = static_cast<double>(f.kv_bytes_per_block);
+  state.counters["ratio_pct"] = 100.0 * f.ratio();
+}
+BENCHMARK(BM_SignatureCacheFootprint)->Iterations(1);
+
+}  // namespace
+}  // namespace eldr
+
+BENCHMARK_MAIN();

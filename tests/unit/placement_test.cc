@@ -1,0 +1,527 @@
+// Expert placement: the DeepSeek EPLB README example, structural invariants as vLLM's EPLB tests check
+// them, eldr's extra guarantees (no duplicate replica on a rank, balance at least DeepSeek's, zero moves
+// for an unchanged load), hand-computed balancedness and moves, and the load readers.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "placement/placement.h"
+#include "runtime/common/hdf5.h"
+
+namespace eldr {
+namespace {
+
+constexpr PlacementAlgorithm kAll[] = {PlacementAlgorithm::kDeepSeekGlobal, PlacementAlgorithm::kDeepSeekHierarchical,
+                                      PlacementAlgorithm::kEldr};
+
+// The README example of github.com/deepseek-ai/EPLB: 2 layers, 12 experts, 16 replicas, 4 groups, 2 nodes,
+// 8 GPUs.
+PlacementProblem ReadmeProblem() {
+  PlacementProblem p;
+  p.num_layers = 2;
+  p.num_experts = 12;
+  p.load = {90, 132, 40, 61, 104, 165, 39, 4, 73, 56, 183, 86,  //
+            20, 107, 104, 64, 19, 197, 187, 157, 172, 86, 16, 27};
+  p.num_slots = 16;
+  p.num_ranks = 8;
+  p.num_nodes = 2;
+  p.num_groups = 4;
+  return p;
+}
+
+Placement PlaceOrDie(const PlacementProblem& p, PlacementAlgorithm a, const Placement* previous = nullptr) {
+  auto r = Place(p, a, previous);
+  EXPECT_TRUE(r.ok()) << PlacementAlgorithmName(a) << ": " << r.status().message();
+  return r.ok() ? std::move(r).value() : Placement{};
+}
+
+// Structural invariants (the checks of vLLM's EPLB tests, written independently of the code).
+void ExpectValid(const PlacementProblem& p, const Placement& pl, const std::string& what) {
+  const int L = p.num_layers, E = p.num_experts, P = p.num_slots;
+  ASSERT_EQ(pl.num_layers, L) << what;
+  ASSERT_EQ(pl.num_experts, E) << what;
+  ASSERT_EQ(pl.num_slots, P) << what;
+  ASSERT_EQ(pl.num_ranks, p.num_ranks) << what;
+  ASSERT_EQ(pl.phy2log.size(), static_cast<size_t>(L) * P) << what;
+  ASSERT_EQ(pl.logcnt.size(), static_cast<size_t>(L) * E) << what;
+  ASSERT_GE(pl.max_replicas, 1) << what;
+  ASSERT_EQ(pl.log2phy.size(), static_cast<size_t>(L) * E * pl.max_replicas) << what;
+  int max_cnt = 0;
+  for (int l = 0; l < L; ++l) {
+    std::vector<int> seen(E, 0);
+    for (int s = 0; s < P; ++s) {
+      const int e = pl.phy2log[l * P + s];
+      ASSERT_GE(e, 0) << what;
+      ASSERT_LT(e, E) << what;
+      ++seen[e];
+    }
+    int sum = 0;
+    for (int e = 0; e < E; ++e) {
+      const int c = pl.logcnt[l * E + e];
+      ASSERT_GE(c, 1) << what << " layer " << l << " expert " << e;
+      ASSERT_EQ(c, seen[e]) << what << " layer " << l << " expert " << e;
+      sum += c;
+      max_cnt = std::max(max_cnt, c);
+      // log2phy: logcnt distinct slots that hold e, then -1 padding.
+      std::vector<int> listed;
+      for (int k = 0; k < pl.max_replicas; ++k) {
+        const int s = pl.log2phy[(static_cast<size_t>(l) * E + e) * pl.max_replicas + k];
+        if (k < c) {
+          ASSERT_GE(s, 0) << what;
+          ASSERT_LT(s, P) << what;
+          ASSERT_EQ(pl.phy2log[l * P + s], e) << what << " layer " << l << " expert " << e;
+          listed.push_back(s);
+        } else {
+          ASSERT_EQ(s, -1) << what;
+        }
+      }
+      std::sort(listed.begin(), listed.end());
+      ASSERT_EQ(std::unique(listed.begin(), listed.end()), listed.end()) << what;
+    }
+    ASSERT_EQ(sum, P) << what;
+  }
+  ASSERT_EQ(pl.max_replicas, max_cnt) << what;
+}
+
+bool HasDuplicateOnRank(const Placement& pl) {
+  const int spr = pl.num_slots / pl.num_ranks;
+  for (int l = 0; l < pl.num_layers; ++l) {
+    for (int r = 0; r < pl.num_ranks; ++r) {
+      std::vector<int> ids(pl.phy2log.begin() + l * pl.num_slots + r * spr,
+                           pl.phy2log.begin() + l * pl.num_slots + (r + 1) * spr);
+      std::sort(ids.begin(), ids.end());
+      if (std::adjacent_find(ids.begin(), ids.end()) != ids.end()) return true;
+    }
+  }
+  return false;
+}
+
+// Skewed loads: log-normal with a few very hot experts (as real expert-load profiles are).
+std::vector<double> SkewedLoad(int L, int E, uint64_t seed, double sigma = 1.2) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> normal(0.0, sigma);
+  std::uniform_real_distribution<double> uniform(0.0, 1.0);
+  std::vector<double> load(static_cast<size_t>(L) * E);
+  for (auto& v : load) v = std::exp(normal(rng)) * (uniform(rng) < 0.03 ? 8.0 : 1.0);
+  return load;
+}
+
+PlacementProblem Problem(int L, int E, int P, int R, int N, int G, std::vector<double> load) {
+  PlacementProblem p;
+  p.num_layers = L;
+  p.num_experts = E;
+  p.load = std::move(load);
+  p.num_slots = P;
+  p.num_ranks = R;
+  p.num_nodes = N;
+  p.num_groups = G;
+  return p;
+}
+
+// Shapes used by the randomised tests: {E, P, R, N, G}.
+struct Shape {
+  int E, P, R, N, G;
+};
+constexpr Shape kShapes[] = {{12, 16, 8, 2, 4},  {16, 16, 4, 2, 4},   {16, 24, 8, 1, 1},   {32, 40, 8, 2, 8},
+                             {64, 80, 16, 4, 8}, {128, 160, 32, 4, 8}, {128, 128, 8, 1, 8}, {8, 24, 4, 2, 2},
+                             {6, 12, 3, 1, 2},   {20, 30, 5, 1, 4}};
+
+// ---------------------------------------------------------------------------------------------------------
+
+TEST(PlacementTest, ParsesAlgorithmNames) {
+  for (PlacementAlgorithm a : kAll) {
+    auto r = ParsePlacementAlgorithm(PlacementAlgorithmName(a));
+    ASSERT_TRUE(r.ok());
+    EXPECT_EQ(r.value(), a);
+  }
+  auto bad = ParsePlacementAlgorithm("eplb");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(bad.status().message().find("'eplb'"), std::string::npos);
+  EXPECT_NE(bad.status().message().find("deepseek-hierarchical"), std::string::npos);
+}
+
+TEST(PlacementTest, DeepSeekHierarchicalReproducesReadmeExample) {
+  const PlacementProblem p = ReadmeProblem();
+  const Placement pl = PlaceOrDie(p, PlacementAlgorithm::kDeepSeekHierarchical);
+  ExpectValid(p, pl, "readme");
+  // README.md of deepseek-ai/EPLB, "# Output:".
+  const std::vector<int32_t> phy2log = {5, 6, 5, 7, 8, 4, 3, 4, 10, 9, 10, 2, 0, 1, 11, 1,  //
+                                        7, 10, 6, 8, 6, 11, 8, 9, 2, 4, 5, 1, 5, 0, 3, 1};
+  EXPECT_EQ(pl.phy2log, phy2log);
+  // eplb.py's logcnt: the replica counts of that output.
+  const std::vector<int32_t> logcnt = {1, 2, 1, 1, 2, 2, 1, 1, 1, 1, 2, 1,  //
+                                       1, 2, 1, 1, 1, 2, 2, 1, 2, 1, 1, 1};
+  EXPECT_EQ(pl.logcnt, logcnt);
+  // eplb.py's log2phy lists the original slot first, then the copies: in layer 0, node 0 holds groups 1
+  // and 2 (experts 3..8) and copies experts 5 (165) and 4 (104); packing 82.5, 82.5, 73, 61, 52, 52, 39, 4
+  // onto its 4 GPUs puts expert 4's original replica in slot 7 and its copy in slot 5.
+  ASSERT_EQ(pl.max_replicas, 2);
+  const std::vector<int32_t> log2phy = {12, -1, 15, 13, 11, -1, 6,  -1, 7, 5,  0, 2,  1, -1, 3, -1,  //
+                                        4,  -1, 9,  -1, 8,  10, 14, -1,                              //
+                                        13, -1, 15, 11, 8,  -1, 14, -1, 9, -1, 10, 12, 2, 4, 0, -1,  //
+                                        6,  3,  7,  -1, 1,  -1, 5,  -1};
+  EXPECT_EQ(pl.log2phy, log2phy);
+}
+
+TEST(PlacementTest, DeepSeekGlobalFollowsEplbAndMayDuplicateOnARank) {
+  // eplb.py rebalance_experts(weight, 16, 1, 1, 8) on the README weights, traced by hand with the
+  // documented tie rule: 16 replicas onto 8 GPUs without groups. It puts both replicas of expert 1 of
+  // layer 0 on GPU 7 (slots 14, 15): the public algorithm allows a duplicate on one rank.
+  PlacementProblem p = ReadmeProblem();
+  const Placement pl = PlaceOrDie(p, PlacementAlgorithm::kDeepSeekGlobal);
+  ExpectValid(p, pl, "global");
+  const std::vector<int32_t> phy2log = {10, 6, 10, 7, 0, 2, 11, 4, 5, 9, 5, 4, 8, 3, 1, 1,  //
+                                        1, 10, 2, 4, 5, 11, 5, 0, 6, 7, 6, 3, 8, 8, 9, 7};
+  EXPECT_EQ(pl.phy2log, phy2log);
+  EXPECT_TRUE(HasDuplicateOnRank(pl));
+  // Global ignores groups and nodes, so a grouping the hierarchy could not use gives the same result.
+  p.num_groups = 3;
+  EXPECT_EQ(PlaceOrDie(p, PlacementAlgorithm::kDeepSeekGlobal).phy2log, phy2log);
+
+  const Placement eldr = PlaceOrDie(ReadmeProblem(), PlacementAlgorithm::kEldr);
+  ExpectValid(ReadmeProblem(), eldr, "eldr");
+  EXPECT_FALSE(HasDuplicateOnRank(eldr));
+  EXPECT_GE(Balancedness(eldr, p.load), Balancedness(pl, p.load) - 1e-12);
+}
+
+TEST(PlacementTest, InvariantsOnRandomSkewedLoads) {
+  uint64_t seed = 1;
+  for (const Shape& s : kShapes) {
+    const PlacementProblem p = Problem(5, s.E, s.P, s.R, s.N, s.G, SkewedLoad(5, s.E, seed++));
+    for (PlacementAlgorithm a : kAll) {
+      const std::string what = std::string(PlacementAlgorithmName(a)) + " E=" + std::to_string(s.E) +
+                               " P=" + std::to_string(s.P) + " R=" + std::to_string(s.R);
+      ExpectValid(p, PlaceOrDie(p, a), what);
+    }
+  }
+}
+
+TEST(PlacementTest, HottestExpertGetsReplicatedWhenThereIsSlack) {
+  // Expert 7 carries 40% of the load; 4 spare slots (2 per node for the hierarchy).
+  std::vector<double> load(16, 1.0);
+  load[7] = 10.0;
+  const PlacementProblem p = Problem(1, 16, 20, 4, 2, 4, load);
+  for (PlacementAlgorithm a : kAll) {
+    const Placement pl = PlaceOrDie(p, a);
+    ExpectValid(p, pl, PlacementAlgorithmName(a));
+    EXPECT_GE(pl.logcnt[7], 2) << PlacementAlgorithmName(a);
+    EXPECT_EQ(*std::max_element(pl.logcnt.begin(), pl.logcnt.end()), pl.logcnt[7]) << PlacementAlgorithmName(a);
+  }
+}
+
+TEST(PlacementTest, EqualLoadsWithoutSpareSlotsAreNotReplicated) {
+  const PlacementProblem p = Problem(3, 16, 16, 4, 2, 4, std::vector<double>(48, 5.0));
+  for (PlacementAlgorithm a : kAll) {
+    const Placement pl = PlaceOrDie(p, a);
+    ExpectValid(p, pl, PlacementAlgorithmName(a));
+    EXPECT_EQ(pl.max_replicas, 1) << PlacementAlgorithmName(a);
+    for (int32_t c : pl.logcnt) EXPECT_EQ(c, 1) << PlacementAlgorithmName(a);
+    EXPECT_DOUBLE_EQ(Balancedness(pl, p.load), 1.0) << PlacementAlgorithmName(a);
+  }
+}
+
+void ExpectInvalid(const PlacementProblem& p, PlacementAlgorithm a, const std::vector<std::string>& words) {
+  auto r = Place(p, a);
+  ASSERT_FALSE(r.ok()) << PlacementAlgorithmName(a);
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument) << r.status().message();
+  for (const auto& w : words) EXPECT_NE(r.status().message().find(w), std::string::npos) << r.status().message();
+}
+
+TEST(PlacementTest, RejectsInconsistentCountsWithClearErrors) {
+  const auto base = [] { return Problem(1, 16, 20, 4, 2, 4, std::vector<double>(16, 1.0)); };
+  for (PlacementAlgorithm a : kAll) {
+    auto p = base();
+    p.num_slots = 18;  // 18 slots onto 4 ranks
+    ExpectInvalid(p, a, {"P = 18", "R = 4"});
+    p = base();
+    p.num_ranks = 5;  // 20 slots on 5 ranks, 5 ranks on 2 nodes
+    ExpectInvalid(p, a, {"R = 5", "N = 2"});
+    p = base();
+    p.num_groups = 3;  // 16 experts in 3 groups
+    ExpectInvalid(p, a, {"E = 16", "G = 3"});
+    p = base();
+    p.num_slots = 12;  // fewer slots than experts
+    ExpectInvalid(p, a, {"P = 12", "E = 16"});
+    p = base();
+    p.load[3] = -1.0;
+    ExpectInvalid(p, a, {"expert 3", ">= 0"});
+    p = base();
+    p.load[5] = std::numeric_limits<double>::quiet_NaN();
+    ExpectInvalid(p, a, {"expert 5", "finite"});
+    p = base();
+    p.load.pop_back();
+    ExpectInvalid(p, a, {"15 values", "E = 16"});
+    p = base();
+    p.num_ranks = 0;
+    ExpectInvalid(p, a, {"R = 0"});
+  }
+  // Only the hierarchy needs whole groups per node: 2 groups cannot be split over 4 nodes.
+  auto p = Problem(1, 16, 16, 4, 4, 2, std::vector<double>(16, 1.0));
+  ExpectInvalid(p, PlacementAlgorithm::kDeepSeekHierarchical, {"G = 2", "N = 4"});
+  EXPECT_TRUE(Place(p, PlacementAlgorithm::kDeepSeekGlobal).ok());
+  EXPECT_TRUE(Place(p, PlacementAlgorithm::kEldr).ok());
+  // eldr cannot keep 8 slots per rank free of duplicates with 6 experts.
+  p = Problem(1, 6, 16, 2, 1, 1, std::vector<double>(6, 1.0));
+  ExpectInvalid(p, PlacementAlgorithm::kEldr, {"P/R = 8", "E = 6"});
+  EXPECT_TRUE(Place(p, PlacementAlgorithm::kDeepSeekGlobal).ok());
+  // A previous placement of another shape.
+  p = base();
+  const Placement other = PlaceOrDie(Problem(1, 16, 16, 4, 2, 4, std::vector<double>(16, 1.0)),
+                                     PlacementAlgorithm::kEldr);
+  auto r = Place(p, PlacementAlgorithm::kEldr, &other);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("P = 16"), std::string::npos) << r.status().message();
+}
+
+TEST(PlacementTest, EldrNeverPutsTwoReplicasOfAnExpertOnOneRank) {
+  uint64_t seed = 100;
+  for (const Shape& s : kShapes) {
+    for (double sigma : {0.5, 1.5, 3.0}) {  // sigma 3: a few experts want many replicas
+      const PlacementProblem p = Problem(4, s.E, s.P, s.R, s.N, s.G, SkewedLoad(4, s.E, seed++, sigma));
+      const Placement pl = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+      ExpectValid(p, pl, "eldr");
+      EXPECT_FALSE(HasDuplicateOnRank(pl)) << "E=" << s.E << " P=" << s.P << " R=" << s.R << " sigma=" << sigma;
+    }
+  }
+  // One expert with nearly all the load and 3 spare slots per rank: it wants more replicas than ranks, so
+  // it is capped at one per rank (4), and the other slots still hold distinct experts.
+  std::vector<double> load(8, 0.01);
+  load[2] = 100;
+  const PlacementProblem p = Problem(1, 8, 16, 4, 1, 1, load);
+  const Placement pl = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+  ExpectValid(p, pl, "capped");
+  EXPECT_EQ(pl.logcnt[2], 4);
+  EXPECT_FALSE(HasDuplicateOnRank(pl));
+  EXPECT_TRUE(HasDuplicateOnRank(PlaceOrDie(p, PlacementAlgorithm::kDeepSeekGlobal)));
+}
+
+TEST(PlacementTest, EldrIsAtLeastAsBalancedAsDeepSeekOnSkewedLoads) {
+  uint64_t seed = 1000;
+  for (const Shape& s : kShapes) {
+    for (int trial = 0; trial < 3; ++trial) {
+      const PlacementProblem p = Problem(6, s.E, s.P, s.R, s.N, s.G, SkewedLoad(6, s.E, seed++));
+      const double eldr = Balancedness(PlaceOrDie(p, PlacementAlgorithm::kEldr), p.load);
+      const double global = Balancedness(PlaceOrDie(p, PlacementAlgorithm::kDeepSeekGlobal), p.load);
+      EXPECT_GE(eldr, global - 1e-12) << "E=" << s.E << " P=" << s.P << " R=" << s.R << " seed=" << seed - 1;
+      if (s.G % s.N == 0) {
+        const double hier = Balancedness(PlaceOrDie(p, PlacementAlgorithm::kDeepSeekHierarchical), p.load);
+        EXPECT_GE(eldr, hier - 1e-12) << "E=" << s.E << " P=" << s.P << " R=" << s.R << " seed=" << seed - 1;
+      }
+    }
+  }
+}
+
+TEST(PlacementTest, BalancednessMatchesHandComputation) {
+  // Layer 0: ranks [0 1 | 2 3] with loads 4 3 2 1: ranks carry 7 and 3, mean 5, max 7.
+  // Layer 1: ranks [0 3 | 1 2] with loads 6 2 2 0: ranks carry 6 and 4, mean 5, max 6.
+  auto pl = PlacementFromPhy2Log(2, 4, 2, {0, 1, 2, 3, 0, 3, 1, 2});
+  ASSERT_TRUE(pl.ok()) << pl.status().message();
+  EXPECT_NEAR(Balancedness(*pl, {4, 3, 2, 1, 6, 2, 2, 0}), (5.0 + 5.0) / (7.0 + 6.0), 1e-15);
+  // Replicas share their expert's load: expert 0 (load 6) in slots 0 and 2: ranks 3 + 2 = 5 and 3 + 1 = 4.
+  auto rep = PlacementFromPhy2Log(1, 3, 2, {0, 1, 0, 2});
+  ASSERT_TRUE(rep.ok());
+  EXPECT_EQ(rep->logcnt, (std::vector<int32_t>{2, 1, 1}));
+  EXPECT_NEAR(Balancedness(*rep, {6, 2, 1}), 4.5 / 5.0, 1e-15);
+  // A zero-load layer adds nothing to either sum; all zero is perfect.
+  EXPECT_NEAR(Balancedness(*pl, {4, 3, 2, 1, 0, 0, 0, 0}), 5.0 / 7.0, 1e-15);
+  EXPECT_EQ(Balancedness(*pl, std::vector<double>(8, 0.0)), 1.0);
+}
+
+TEST(PlacementTest, ZeroLoadLayersArePlaced) {
+  std::vector<double> load = SkewedLoad(3, 16, 7);
+  std::fill(load.begin() + 16, load.begin() + 32, 0.0);  // layer 1 all zero (as GLM's layer "46")
+  const PlacementProblem p = Problem(3, 16, 24, 4, 2, 4, load);
+  for (PlacementAlgorithm a : kAll) ExpectValid(p, PlaceOrDie(p, a), PlacementAlgorithmName(a));
+  // eplb.py: every redundant slot of the node goes to the node's first expert (torch.max of zeros).
+  const Placement global = PlaceOrDie(p, PlacementAlgorithm::kDeepSeekGlobal);
+  EXPECT_EQ(global.logcnt[16 + 0], 9);
+  // eldr spreads them over distinct experts.
+  const Placement eldr = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+  for (int e = 0; e < 16; ++e) EXPECT_LE(eldr.logcnt[16 + e], 2);
+}
+
+TEST(PlacementTest, EldrKeepsGroupsOnNodesWhenThatCostsNoBalance) {
+  // Uniform loads, no spare slots: whole groups on nodes are perfectly balanced, so eldr must find them.
+  const PlacementProblem p = Problem(2, 16, 16, 4, 2, 4, std::vector<double>(32, 1.0));
+  const Placement pl = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+  EXPECT_DOUBLE_EQ(Balancedness(pl, p.load), 1.0);
+  EXPECT_DOUBLE_EQ(GroupLocality(pl, p.load, 4, 2), 1.0);
+  // The hierarchy always keeps groups whole.
+  const PlacementProblem q = Problem(4, 64, 80, 16, 4, 8, SkewedLoad(4, 64, 3));
+  EXPECT_DOUBLE_EQ(GroupLocality(PlaceOrDie(q, PlacementAlgorithm::kDeepSeekHierarchical), q.load, 8, 4), 1.0);
+  // One hot group: the hierarchy must keep it on one node and pays in balance; eldr does not.
+  std::vector<double> hot(16, 1.0);
+  for (int e = 0; e < 4; ++e) hot[e] = 6.0;
+  const PlacementProblem h = Problem(1, 16, 16, 4, 2, 4, hot);
+  const double hier = Balancedness(PlaceOrDie(h, PlacementAlgorithm::kDeepSeekHierarchical), hot);
+  const double eldr = Balancedness(PlaceOrDie(h, PlacementAlgorithm::kEldr), hot);
+  EXPECT_LT(hier, 0.8);
+  EXPECT_DOUBLE_EQ(eldr, 1.0);
+}
+
+TEST(PlacementTest, CountMovesByHand) {
+  // Ranks of 2 slots. Reordering inside a rank moves no weights; it changes slots.
+  auto from = PlacementFromPhy2Log(1, 4, 2, {0, 1, 2, 3}).value();
+  auto same_ranks = PlacementFromPhy2Log(1, 4, 2, {1, 0, 3, 2}).value();
+  MoveStats m = CountMoves(from, same_ranks, 1000);
+  EXPECT_EQ(m.moved_experts, 0);
+  EXPECT_EQ(m.moved_bytes, 0);
+  EXPECT_EQ(m.changed_slots, 4);
+  // Experts 0 and 2 trade ranks: two weights cross.
+  auto traded = PlacementFromPhy2Log(1, 4, 2, {2, 1, 0, 3}).value();
+  m = CountMoves(from, traded, 1000);
+  EXPECT_EQ(m.moved_experts, 2);
+  EXPECT_EQ(m.moved_bytes, 2000);
+  EXPECT_EQ(m.changed_slots, 2);
+  // A replica of expert 0 replaces the second replica of expert 1 on rank 1: one copy.
+  auto two_of_1 = PlacementFromPhy2Log(1, 3, 2, {0, 1, 2, 1}).value();
+  auto two_of_0 = PlacementFromPhy2Log(1, 3, 2, {0, 1, 0, 2}).value();
+  EXPECT_EQ(CountMoves(two_of_1, two_of_0).moved_experts, 1);
+  EXPECT_EQ(CountMoves(two_of_1, two_of_0).changed_slots, 2);
+  EXPECT_EQ(CountMoves(from, from).moved_experts, 0);
+}
+
+TEST(PlacementTest, EldrMovesNothingWhenTheLoadDidNotChange) {
+  uint64_t seed = 50;
+  for (const Shape& s : kShapes) {
+    const PlacementProblem p = Problem(4, s.E, s.P, s.R, s.N, s.G, SkewedLoad(4, s.E, seed++));
+    const Placement first = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+    const Placement again = PlaceOrDie(p, PlacementAlgorithm::kEldr, &first);
+    const MoveStats m = CountMoves(first, again);
+    EXPECT_EQ(m.moved_experts, 0) << "E=" << s.E << " P=" << s.P << " R=" << s.R;
+    EXPECT_EQ(m.changed_slots, 0);
+    EXPECT_EQ(again.phy2log, first.phy2log);
+  }
+}
+
+TEST(PlacementTest, EldrPreviousPlacementCutsMovesWithoutCostingBalance) {
+  int64_t fresh_moves = 0, kept_moves = 0;
+  uint64_t seed = 70;
+  for (const Shape& s : kShapes) {
+    const int L = 6;
+    PlacementProblem p = Problem(L, s.E, s.P, s.R, s.N, s.G, SkewedLoad(L, s.E, seed++));
+    const Placement before = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+    // The load drifts by up to ±20%.
+    std::mt19937_64 rng(seed);
+    std::uniform_real_distribution<double> drift(0.8, 1.2);
+    for (auto& v : p.load) v *= drift(rng);
+    const Placement fresh = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+    const Placement kept = PlaceOrDie(p, PlacementAlgorithm::kEldr, &before);
+    ExpectValid(p, kept, "kept");
+    EXPECT_FALSE(HasDuplicateOnRank(kept));
+    EXPECT_NEAR(Balancedness(kept, p.load), Balancedness(fresh, p.load), 1e-9);
+    const int64_t f = CountMoves(before, fresh).moved_experts, k = CountMoves(before, kept).moved_experts;
+    EXPECT_LE(k, f) << "E=" << s.E << " P=" << s.P << " R=" << s.R;
+    fresh_moves += f;
+    kept_moves += k;
+  }
+  EXPECT_LT(kept_moves, fresh_moves / 2) << "fresh " << fresh_moves << " kept " << kept_moves;
+}
+
+TEST(PlacementTest, PlacementFromPhy2LogRejectsBadTables) {
+  EXPECT_FALSE(PlacementFromPhy2Log(1, 4, 2, {0, 1, 2, 4}).ok());   // expert 4 of 4
+  EXPECT_FALSE(PlacementFromPhy2Log(1, 4, 2, {0, 1, 2, 2}).ok());   // expert 3 missing
+  EXPECT_FALSE(PlacementFromPhy2Log(1, 4, 3, {0, 1, 2, 3}).ok());   // 4 slots on 3 ranks
+  auto ok = PlacementFromPhy2Log(1, 3, 2, {2, 0, 2, 1});
+  ASSERT_TRUE(ok.ok());
+  EXPECT_EQ(ok->max_replicas, 2);
+  EXPECT_EQ(ok->log2phy, (std::vector<int32_t>{1, -1, 3, -1, 0, 2}));
+}
+
+// ---- load readers ----
+
+std::string TempPath(const std::string& name) {
+  return (std::filesystem::temp_directory_path() / ("eldr_placement_test_" + std::to_string(::getpid()) + "_" + name))
+      .string();
+}
+
+void WriteText(const std::string& path, const std::string& text) {
+  std::ofstream(path) << text;
+}
+
+TEST(PlacementTest, ReadsTheExpertLoadProfiles) {
+  const std::string dir = std::string(ELDR_SOURCE_DIR) + "/bench/data/expert-load-profiles/";
+  int L = 0, E = 0;
+  auto glm = ReadLoadJson(dir + "GLM-4.5-Air_expert_scores_summary.json", &L, &E);
+  ASSERT_TRUE(glm.ok()) << glm.status().message();
+  EXPECT_EQ(L, 46);  // keys "1".."46"
+  EXPECT_EQ(E, 128);
+  EXPECT_DOUBLE_EQ((*glm)[0], 0.017);  // token_scores["1"]["0"]
+  double last = 0;
+  for (int e = 0; e < E; ++e) last += (*glm)[45 * E + e];
+  EXPECT_EQ(last, 0.0);  // layer "46" is all zeros
+  const PlacementProblem p = Problem(L, E, 160, 32, 4, 8, *glm);
+  for (PlacementAlgorithm a : kAll) ExpectValid(p, PlaceOrDie(p, a), PlacementAlgorithmName(a));
+
+  auto qwen = ReadLoadJson(dir + "Qwen3-235B-A22B-Instruct-2507_expert_scores_summary.json", &L, &E);
+  ASSERT_TRUE(qwen.ok()) << qwen.status().message();
+  EXPECT_EQ(L, 94);
+  EXPECT_EQ(E, 128);
+  EXPECT_DOUBLE_EQ((*qwen)[0], 0.0262);
+}
+
+TEST(PlacementTest, JsonReaderReportsBadFiles) {
+  int L = 0, E = 0;
+  auto missing = ReadLoadJson(TempPath("missing.json"), &L, &E);
+  EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
+  const std::string path = TempPath("bad.json");
+  const std::vector<std::pair<std::string, StatusCode>> cases = {
+      {"{not json", StatusCode::kCorrupt},
+      {R"({"gate_scores": {}})", StatusCode::kCorrupt},
+      {R"({"token_scores": {"1": {"0": 0.5, "2": 0.5}}})", StatusCode::kCorrupt},           // expert 1 missing
+      {R"({"token_scores": {"1": {"0": 0.5, "1": 0.5}, "2": {"0": 1}}})", StatusCode::kCorrupt},
+      {R"({"token_scores": {"1": {"0": 0.5, "1": "x"}}})", StatusCode::kCorrupt},
+      {R"({"token_scores": {"1": {"0": 0.5, "1": -0.1}}})", StatusCode::kInvalidArgument},
+  };
+  for (const auto& [text, code] : cases) {
+    WriteText(path, text);
+    auto r = ReadLoadJson(path, &L, &E);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_EQ(r.status().code(), code) << text << ": " << r.status().message();
+    EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
+  }
+  // Layer ids sort numerically ("10" after "9") and need not start at 0.
+  WriteText(path, R"({"token_scores": {"10": {"0": 3, "1": 4}, "9": {"1": 2, "0": 1}}})");
+  auto ok = ReadLoadJson(path, &L, &E);
+  ASSERT_TRUE(ok.ok()) << ok.status().message();
+  EXPECT_EQ(L, 2);
+  EXPECT_EQ(E, 2);
+  EXPECT_EQ(*ok, (std::vector<double>{1, 2, 3, 4}));
+  std::filesystem::remove(path);
+}
+
+TEST(PlacementTest, ReadsLoadFromHdf5) {
+  const std::string path = TempPath("load.h5");
+  {
+    auto f = h5::File::Create(path, path);
+    ASSERT_TRUE(f.ok()) << f.status().message();
+    ASSERT_TRUE(f->Write<float>("/load", {1, 2, 3, 4, 5, 6}, {2, 3}).ok());
+    ASSERT_TRUE(f->Write<float>("/flat", {1, 2, 3}, {3}).ok());
+    ASSERT_TRUE(f->Write<double>("/negative", {1, -2}, {1, 2}).ok());
+    ASSERT_TRUE(f->Close().ok());
+  }
+  int L = 0, E = 0;
+  auto load = ReadLoadHdf5(path, "/load", &L, &E);
+  ASSERT_TRUE(load.ok()) << load.status().message();
+  EXPECT_EQ(L, 2);
+  EXPECT_EQ(E, 3);
+  EXPECT_EQ(*load, (std::vector<double>{1, 2, 3, 4, 5, 6}));
+  EXPECT_FALSE(ReadLoadHdf5(path, "/flat", &L, &E).ok());
+  EXPECT_EQ(ReadLoadHdf5(path, "/nothing", &L, &E).status().code(), StatusCode::kNotFound);
+  EXPECT_EQ(ReadLoadHdf5(path, "/negative", &L, &E).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(ReadLoadHdf5(TempPath("none.h5"), "/load", &L, &E).status().code(), StatusCode::kNotFound);
+  std::filesystem::remove(path);
+}
+
+}  // namespace
+}  // namespace eldr
