@@ -43,7 +43,7 @@ expect_error() {
 # ---- help and version ----
 run_ok "--version" "$ELDR" --version
 grep -q "^eldr " "$WORK/out.txt" || bad "--version prints the version"
-for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect"; do
+for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect" "route"; do
   run_ok "help: $sub" $ELDR $sub --help
 done
 
@@ -60,6 +60,12 @@ run_ok "inspect --trace" "$ELDR" inspect calib.h5 --trace real.h5
 run_ok "refit K=2" "$ELDR" calibrate --refit calib.h5 --decoders 2 --out calib2.h5
 run_ok "synth" "$ELDR" trace synth --domains 3 --requests 60 --layers 4 --experts 16 --top-k 2 --prompt-len 8:16 --output-len 8 --mix wildchat --seed 1 --out syn.h5
 run_ok "calibrate synthetic, unbalanced, fixed layers" "$ELDR" calibrate --trace syn.h5 -K 3 --layers 2 --unbalanced --signature binary --out syn_calib.h5
+
+run_ok "route, every policy" "$ELDR" route --calib calib.h5 --trace real.h5
+for p in random round_robin jsq p2c domain locality_top1 eldr; do grep -q "^$p " "$WORK/out.txt" || bad "route lists $p"; done
+run_ok "route --json, one policy" "$ELDR" route --calib calib.h5 --trace real.h5 --policy eldr --tau 0.2 --json
+$PY -c "import json; j=json.load(open('$WORK/out.txt')); p=j['policies'][0]; assert p['policy']=='eldr' and p['tau']==0.2; assert sum(d['requests'] for d in p['decoders'])==108" \
+  && ok "route JSON accounts for every request" || bad "route JSON accounts for every request"
 
 # ---- the files as h5py and h5dump see them (names, types, shapes of DESIGN.md §5) ----
 if $PY - "$WORK" <<'PYEOF'
@@ -139,6 +145,11 @@ expect_error "truncated calibration" "cut_calib.h5" new.h5 "$ELDR" calibrate --r
 expect_error "trace given as calibration" "is a routing trace" - "$ELDR" inspect real.h5
 expect_error "trace shape differs from the calibration" "syn.h5: model shape .* differs from calib.h5" - \
   "$ELDR" inspect calib.h5 --trace syn.h5
+expect_error "route: trace shape differs from the calibration" "syn.h5: model shape .* differs from calib.h5" - \
+  "$ELDR" route --calib calib.h5 --trace syn.h5
+expect_error "route: unknown policy" "unknown routing policy 'fastest'" - "$ELDR" route --calib calib.h5 --trace real.h5 --policy fastest
+expect_error "route: missing calibration" "nope.h5: no such file" - "$ELDR" route --calib nope.h5 --trace real.h5
+expect_error "route: negative rate" "rate" - "$ELDR" route --calib calib.h5 --trace real.h5 --rate -3
 expect_error "K < 1" "must be in \[1," out.h5 "$ELDR" calibrate --trace real.h5 -K 0 --out out.h5
 expect_error "K > N" "K = 500 must be in \[1, 108\]" out.h5 "$ELDR" calibrate --trace real.h5 -K 500 --out out.h5
 expect_error "refit K > N" "must be in \[1," out.h5 "$ELDR" calibrate --refit calib.h5 -K 1000 --out out.h5
