@@ -5,14 +5,19 @@
 //   2. Packing: replicas heaviest first, each onto the lightest rank that has a free slot and does not hold
 //      the expert yet (ties: a rank on the expert's home node, then the lower rank). If every rank with a
 //      free slot already holds the expert, an item of a full rank that lacks it moves to the free slot.
-//   3. Bottleneck swaps: while a swap of an item on the most loaded rank with a lighter item elsewhere
-//      lowers that rank's load, take the best one. This fixes the layer's bottleneck M.
+//   3. Bottleneck search: while some move lowers the most loaded rank without lifting another rank to its
+//      load, take the best one. Moves: swap two replicas between ranks, or hand one slot of an expert that
+//      has several replicas to another expert (re-replication; the public algorithm's duplicate on a rank
+//      is a wasted slot, and this is how eldr uses it instead). This fixes the layer's bottleneck M.
 //   4. Node awareness: groups get home nodes (heaviest group first onto the lightest node, as DeepSeek's
 //      first step), but instead of forcing groups there, swaps move load onto home nodes only while
 //      every rank stays <= M. Balance never pays for locality.
-//   5. With a previous placement: new ranks are relabelled to the old ranks they overlap most (node to
-//      node, then rank to rank, exact assignments), swaps put experts back on ranks that already hold
-//      their weights (again <= M), and inside a rank experts keep their old slots.
+//   5. With a previous placement: start again from the previous ranks, keeping every replica the new
+//      counts still want, place the rest heaviest first and repair the bottleneck down to M preferring
+//      moves that copy fewer weights. If that cannot reach M, take the placement of steps 1-4 with its
+//      ranks relabelled to the old ranks they overlap most (node to node, then rank to rank, exact
+//      assignments). Then swaps put experts back on ranks that already hold their weights (<= M), and
+//      inside a rank experts keep their old slots.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -26,8 +31,11 @@ namespace eldr::placement_internal {
 namespace {
 
 // Bounds on the local searches; each step strictly improves its objective, the caps only guard time.
-constexpr int kBottleneckSwapsPerSlot = 4;
+constexpr int kSwapsPerSlot = 4;
+constexpr int kMaxReplicationMoves = 32;
 constexpr int kMaxPasses = 8;
+constexpr int kHomePasses = 3;
+constexpr double kNoTarget = -1.0;  // bottleneck search runs until no move improves
 
 class EldrLayerPlacer {
  public:
@@ -41,13 +49,19 @@ class EldrLayerPlacer {
         rpn_(p.num_ranks / p.num_nodes),
         use_home_(p.num_nodes > 1 && p.num_groups > 1) {
     cnt_.resize(E_);
+    greedy_cnt_.resize(E_);
+    best_cnt_.resize(E_);
     per_replica_.resize(E_);
     order_.resize(E_);
     home_.assign(E_, -1);
     slot_.resize(static_cast<size_t>(R_) * spr_);
     fill_.resize(R_);
+    skipped_.resize(R_);
     rank_load_.resize(R_);
     has_.resize(static_cast<size_t>(R_) * E_);
+    ranks_of_.resize(static_cast<size_t>(E_) * R_);
+    ranks_fill_.resize(E_);
+    kept_.resize(E_);
     group_load_.resize(G_);
     group_order_.resize(G_);
     node_load_.resize(N_);
@@ -57,19 +71,31 @@ class EldrLayerPlacer {
   // Places one layer. load: [E]; previous: the previous phy2log row [P] or null.
   // Writes phy2log [P] and logcnt [E].
   void PlaceLayer(const double* load, const int32_t* previous, int32_t* phy2log, int32_t* logcnt) {
-    total_load_ = 0;
-    for (int e = 0; e < E_; ++e) total_load_ += load[e];
-    eps_ = 1e-12 * total_load_;
-    Replicate(load);
-    if (use_home_) AssignHomeNodes(load);
+    load_ = load;
+    stay_aware_ = false;
+    double total = 0;
+    for (int e = 0; e < E_; ++e) total += load[e];
+    eps_ = 1e-12 * total;
+    Replicate();
+    if (use_home_) AssignHomeNodes();
+    std::copy(cnt_.begin(), cnt_.end(), greedy_cnt_.begin());
     Pack();
-    BottleneckSwaps();
-    double bottleneck = 0;
-    for (int r = 0; r < R_; ++r) bottleneck = std::max(bottleneck, rank_load_[r]);
-    const double cap = bottleneck + eps_;
+    Improve(kNoTarget);
+    TryFromDuplicatePacking();
+    const double cap = MaxLoad() + eps_;
     if (use_home_) HomeSwaps(cap);
     if (previous != nullptr) {
-      MatchPrevious(previous);
+      CountPrevious(previous);
+      fresh_slot_ = slot_;
+      fresh_cnt_ = cnt_;
+      stay_aware_ = true;
+      StartFromPrevious(previous);
+      if (!Improve(cap)) {
+        slot_ = fresh_slot_;
+        cnt_ = fresh_cnt_;
+        Rebuild();
+        MatchPrevious();
+      }
       StaySwaps(cap);
       KeepSlots(previous);
     }
@@ -80,32 +106,53 @@ class EldrLayerPlacer {
  private:
   int NodeOf(int r) const { return r / rpn_; }
   bool Has(int r, int e) const { return has_[static_cast<size_t>(r) * E_ + e] != 0; }
+  int32_t& At(int r, int k) { return slot_[static_cast<size_t>(r) * spr_ + k]; }
+  double MaxLoad() const { return *std::max_element(rank_load_.begin(), rank_load_.end()); }
+  int ArgMaxLoad() const {
+    return static_cast<int>(std::max_element(rank_load_.begin(), rank_load_.end()) - rank_load_.begin());
+  }
+  // Weights copied if e sits on rank r: 0 if r held e before (only meaningful with a previous placement).
+  int Cost(int r, int e) const { return stay_aware_ && Held(r, e) ? 0 : 1; }
 
-  void Replicate(const double* load) {
+  // Greedy replication through a max-heap keyed (load per replica, fewer replicas, lower id).
+  struct ReplicaEntry {
+    double per_replica;
+    int32_t cnt, e;
+  };
+  void Replicate() {
+    using Entry = ReplicaEntry;
+    auto after = [](const Entry& a, const Entry& b) {  // a pops after b
+      if (a.per_replica != b.per_replica) return a.per_replica < b.per_replica;
+      if (a.cnt != b.cnt) return a.cnt > b.cnt;
+      return a.e > b.e;
+    };
+    std::vector<Entry>& heap = replicate_heap_;
+    heap.clear();
     for (int e = 0; e < E_; ++e) {
       cnt_[e] = 1;
-      per_replica_[e] = load[e];
+      per_replica_[e] = load_[e];
+      if (R_ > 1) heap.push_back({load_[e], 1, e});
     }
+    std::make_heap(heap.begin(), heap.end(), after);
     for (int k = E_; k < P_; ++k) {
-      int best = -1;
-      for (int e = 0; e < E_; ++e) {
-        if (cnt_[e] >= R_) continue;
-        if (best < 0 || per_replica_[e] > per_replica_[best] ||
-            (per_replica_[e] == per_replica_[best] && cnt_[e] < cnt_[best])) {
-          best = e;
-        }
+      ELDR_CHECK(!heap.empty(), "no expert can take another replica (P = " << P_ << " > E * R)");
+      std::pop_heap(heap.begin(), heap.end(), after);
+      const int e = heap.back().e;
+      heap.pop_back();
+      ++cnt_[e];
+      per_replica_[e] = load_[e] / cnt_[e];
+      if (cnt_[e] < R_) {
+        heap.push_back({per_replica_[e], cnt_[e], e});
+        std::push_heap(heap.begin(), heap.end(), after);
       }
-      ELDR_CHECK(best >= 0, "no expert can take another replica (P = " << P_ << " > E * R)");
-      ++cnt_[best];
-      per_replica_[best] = load[best] / cnt_[best];
     }
   }
 
-  void AssignHomeNodes(const double* load) {
+  void AssignHomeNodes() {
     const int group_size = E_ / G_, capacity = (G_ + N_ - 1) / N_;
     for (int g = 0; g < G_; ++g) {
       double s = 0;
-      for (int i = 0; i < group_size; ++i) s += load[g * group_size + i];
+      for (int i = 0; i < group_size; ++i) s += load_[g * group_size + i];
       group_load_[g] = s;
     }
     std::iota(group_order_.begin(), group_order_.end(), 0);
@@ -126,51 +173,86 @@ class EldrLayerPlacer {
   }
 
   void Put(int e, int r, int k) {
-    slot_[static_cast<size_t>(r) * spr_ + k] = e;
+    At(r, k) = e;
     has_[static_cast<size_t>(r) * E_ + e] = 1;
     rank_load_[r] += per_replica_[e];
   }
   void Take(int r, int k) {
-    const int e = slot_[static_cast<size_t>(r) * spr_ + k];
+    const int e = At(r, k);
     has_[static_cast<size_t>(r) * E_ + e] = 0;
     rank_load_[r] -= per_replica_[e];
   }
   // Exchanges slot i of rank r1 with slot j of rank r2.
   void Swap(int r1, int i, int r2, int j) {
-    const int a = slot_[static_cast<size_t>(r1) * spr_ + i], b = slot_[static_cast<size_t>(r2) * spr_ + j];
+    const int a = At(r1, i), b = At(r2, j);
     Take(r1, i);
     Take(r2, j);
     Put(b, r1, i);
     Put(a, r2, j);
   }
+  // Recomputes has_, rank_load_ and per_replica_ from slot_ and cnt_ (all ranks full).
+  void Rebuild() {
+    for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
+    std::fill(has_.begin(), has_.end(), 0);
+    std::fill(rank_load_.begin(), rank_load_.end(), 0.0);
+    for (int r = 0; r < R_; ++r) {
+      fill_[r] = spr_;
+      for (int k = 0; k < spr_; ++k) Put(At(r, k), r, k);
+    }
+  }
 
-  void Pack() {
-    std::iota(order_.begin(), order_.end(), 0);
-    std::sort(order_.begin(), order_.end(), [this](int32_t a, int32_t b) {
-      return per_replica_[a] > per_replica_[b] || (per_replica_[a] == per_replica_[b] && a < b);
-    });
+  // order_ = experts by descending load per replica, ascending id on ties.
+  void SortByPerReplicaLoad() {
+    sort_keys_.resize(E_);
+    for (int e = 0; e < E_; ++e) sort_keys_[e] = {-per_replica_[e], e};
+    std::sort(sort_keys_.begin(), sort_keys_.end());
+    for (int e = 0; e < E_; ++e) order_[e] = sort_keys_[e].second;
+  }
+
+  void ClearRanks() {
     std::fill(fill_.begin(), fill_.end(), 0);
     std::fill(rank_load_.begin(), rank_load_.end(), 0.0);
     std::fill(has_.begin(), has_.end(), 0);
-    for (int e : order_) {
-      for (int c = 0; c < cnt_[e]; ++c) {
-        int best = -1;
-        bool best_home = false;
-        for (int r = 0; r < R_; ++r) {
-          if (fill_[r] == spr_ || Has(r, e)) continue;
-          const bool at_home = home_[e] == NodeOf(r);
-          if (best < 0 || rank_load_[r] < rank_load_[best] ||
-              (rank_load_[r] == rank_load_[best] && at_home && !best_home)) {
-            best = r;
-            best_home = at_home;
-          }
-        }
-        if (best >= 0) {
-          Put(e, best, fill_[best]++);
-        } else {
-          Repair(e);
-        }
+  }
+
+  // Ranks with a free slot into the heap (after the slots were filled some other way).
+  void FillHeap() {
+    heap_.Clear();
+    for (int r = 0; r < R_; ++r) {
+      if (fill_[r] < spr_) heap_.Push(r, rank_load_[r]);
+    }
+  }
+
+  // One replica of e onto the lightest rank with a free slot that lacks e (ties: the lower rank).
+  void PlaceItem(int e) {
+    int num_skipped = 0, best = -1;
+    while (!heap_.empty()) {
+      const int r = heap_.Top();
+      heap_.Pop();
+      if (!Has(r, e)) {
+        best = r;
+        break;
       }
+      skipped_[num_skipped++] = r;
+    }
+    if (best >= 0) {
+      Put(e, best, fill_[best]++);
+      if (fill_[best] < spr_) heap_.Push(best, rank_load_[best]);
+    } else {
+      Repair(e);  // every rank with room holds e; all of them are in skipped_
+    }
+    for (int k = 0; k < num_skipped; ++k) {
+      const int r = skipped_[k];
+      if (fill_[r] < spr_) heap_.Push(r, rank_load_[r]);
+    }
+  }
+
+  void Pack() {
+    SortByPerReplicaLoad();
+    ClearRanks();
+    FillHeap();
+    for (int e : order_) {
+      for (int c = 0; c < cnt_[e]; ++c) PlaceItem(e);
     }
   }
 
@@ -185,7 +267,7 @@ class EldrLayerPlacer {
       for (int r = 0; r < R_; ++r) {
         if (fill_[r] < spr_ || Has(r, e)) continue;
         for (int k = 0; k < spr_; ++k) {
-          const int x = slot_[static_cast<size_t>(r) * spr_ + k];
+          const int x = At(r, k);
           if (Has(q, x)) continue;
           const double val = std::max(rank_load_[r] - per_replica_[x] + per_replica_[e],
                                       rank_load_[q] + per_replica_[x]);
@@ -199,69 +281,292 @@ class EldrLayerPlacer {
       }
     }
     ELDR_CHECK(best_q >= 0, "no exchange places expert " << e << " without a duplicate on a rank");
-    const int x = slot_[static_cast<size_t>(best_r) * spr_ + best_k];
+    const int x = At(best_r, best_k);
     Take(best_r, best_k);
     Put(x, best_q, fill_[best_q]++);
     Put(e, best_r, best_k);
   }
 
-  void BottleneckSwaps() {
-    const int max_swaps = kBottleneckSwapsPerSlot * P_;
-    for (int it = 0; it < max_swaps; ++it) {
-      int rmax = 0;
-      for (int r = 1; r < R_; ++r) {
-        if (rank_load_[r] > rank_load_[rmax]) rmax = r;
+  // Second start for step 3. The public algorithm packs the same greedy replicas heaviest first without
+  // the distinct-rank rule; where that puts k copies of an expert on one rank, the rank effectively carries
+  // k shares, which no distinct-rank placement with equal shares reproduces, and it sometimes balances
+  // better than the first start. Here the copies are merged into one replica and each freed slot goes to
+  // the expert whose extra replica leaves the lowest maximum; the bottleneck search then runs from there.
+  // The better of the two starts is kept (the first on ties).
+  void TryFromDuplicatePacking() {
+    // Heaviest first onto the lightest rank with a free slot (duplicates allowed), as eplb.py.
+    std::copy(cnt_.begin(), cnt_.end(), best_cnt_.begin());
+    best_slot_ = slot_;
+    const double best_max = MaxLoad();
+    std::copy(greedy_cnt_.begin(), greedy_cnt_.end(), cnt_.begin());
+    for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
+    SortByPerReplicaLoad();
+    ClearRanks();
+    FillHeap();
+    bool duplicate = false;
+    for (int e : order_) {
+      const int copies = cnt_[e];
+      for (int c = 0; c < copies; ++c) {
+        const int best = heap_.Top();
+        heap_.Pop();
+        if (Has(best, e)) {
+          duplicate = true;
+          --cnt_[e];  // merged: the copy's slot stays free (-1) and its share goes back to the others
+          At(best, fill_[best]++) = -1;
+          rank_load_[best] += per_replica_[e];  // as eplb.py packs it (the copy's load)
+        } else {
+          Put(e, best, fill_[best]++);
+        }
+        if (fill_[best] < spr_) heap_.Push(best, rank_load_[best]);
       }
-      const double lm = rank_load_[rmax];
-      double best_val = lm - eps_;
-      int bi = -1, bq = -1, bj = -1;
-      for (int i = 0; i < spr_; ++i) {
-        const int a = slot_[static_cast<size_t>(rmax) * spr_ + i];
-        const double wa = per_replica_[a];
-        if (wa <= 0) continue;
-        for (int q = 0; q < R_; ++q) {
-          // A swap leaves q at lq + wa − wb > lq, so q must already be below the best value found.
-          if (q == rmax || rank_load_[q] >= best_val || Has(q, a)) continue;
-          const double lq = rank_load_[q];
-          for (int j = 0; j < spr_; ++j) {
-            const int b = slot_[static_cast<size_t>(q) * spr_ + j];
-            const double wb = per_replica_[b];
-            if (wb >= wa || Has(rmax, b)) continue;
-            const double val = std::max(lm - wa + wb, lq + wa - wb);
-            if (val < best_val) {
-              best_val = val;
-              bi = i;
-              bq = q;
-              bj = j;
-            }
-          }
+    }
+    if (!duplicate) {
+      Restore();
+      return;
+    }
+    // Shares changed with the merged counts: recompute the loads, then fill the free slots.
+    for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
+    std::fill(rank_load_.begin(), rank_load_.end(), 0.0);
+    for (int r = 0; r < R_; ++r) {
+      for (int k = 0; k < spr_; ++k) {
+        if (At(r, k) >= 0) rank_load_[r] += per_replica_[At(r, k)];
+      }
+    }
+    for (int r = 0; r < R_; ++r) {
+      for (int k = 0; k < spr_; ++k) {
+        if (At(r, k) < 0) FillFreeSlot(r, k);
+      }
+    }
+    Improve(kNoTarget);
+    if (MaxLoad() < best_max - eps_) return;
+    Restore();
+  }
+
+  void Restore() {
+    std::copy(best_cnt_.begin(), best_cnt_.end(), cnt_.begin());
+    slot_ = best_slot_;
+    Rebuild();
+  }
+
+  // Slot k of rank r is free (-1): gives it a new replica of the expert, not on r yet, that leaves the lowest
+  // maximum rank load (ties: the larger relief for its other replicas, then the lower id).
+  void FillFreeSlot(int r, int k) {
+    int best = -1;
+    double best_max = 0, best_relief = 0;
+    for (int y = 0; y < E_; ++y) {
+      if (Has(r, y) || cnt_[y] >= R_) continue;
+      const double wy_new = load_[y] / (cnt_[y] + 1), relief = per_replica_[y] - wy_new;
+      double m = rank_load_[r] + wy_new;
+      for (int q = 0; q < R_; ++q) {
+        if (q != r) m = std::max(m, rank_load_[q] - (Has(q, y) ? relief : 0.0));
+      }
+      if (best < 0 || m < best_max || (m == best_max && relief > best_relief)) {
+        best = y;
+        best_max = m;
+        best_relief = relief;
+      }
+    }
+    ELDR_CHECK(best >= 0, "no expert can fill a free slot of rank " << r);
+    // Apply: y gains a replica on r; its other ranks shed the relief.
+    const double wy_new = load_[best] / (cnt_[best] + 1), relief = per_replica_[best] - wy_new;
+    for (int q = 0; q < R_; ++q) {
+      if (Has(q, best)) rank_load_[q] -= relief;
+    }
+    ++cnt_[best];
+    per_replica_[best] = wy_new;
+    Put(best, r, k);
+  }
+
+  // Bottleneck search (step 3) until the most loaded rank is <= target or no move lowers it.
+  // Returns whether the maximum is <= target.
+  bool Improve(double target) {
+    int swaps_left = kSwapsPerSlot * P_;
+    for (int round = 0; round <= kMaxReplicationMoves; ++round) {
+      while (swaps_left-- > 0 && MaxLoad() > target && BottleneckSwap()) {
+      }
+      if (MaxLoad() <= target) return true;
+      if (round == kMaxReplicationMoves || !ReplicationMove()) break;
+    }
+    return MaxLoad() <= target;
+  }
+
+  // Whether (cost, val) beats (best_cost, best_val): fewer weight copies first when re-planning from a
+  // previous placement, then the lower new maximum.
+  bool Better(int cost, double val, int best_cost, double best_val) const {
+    if (stay_aware_ && cost != best_cost) return cost < best_cost;
+    return val < best_val;
+  }
+
+  // Best swap of an item on the most loaded rank with a lighter item elsewhere that leaves both ranks below
+  // its load. Returns false if there is none. Without a previous placement the lightest rank is tried
+  // first and the other ranks only if it offers nothing (most improving swaps go to the lightest rank, and
+  // this keeps a step at O(spr²) instead of O(R·spr²)).
+  bool BottleneckSwap() {
+    const int rmax = ArgMaxLoad();
+    SwapSearch s;
+    s.rmax = rmax;
+    s.lm = rank_load_[rmax];
+    s.limit = s.lm - eps_;
+    s.best_val = s.limit;
+    if (!stay_aware_) {
+      const int rmin = static_cast<int>(std::min_element(rank_load_.begin(), rank_load_.end()) - rank_load_.begin());
+      if (rmin != rmax) SearchSwapsWith(rmin, s);
+    }
+    if (s.bi < 0) {
+      for (int q = 0; q < R_; ++q) {
+        if (q != rmax) SearchSwapsWith(q, s);
+      }
+    }
+    if (s.bi < 0) return false;
+    Swap(rmax, s.bi, s.bq, s.bj);
+    return true;
+  }
+
+  struct SwapSearch {
+    int rmax = -1;
+    double lm = 0, limit = 0, best_val = 0;
+    int best_cost = std::numeric_limits<int>::max();
+    int bi = -1, bq = -1, bj = -1;
+  };
+
+  void SearchSwapsWith(int q, SwapSearch& s) const {
+    // A swap leaves q at lq + wa − wb > lq, so q must be below the limit (the best value when only the value
+    // counts).
+    const double lq = rank_load_[q];
+    if (lq >= (stay_aware_ ? s.limit : s.best_val)) return;
+    const int32_t* rmax_slots = slot_.data() + static_cast<size_t>(s.rmax) * spr_;
+    const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
+    for (int i = 0; i < spr_; ++i) {
+      const int a = rmax_slots[i];
+      const double wa = per_replica_[a];
+      if (wa <= 0 || Has(q, a)) continue;
+      for (int j = 0; j < spr_; ++j) {
+        const int b = q_slots[j];
+        const double wb = per_replica_[b];
+        if (wb >= wa) continue;
+        const double val = std::max(s.lm - wa + wb, lq + wa - wb);
+        if (val >= s.limit || Has(s.rmax, b)) continue;
+        const int cost = stay_aware_ ? Cost(q, a) + Cost(s.rmax, b) - Cost(s.rmax, a) - Cost(q, b) : 0;
+        if (s.bi < 0 || Better(cost, val, s.best_cost, s.best_val)) {
+          s.best_val = val;
+          s.best_cost = cost;
+          s.bi = i;
+          s.bq = q;
+          s.bj = j;
         }
       }
-      if (bi < 0) break;
-      Swap(rmax, bi, bq, bj);
     }
   }
 
-  // Swaps that raise the load served on home nodes, keeping every rank <= cap.
+  void BuildRanksOf() {
+    std::fill(ranks_fill_.begin(), ranks_fill_.end(), 0);
+    for (int r = 0; r < R_; ++r) {
+      for (int k = 0; k < spr_; ++k) {
+        const int e = At(r, k);
+        ranks_of_[static_cast<size_t>(e) * R_ + ranks_fill_[e]++] = r;
+      }
+    }
+  }
+  const int32_t* RanksOf(int e) const { return ranks_of_.data() + static_cast<size_t>(e) * R_; }
+
+  // The largest new load among the ranks touched when the replica of x on rank q becomes a replica of y.
+  // Stops early once it reaches `stop`. REQUIRES: q holds x, not y; cnt_[x] >= 2; cnt_[y] < R.
+  double MaxAfterReplication(int x, int q, int y, double stop) const {
+    const double wy_new = load_[y] / (cnt_[y] + 1);
+    const double dx = load_[x] / (cnt_[x] - 1) - per_replica_[x];  // growth on x's other ranks
+    const double dy = per_replica_[y] - wy_new;                       // relief on y's ranks
+    double m = rank_load_[q] - per_replica_[x] + wy_new;
+    const int32_t* ry = RanksOf(y);
+    for (int k = 0; k < cnt_[y] && m < stop; ++k) {
+      const int r = ry[k];
+      m = std::max(m, rank_load_[r] - dy + (Has(r, x) ? dx : 0.0));
+    }
+    const int32_t* rx = RanksOf(x);
+    for (int k = 0; k < cnt_[x] && m < stop; ++k) {
+      const int r = rx[k];
+      if (r != q && !Has(r, y)) m = std::max(m, rank_load_[r] + dx);
+    }
+    return m;
+  }
+
+  // Best re-replication that leaves every touched rank below the maximum: either an expert on the most
+  // loaded rank gains a replica, or a replica on that rank makes room for another expert. Returns false if
+  // there is none.
+  bool ReplicationMove() {
+    const int rmax = ArgMaxLoad();
+    const double limit = rank_load_[rmax] - eps_;
+    BuildRanksOf();
+    double best_val = limit;
+    int best_cost = std::numeric_limits<int>::max();
+    int bx = -1, bq = -1, by = -1;
+    auto consider = [&](int x, int q, int y) {
+      const double val = MaxAfterReplication(x, q, y, stay_aware_ ? limit : best_val);
+      if (val >= limit) return;
+      const int cost = stay_aware_ ? Cost(q, y) - Cost(q, x) : 0;
+      if (bx < 0 || Better(cost, val, best_cost, best_val)) {
+        best_val = val;
+        best_cost = cost;
+        bx = x;
+        bq = q;
+        by = y;
+      }
+    };
+    for (int i = 0; i < spr_; ++i) {
+      const int y = At(rmax, i);
+      if (cnt_[y] >= R_ || load_[y] <= 0) continue;
+      for (int x = 0; x < E_; ++x) {
+        if (x == y || cnt_[x] < 2) continue;
+        const int32_t* rx = RanksOf(x);
+        for (int k = 0; k < cnt_[x]; ++k) {
+          if (!Has(rx[k], y)) consider(x, rx[k], y);
+        }
+      }
+    }
+    for (int i = 0; i < spr_; ++i) {
+      const int x = At(rmax, i);
+      if (cnt_[x] < 2) continue;
+      for (int y = 0; y < E_; ++y) {
+        if (cnt_[y] < R_ && !Has(rmax, y)) consider(x, rmax, y);
+      }
+    }
+    if (bx < 0) return false;
+    for (int k = 0; k < spr_; ++k) {
+      if (At(bq, k) == bx) {
+        At(bq, k) = by;
+        break;
+      }
+    }
+    --cnt_[bx];
+    ++cnt_[by];
+    Rebuild();
+    return true;
+  }
+
+  // Swaps that bring replicas to their home node, keeping every rank <= cap. A replica at home is never
+  // displaced, so every swap raises the load served at home by at least the incoming replica's load.
   void HomeSwaps(double cap) {
-    for (int pass = 0; pass < kMaxPasses; ++pass) {
+    for (int pass = 0; pass < kHomePasses; ++pass) {
       bool changed = false;
       for (int r1 = 0; r1 < R_; ++r1) {
         const int n1 = NodeOf(r1);
         for (int i = 0; i < spr_; ++i) {
-          const int a = slot_[static_cast<size_t>(r1) * spr_ + i];
+          const int a = At(r1, i);
           const int h = home_[a];
           const double wa = per_replica_[a];
           if (h == n1 || wa <= 0) continue;
-          double best_gain = eps_;
+          // Feasible partners b: load_r1 − wa + wb <= cap and load_r2 + wa − wb <= cap.
+          const double wb_max = cap - rank_load_[r1] + wa;
+          double best_gain = 0;
           int br = -1, bj = -1;
           for (int r2 = h * rpn_; r2 < (h + 1) * rpn_; ++r2) {
-            if (Has(r2, a)) continue;
+            const double wb_min = rank_load_[r2] + wa - cap;
+            if (wb_min > wb_max || Has(r2, a)) continue;
+            const int32_t* r2_slots = slot_.data() + static_cast<size_t>(r2) * spr_;
             for (int j = 0; j < spr_; ++j) {
-              const int b = slot_[static_cast<size_t>(r2) * spr_ + j];
+              const int b = r2_slots[j];
               const double wb = per_replica_[b];
-              if (Has(r1, b) || rank_load_[r1] - wa + wb > cap || rank_load_[r2] + wa - wb > cap) continue;
-              const double gain = wa + (home_[b] == n1 ? wb : 0.0) - (home_[b] == h ? wb : 0.0);
+              if (home_[b] == h || wb < wb_min || wb > wb_max || Has(r1, b)) continue;
+              const double gain = wa + (home_[b] == n1 ? wb : 0.0);
               if (gain > best_gain) {
                 best_gain = gain;
                 br = r2;
@@ -310,8 +615,28 @@ class EldrLayerPlacer {
     return total;
   }
 
-  void MatchPrevious(const int32_t* previous) {
-    CountPrevious(previous);
+  // Keeps every replica of the previous placement that the new counts still want (the first ones in rank
+  // order when an expert lost replicas) and places the others heaviest first.
+  void StartFromPrevious(const int32_t* previous) {
+    ClearRanks();
+    std::fill(kept_.begin(), kept_.end(), 0);
+    for (int r = 0; r < R_; ++r) {
+      for (int k = 0; k < spr_; ++k) {
+        const int e = previous[static_cast<size_t>(r) * spr_ + k];
+        if (Has(r, e) || kept_[e] >= cnt_[e]) continue;
+        Put(e, r, fill_[r]++);
+        ++kept_[e];
+      }
+    }
+    SortByPerReplicaLoad();
+    FillHeap();
+    for (int e : order_) {
+      for (int c = kept_[e]; c < cnt_[e]; ++c) PlaceItem(e);
+    }
+  }
+
+  // Relabels the ranks of the current placement to the previous ranks they overlap most.
+  void MatchPrevious() {
     rank_map_.resize(R_);
     if (N_ == 1) {
       MatchRanks(0, 0, rank_map_.data());
@@ -337,11 +662,7 @@ class EldrLayerPlacer {
                   tmp_slot_.begin() + static_cast<size_t>(rank_map_[r]) * spr_);
     }
     slot_.swap(tmp_slot_);
-    std::fill(has_.begin(), has_.end(), 0);
-    std::fill(rank_load_.begin(), rank_load_.end(), 0.0);
-    for (int r = 0; r < R_; ++r) {
-      for (int k = 0; k < spr_; ++k) Put(slot_[static_cast<size_t>(r) * spr_ + k], r, k);
-    }
+    Rebuild();
   }
 
   // Swaps that put experts back on ranks that already hold their weights, keeping every rank <= cap.
@@ -350,14 +671,14 @@ class EldrLayerPlacer {
       bool changed = false;
       for (int r1 = 0; r1 < R_; ++r1) {
         for (int i = 0; i < spr_; ++i) {
-          const int a = slot_[static_cast<size_t>(r1) * spr_ + i];
+          const int a = At(r1, i);
           if (Held(r1, a)) continue;
           const double wa = per_replica_[a];
           int best_gain = 0, br = -1, bj = -1;
           for (int r2 = 0; r2 < R_ && best_gain < 2; ++r2) {
             if (r2 == r1 || !Held(r2, a) || Has(r2, a)) continue;
             for (int j = 0; j < spr_; ++j) {
-              const int b = slot_[static_cast<size_t>(r2) * spr_ + j];
+              const int b = At(r2, j);
               if (Held(r2, b) || Has(r1, b)) continue;
               const double wb = per_replica_[b];
               if (rank_load_[r1] - wa + wb > cap || rank_load_[r2] + wa - wb > cap) continue;
@@ -414,21 +735,35 @@ class EldrLayerPlacer {
 
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
-  double total_load_ = 0, eps_ = 0;
+  const double* load_ = nullptr;       // [E] load of the layer being placed
+  double eps_ = 0;                     // comparison tolerance, 1e-12 of the layer's load
+  bool stay_aware_ = false;            // moves are priced by the weights they copy (previous given)
   std::vector<int32_t> cnt_;           // [E] replicas
+  std::vector<int32_t> greedy_cnt_;    // [E] replicas after step 1
+  std::vector<int32_t> best_cnt_;      // [E] replicas of the best start so far
+  std::vector<int32_t> best_slot_;     // [R, P/R] placement of the best start so far
   std::vector<double> per_replica_;    // [E] load / replicas
   std::vector<int32_t> order_;         // [E]
+  std::vector<std::pair<double, int32_t>> sort_keys_;  // [E] (−load per replica, id)
+  std::vector<ReplicaEntry> replicate_heap_;           // [E]
   std::vector<int32_t> home_;          // [E] home node, -1 without groups or nodes
   std::vector<int32_t> slot_;          // [R, P/R] expert in each slot
   std::vector<int32_t> fill_;          // [R] slots used while packing
+  std::vector<int32_t> skipped_;       // [R] ranks set aside by PlaceItem
+  PackHeap heap_;                      // ranks with a free slot while packing
   std::vector<double> rank_load_;      // [R]
   std::vector<uint8_t> has_;           // [R, E] rank holds the expert
+  std::vector<int32_t> ranks_of_;      // [E, R] ranks holding each expert (first cnt_ entries)
+  std::vector<int32_t> ranks_fill_;    // [E]
   std::vector<double> group_load_;     // [G]
   std::vector<int32_t> group_order_;   // [G]
   std::vector<double> node_load_;      // [N]
   std::vector<int32_t> node_groups_;   // [N]
   // Previous placement.
   std::vector<int32_t> prev_cnt_;      // [R, E] replicas on each rank before
+  std::vector<int32_t> kept_;          // [E] previous replicas kept
+  std::vector<int32_t> fresh_slot_;    // [R, P/R] placement of steps 1-4
+  std::vector<int32_t> fresh_cnt_;     // [E]
   std::vector<int64_t> cost_;          // [R/N, R/N]
   std::vector<int64_t> node_cost_;     // [N, N]
   std::vector<int32_t> node_map_;      // [N]

@@ -34,6 +34,7 @@ struct DeepSeekWorkspace {
   std::vector<double> phy_load;        // [P/N]
   std::vector<int32_t> phy_pack;       // [P/N]
   std::vector<int32_t> phy_rank_in_pack;  // [P/N]
+  PackHeap heap;                       // packs with room
 };
 
 // eplb.py balanced_packing for one row. weight: [n]; writes pack_index [n] and rank_in_pack [n].
@@ -59,16 +60,17 @@ void BalancedPacking(const double* weight, int n, int num_packs, int32_t* pack_i
   int32_t* pi = ws.pack_items.data();
   std::fill(pw, pw + num_packs, 0.0);
   std::fill(pi, pi + num_packs, 0);
+  PackHeap& heap = ws.heap;
+  heap.Clear();
+  for (int p = 0; p < num_packs; ++p) heap.Push(p, 0.0);
   for (int k = 0; k < n; ++k) {
     const int item = order[k];
-    int best = -1;
-    for (int p = 0; p < num_packs; ++p) {
-      if (pi[p] < per_pack && (best < 0 || pw[p] < pw[best])) best = p;
-    }
+    const int best = heap.Top();
+    heap.Pop();
     pack_index[item] = best;
     rank_in_pack[item] = pi[best];
     pw[best] += weight[item];
-    ++pi[best];
+    if (++pi[best] < per_pack) heap.Push(best, pw[best]);
   }
 }
 

@@ -1,7 +1,9 @@
 // Shared by the placement algorithms; not part of the public interface (placement/placement.h).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "placement/placement.h"
@@ -27,6 +29,30 @@ Placement PlaceDeepSeek(const PlacementProblem& problem, int num_groups, int num
 
 // The kEldr algorithm. REQUIRES: ValidateProblem passed, P / R <= E, `previous` null or of the same shape.
 Placement PlaceEldr(const PlacementProblem& problem, const Placement* previous);
+
+// The packs (ranks) that still have room, lightest first: the top is the pack with the lowest load and,
+// among equal loads, the lowest index ("the lightest pack that is not full" of balanced packing).
+// O(log n) per operation instead of a scan over all packs; storage is kept between uses.
+class PackHeap {
+ public:
+  void Clear() { heap_.clear(); }
+  bool empty() const { return heap_.empty(); }
+  int Top() const { return heap_.front().second; }
+  void Pop() {
+    std::pop_heap(heap_.begin(), heap_.end(), Later());
+    heap_.pop_back();
+  }
+  void Push(int pack, double load) {
+    heap_.emplace_back(load, pack);
+    std::push_heap(heap_.begin(), heap_.end(), Later());
+  }
+
+ private:
+  struct Later {
+    bool operator()(const std::pair<double, int>& a, const std::pair<double, int>& b) const { return a > b; }
+  };
+  std::vector<std::pair<double, int>> heap_;  // (load, pack), a min-heap
+};
 
 // Minimum-cost perfect matching of an n x n integer cost matrix (Hungarian algorithm with potentials,
 // O(n^3)). Buffers are kept between calls so that placing many layers does not allocate per layer.

@@ -21,7 +21,8 @@ Trace MakeTrace(int L, int E, int K, const std::vector<std::pair<int, std::vecto
   int id = 0;
   for (const auto& [prompt_len, tokens] : reqs) {
     TraceRequest r;
-    r.id = "r" + std::to_string(id++);
+    r.id = "r";
+    r.id += std::to_string(id++);
     r.prompt_len = prompt_len;
     r.num_tokens = static_cast<int64_t>(tokens.size());
     r.offset = offset;

@@ -1,0 +1,279 @@
+// CPU reference implementation of kernels/ops.h: Eigen for the matrix products, plain loops elsewhere,
+// parallelised over independent work (tokens, experts, sequence × head) with ParallelFor.
+#include "kernels/ops.h"
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <numeric>
+
+#include "runtime/common/check.h"
+#include "runtime/common/parallel.h"
+
+namespace eldr::kernels {
+
+namespace {
+
+using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+using ConstMap = Eigen::Map<const RowMatrix>;
+using Map = Eigen::Map<RowMatrix>;
+
+// fp32 view of a weight matrix: the data itself, or a thread-local converted copy for bf16.
+const float* AsF32(const WeightMatrix& w, std::vector<float>* scratch) {
+  if (w.dtype == DType::kF32) return static_cast<const float*>(w.data);
+  const size_t n = static_cast<size_t>(w.rows) * w.cols;
+  scratch->resize(n);
+  const uint16_t* src = static_cast<const uint16_t*>(w.data);
+  for (size_t i = 0; i < n; ++i) (*scratch)[i] = Bf16ToFloat(src[i]);
+  return scratch->data();
+}
+
+// y[n, out] = x[n, in] · W^T, W [out, in].
+void MatMulT(const float* x, int64_t n, const WeightMatrix& w, float* y) {
+  thread_local std::vector<float> scratch;
+  const float* wf = AsF32(w, &scratch);
+  ConstMap X(x, n, w.cols);
+  ConstMap W(wf, w.rows, w.cols);
+  Map Y(y, n, w.rows);
+  Y.noalias() = X * W.transpose();
+}
+
+inline float Silu(float v) { return v / (1.f + std::exp(-v)); }
+
+// h[n, I] = silu(x Wg^T) * (x Wu^T); y[n, H] = h Wd^T.
+void SwiGlu(const float* x, int64_t n, const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down,
+            float* y) {
+  const int64_t inter = gate.rows;
+  thread_local std::vector<float> g, u;
+  g.resize(static_cast<size_t>(n) * inter);
+  u.resize(static_cast<size_t>(n) * inter);
+  MatMulT(x, n, gate, g.data());
+  MatMulT(x, n, up, u.data());
+  for (size_t i = 0; i < g.size(); ++i) g[i] = Silu(g[i]) * u[i];
+  MatMulT(g.data(), n, down, y);
+}
+
+}  // namespace
+
+uint16_t FloatToBf16(float f) {
+  uint32_t bits;
+  std::memcpy(&bits, &f, 4);
+  if ((bits & 0x7fffffffu) > 0x7f800000u) return static_cast<uint16_t>((bits >> 16) | 0x40);  // quiet NaN
+  const uint32_t rounding = 0x7fffu + ((bits >> 16) & 1u);
+  return static_cast<uint16_t>((bits + rounding) >> 16);
+}
+
+float Bf16ToFloat(uint16_t b) {
+  const uint32_t bits = static_cast<uint32_t>(b) << 16;
+  float f;
+  std::memcpy(&f, &bits, 4);
+  return f;
+}
+
+void RmsNorm(const RmsNormParams& p) {
+  ParallelFor(p.num_tokens, [&](int64_t t) {
+    const float* x = p.x + t * p.hidden;
+    float* o = p.out + t * p.hidden;
+    double ss = 0;
+    for (int i = 0; i < p.hidden; ++i) ss += static_cast<double>(x[i]) * x[i];
+    const float inv = static_cast<float>(1.0 / std::sqrt(ss / p.hidden + p.eps));
+    for (int i = 0; i < p.hidden; ++i) o[i] = x[i] * inv * p.weight[i];
+  });
+}
+
+void ApplyRope(const RopeParams& p) {
+  const int half = p.head_dim / 2;
+  ParallelFor(p.num_tokens, [&](int64_t t) {
+    const double pos = p.positions[t];
+    thread_local std::vector<float> cs, sn;
+    cs.resize(half);
+    sn.resize(half);
+    for (int i = 0; i < half; ++i) {
+      const double inv_freq = std::pow(static_cast<double>(p.theta), -2.0 * i / p.head_dim);
+      cs[i] = static_cast<float>(std::cos(pos * inv_freq));
+      sn[i] = static_cast<float>(std::sin(pos * inv_freq));
+    }
+    auto rotate = [&](float* v) {
+      for (int i = 0; i < half; ++i) {
+        const float a = v[i], b = v[i + half];
+        v[i] = a * cs[i] - b * sn[i];
+        v[i + half] = b * cs[i] + a * sn[i];
+      }
+    };
+    for (int h = 0; h < p.num_q_heads; ++h) rotate(p.q + (t * p.num_q_heads + h) * p.head_dim);
+    for (int h = 0; h < p.num_kv_heads; ++h) rotate(p.k + (t * p.num_kv_heads + h) * p.head_dim);
+  });
+}
+
+void Linear(const LinearParams& p) {
+  // Split tokens across threads only when there are enough of them; one GEMM otherwise.
+  const int threads = p.num_tokens >= 64 ? DefaultThreads() : 1;
+  const int64_t per = (p.num_tokens + threads - 1) / threads;
+  ParallelFor(threads, [&](int64_t i) {
+    const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
+    if (begin < end) MatMulT(p.x + begin * p.weight.cols, end - begin, p.weight, p.y + begin * p.weight.rows);
+  }, threads);
+}
+
+void GateTopK(const GateTopKParams& p) {
+  ELDR_CHECK(p.top_k >= 1 && p.top_k <= p.num_experts, "top_k " << p.top_k << " out of range");
+  ParallelFor(p.num_tokens, [&](int64_t t) {
+    const float* l = p.logits + t * p.num_experts;
+    thread_local std::vector<double> prob;
+    thread_local std::vector<int32_t> order;
+    prob.resize(p.num_experts);
+    order.resize(p.num_experts);
+    const double mx = *std::max_element(l, l + p.num_experts);
+    double sum = 0;
+    for (int e = 0; e < p.num_experts; ++e) sum += prob[e] = std::exp(static_cast<double>(l[e]) - mx);
+    for (int e = 0; e < p.num_experts; ++e) prob[e] /= sum;
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(), [&](int32_t a, int32_t b) {
+      return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
+    });
+    double kept = 0;
+    for (int j = 0; j < p.top_k; ++j) kept += prob[order[j]];
+    for (int j = 0; j < p.top_k; ++j) {
+      p.topk_ids[t * p.top_k + j] = order[j];
+      p.topk_weights[t * p.top_k + j] = static_cast<float>(p.renormalize ? prob[order[j]] / kept : prob[order[j]]);
+    }
+  });
+}
+
+void GroupByExpert(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts, ExpertGrouping* out) {
+  const int n = num_tokens * top_k;
+  out->offsets.assign(num_experts + 1, 0);
+  for (int i = 0; i < n; ++i) {
+    ELDR_CHECK(topk_ids[i] >= 0 && topk_ids[i] < num_experts, "expert id " << topk_ids[i] << " out of range");
+    ++out->offsets[topk_ids[i] + 1];
+  }
+  out->active_experts.clear();
+  for (int e = 0; e < num_experts; ++e) {
+    if (out->offsets[e + 1] > 0) out->active_experts.push_back(e);
+    out->offsets[e + 1] += out->offsets[e];
+  }
+  out->pairs.assign(n, 0);
+  std::vector<int32_t> cursor(out->offsets.begin(), out->offsets.end() - 1);
+  for (int i = 0; i < n; ++i) out->pairs[cursor[topk_ids[i]]++] = i;  // stable: ascending i within an expert
+}
+
+void MoeExperts(const MoeParams& p) {
+  const ExpertWeights& w = *p.experts;
+  const int H = w.hidden;
+  ExpertGrouping g;
+  GroupByExpert(p.topk_ids, p.num_tokens, p.top_k, w.num_experts, &g);
+  // Each active expert computes its tokens' outputs into pair-indexed rows; then a per-token combine.
+  std::vector<float> y(static_cast<size_t>(p.num_tokens) * p.top_k * H);
+  ParallelFor(static_cast<int64_t>(g.active_experts.size()), [&](int64_t a) {
+    const int e = g.active_experts[a];
+    const int begin = g.offsets[e], count = g.offsets[e + 1] - begin;
+    thread_local std::vector<float> xin, yout;
+    xin.resize(static_cast<size_t>(count) * H);
+    yout.resize(static_cast<size_t>(count) * H);
+    for (int i = 0; i < count; ++i) {
+      const int t = g.pairs[begin + i] / p.top_k;
+      std::memcpy(xin.data() + static_cast<size_t>(i) * H, p.x + static_cast<size_t>(t) * H, H * sizeof(float));
+    }
+    SwiGlu(xin.data(), count, w.gate_proj[e], w.up_proj[e], w.down_proj[e], yout.data());
+    for (int i = 0; i < count; ++i) {
+      std::memcpy(y.data() + static_cast<size_t>(g.pairs[begin + i]) * H, yout.data() + static_cast<size_t>(i) * H,
+                  H * sizeof(float));
+    }
+  });
+  ParallelFor(p.num_tokens, [&](int64_t t) {
+    float* o = p.out + t * H;
+    for (int j = 0; j < p.top_k; ++j) {
+      const float wt = p.topk_weights[t * p.top_k + j];
+      const float* src = y.data() + (static_cast<size_t>(t) * p.top_k + j) * H;
+      for (int i = 0; i < H; ++i) o[i] += wt * src[i];
+    }
+  });
+}
+
+void Mlp(const MlpParams& p) {
+  const int64_t H = p.down_proj.rows;
+  std::vector<float> y(static_cast<size_t>(p.num_tokens) * H);
+  const int threads = p.num_tokens >= 64 ? DefaultThreads() : 1;
+  const int64_t per = (p.num_tokens + threads - 1) / threads;
+  ParallelFor(threads, [&](int64_t i) {
+    const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
+    if (begin < end) SwiGlu(p.x + begin * H, end - begin, p.gate_proj, p.up_proj, p.down_proj, y.data() + begin * H);
+  }, threads);
+  for (size_t i = 0; i < y.size(); ++i) p.out[i] += y[i];
+}
+
+void WriteKv(const KvWriteParams& p) {
+  const PagedKv& c = p.cache;
+  const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  for (int t = 0; t < p.num_tokens; ++t) {
+    const int pos = p.positions[t];
+    const int64_t block = p.block_table[pos / c.block_size];
+    ELDR_CHECK(block >= 0 && block < c.num_blocks, "KV block " << block << " out of range");
+    const int64_t slot = block * c.block_size + pos % c.block_size;
+    std::memcpy(c.k + slot * row, p.k + t * row, row * sizeof(float));
+    std::memcpy(c.v + slot * row, p.v + t * row, row * sizeof(float));
+  }
+}
+
+namespace {
+
+// Softmax attention of one query head over context [0, len) of a sequence in the paged cache.
+void AttendOne(const float* q, const PagedKv& c, const int32_t* block_table, int len, int kv_head, float scale,
+               float* out, std::vector<float>* scores) {
+  const int D = c.head_dim;
+  const int64_t row = static_cast<int64_t>(c.num_kv_heads) * D;
+  scores->resize(len);
+  float mx = -std::numeric_limits<float>::infinity();
+  for (int pos = 0; pos < len; ++pos) {
+    const int64_t slot = static_cast<int64_t>(block_table[pos / c.block_size]) * c.block_size + pos % c.block_size;
+    const float* k = c.k + slot * row + static_cast<int64_t>(kv_head) * D;
+    float s = 0;
+    for (int d = 0; d < D; ++d) s += q[d] * k[d];
+    (*scores)[pos] = s * scale;
+    mx = std::max(mx, (*scores)[pos]);
+  }
+  double sum = 0;
+  for (int pos = 0; pos < len; ++pos) sum += (*scores)[pos] = std::exp((*scores)[pos] - mx);
+  const float inv = static_cast<float>(1.0 / sum);
+  std::fill(out, out + D, 0.f);
+  for (int pos = 0; pos < len; ++pos) {
+    const int64_t slot = static_cast<int64_t>(block_table[pos / c.block_size]) * c.block_size + pos % c.block_size;
+    const float* v = c.v + slot * row + static_cast<int64_t>(kv_head) * D;
+    const float w = (*scores)[pos] * inv;
+    for (int d = 0; d < D; ++d) out[d] += w * v[d];
+  }
+}
+
+}  // namespace
+
+void PagedAttentionDecode(const PagedAttentionDecodeParams& p) {
+  const int group = p.num_q_heads / p.cache.num_kv_heads;
+  const int D = p.cache.head_dim;
+  ParallelFor(static_cast<int64_t>(p.num_seqs) * p.num_q_heads, [&](int64_t i) {
+    const int s = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
+    thread_local std::vector<float> scores;
+    AttendOne(p.q + i * D, p.cache, p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.context_lens[s],
+              h / group, p.scale, p.out + i * D, &scores);
+  });
+}
+
+void PrefillAttention(const PrefillAttentionParams& p) {
+  const int group = p.num_q_heads / p.cache.num_kv_heads;
+  const int D = p.cache.head_dim;
+  ParallelFor(static_cast<int64_t>(p.num_tokens) * p.num_q_heads, [&](int64_t i) {
+    const int t = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
+    thread_local std::vector<float> scores;
+    AttendOne(p.q + i * D, p.cache, p.block_table, p.start + t + 1, h / group, p.scale, p.out + i * D, &scores);
+  });
+}
+
+void AccumulateSignatureCounts(const SignatureCountParams& p) {
+  for (int t = 0; t < p.num_tokens; ++t) {
+    int8_t* r = p.rows + static_cast<int64_t>(t / p.block_size) * p.row_stride;
+    for (int j = 0; j < p.top_k; ++j) ++r[p.topk_ids[t * p.top_k + j]];
+  }
+}
+
+}  // namespace eldr::kernels

@@ -1,0 +1,83 @@
+// The MoE model executor (DESIGN.md §2): prefill of one sequence into paged KV blocks and batched decode
+// steps, on the CPU reference kernels. The KV blocks are the ids a BlockManager hands out; the executor owns
+// the K/V tensors [layers][num_blocks, block_size, kv_heads, head_dim].
+//
+// Gate source: the model's own router (computed), or replayed from a routing trace: the trace's top-k ids
+// (and weights, when given) of each token and MoE layer replace the router's choice, so a real model's
+// routing pattern runs at its real shape with synthetic weights.
+//
+// Thread safety: one thread calls an Executor at a time (the kernels use threads inside).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "runtime/common/status.h"
+#include "runtime/kvcache/block_manager.h"
+#include "runtime/kvcache/signature_cache.h"
+#include "runtime/model/weights.h"
+
+namespace eldr {
+
+// Replayed routing for a run of tokens: ids [num_tokens, L_moe, top_k]; weights of the same shape, or
+// null to weight the given experts by the router's own probabilities (renormalised as configured).
+struct GateReplay {
+  const uint16_t* ids = nullptr;
+  const float* weights = nullptr;
+};
+
+struct PrefillResult {
+  std::vector<float> last_logits;   // [vocab]
+  int32_t next_token = 0;           // greedy
+  std::vector<uint16_t> topk_ids;   // [num_computed_tokens, L_moe, top_k] routing of the computed tokens
+};
+
+struct DecodeSequence {
+  int32_t token = 0;                         // the input token of this step
+  int32_t position = 0;                      // its position (= tokens already in the cache)
+  const std::vector<BlockId>* block_table = nullptr;  // covers position
+  const GateReplay* replay = nullptr;        // one token's routing, or null (computed)
+};
+
+struct DecodeResult {
+  std::vector<float> logits;                 // [num_seqs, vocab]
+  std::vector<int32_t> next_tokens;          // [num_seqs] greedy
+  std::vector<int32_t> distinct_experts;     // [L_moe] |∪ top-k| over the batch, per MoE layer
+  std::vector<uint16_t> topk_ids;            // [num_seqs, L_moe, top_k]
+  int64_t total_distinct_experts() const;    // Σ over layers (DESIGN.md §3)
+};
+
+class Executor {
+ public:
+  // REQUIRES: weights outlive the executor.
+  Executor(const ModelWeights& weights, int num_blocks, int block_size);
+
+  // Computes tokens [num_cached_tokens, tokens.size()) of a sequence whose KV for [0, num_cached_tokens) is
+  // already in `block_table` (prefix hit). `replay` covers the computed tokens. When `signatures` is given,
+  // the rows of every block prefill fills are written from the routing (num_cached_tokens must then be a
+  // multiple of the block size, as prefix hits are whole blocks).
+  Result<PrefillResult> Prefill(const std::vector<int32_t>& tokens, const std::vector<BlockId>& block_table,
+                                int num_cached_tokens, const GateReplay* replay, SignatureCache* signatures);
+
+  // One decode step for a batch of sequences of different lengths.
+  Result<DecodeResult> Decode(const std::vector<DecodeSequence>& batch);
+
+  const ModelConfig& config() const { return w_.config; }
+  int block_size() const { return block_size_; }
+  int num_blocks() const { return num_blocks_; }
+  int64_t kv_bytes() const;
+
+ private:
+  // Runs every layer over hidden states x [T, H] in place. attention(layer, q, k, v, out) does the
+  // attention of the mode; routing goes to topk_out [T, L_moe, k].
+  struct Tokens;
+  void Forward(float* x, int num_tokens, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
+               int replay_stride_tokens, uint16_t* topk_out);
+  void Logits(const float* x, int num_tokens, float* logits);
+
+  const ModelWeights& w_;
+  int num_blocks_, block_size_;
+  std::vector<std::vector<float>> k_cache_, v_cache_;  // [layers] of [num_blocks, block_size, kv_heads, head_dim]
+};
+
+}  // namespace eldr
