@@ -30,10 +30,22 @@ const float* AsF32(const WeightMatrix& w, std::vector<float>* scratch) {
   return scratch->data();
 }
 
+// Below this many tokens a product is bound by streaming W from memory: read each weight row once and dot it
+// with every token's (cache-resident) input, instead of a GEMM that first packs W (an extra pass over it).
+constexpr int64_t kStreamingTokens = 4;
+
 // y[n, out] = x[n, in] · W^T, W [out, in].
 void MatMulT(const float* x, int64_t n, const WeightMatrix& w, float* y) {
   thread_local std::vector<float> scratch;
   const float* wf = AsF32(w, &scratch);
+  if (n <= kStreamingTokens) {
+    using Vec = Eigen::Map<const Eigen::VectorXf>;
+    for (int64_t o = 0; o < w.rows; ++o) {
+      const Vec row(wf + o * w.cols, w.cols);
+      for (int64_t t = 0; t < n; ++t) y[t * w.rows + o] = row.dot(Vec(x + t * w.cols, w.cols));
+    }
+    return;
+  }
   ConstMap X(x, n, w.cols);
   ConstMap W(wf, w.rows, w.cols);
   Map Y(y, n, w.rows);

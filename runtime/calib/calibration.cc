@@ -50,6 +50,14 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (c.signature.layer_mask.size() != static_cast<size_t>(L)) return bad("/signature/layer_mask must be [num_layers]");
   const int D = c.dim();
   if (D == 0) return bad("/signature/layer_mask selects no layer");
+  if (c.layer_order.size() != static_cast<size_t>(L)) return bad("/signature/layer_order must be [num_layers]");
+  std::vector<uint8_t> seen_layer(L, 0);
+  for (int32_t l : c.layer_order) {
+    if (l < 0 || l >= L || seen_layer[l]) return bad("/signature/layer_order must be a permutation of the layers");
+    seen_layer[l] = 1;
+  }
+  if (c.rho_curve.size() != static_cast<size_t>(L)) return bad("/signature/rho_curve must be [num_layers]");
+  if (c.n_star < 1 || c.n_star > L) return bad("/signature n_star must be in [1, num_layers]");
   const size_t N = c.request_ids.size();
   if (N == 0) return bad("/calibration holds no signatures");
   if (c.domains.size() != N) return bad("/calibration/domains and request_ids differ in length");
@@ -142,6 +150,9 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
   ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
   ELDR_ASSIGN_OR_RETURN(int64_t top_k, f.ReadIntAttribute("/", "top_k"));
+  if (L < 1 || L > 4096 || E < 1 || E > 65535 || top_k < 1 || top_k > E) {
+    return Status::Corrupt(path + ": model shape attributes out of range");
+  }
   c.shape.num_layers = static_cast<int>(L);
   c.shape.num_experts = static_cast<int>(E);
   c.shape.top_k = static_cast<int>(top_k);
@@ -158,7 +169,7 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(c.layer_order, f.Read<int32_t>("/signature/layer_order", &dims, 1));
   ELDR_ASSIGN_OR_RETURN(c.rho_curve, f.Read<double>("/signature/rho_curve", &dims, 1));
   auto n_star = f.ReadIntAttribute("/signature", "n_star");
-  c.n_star = n_star.ok() ? static_cast<int>(n_star.value()) : c.signature.num_selected_layers();
+  c.n_star = n_star.ok() && n_star.value() >= 0 && n_star.value() <= L ? static_cast<int>(n_star.value()) : 0;
 
   ELDR_ASSIGN_OR_RETURN(c.signatures, f.Read<float>("/calibration/signatures", &dims, 2));
   ELDR_ASSIGN_OR_RETURN(c.request_ids, f.ReadStrings("/calibration/request_ids"));
@@ -171,6 +182,9 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(c.sizes, f.Read<int64_t>("/clusters/sizes", &dims, 1));
   ELDR_ASSIGN_OR_RETURN(c.expert_load, f.Read<float>("/clusters/expert_load", &dims, 3));
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/clusters", "K"));
+  if (K < 1 || K > static_cast<int64_t>(c.request_ids.size())) {
+    return Status::Corrupt(path + ": /clusters K = " + std::to_string(K) + " must be in [1, N]");
+  }
   c.num_clusters = static_cast<int>(K);
   ELDR_ASSIGN_OR_RETURN(c.tau, f.ReadDoubleAttribute("/clusters", "tau"));
   auto seed = f.ReadIntAttribute("/clusters", "seed");

@@ -1,9 +1,13 @@
 // eldr calibrate (fit or --refit) and eldr inspect.
+#include <cmath>
 #include <cstdio>
+#include <fstream>
+#include <memory>
 
 #include "runtime/calib/calibrate.h"
 #include "runtime/calib/calibration.h"
 #include "runtime/cli/commands.h"
+#include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/hdf5.h"
 
@@ -20,6 +24,7 @@ struct CalibrateArgs {
   std::string report;
   CalibrateOptions options;
   bool unbalanced = false;
+  bool tau_given = false;
   bool as_json = false;
   bool quiet = false;
 };
@@ -32,12 +37,21 @@ Status RunCalibrate(const CalibrateArgs& a) {
   if (a.trace.empty() == a.refit.empty()) {
     return Status::InvalidArgument("give exactly one of --trace (fit) or --refit CALIBRATION (re-cluster)");
   }
+  // Outputs are checked before any work, so a bad path fails in a second, not after the fit.
+  AtomicOutput out_check(a.out);
+  ELDR_RETURN_IF_ERROR(out_check.CheckWritable());
+  std::unique_ptr<AtomicOutput> report_out;
+  if (!a.report.empty()) {
+    report_out = std::make_unique<AtomicOutput>(a.report);
+    ELDR_RETURN_IF_ERROR(report_out->CheckWritable());
+  }
   if (!a.refit.empty()) {
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
     auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report);
     if (!r.ok()) return r.status().WithPrefix(a.refit);
     calib = std::move(r).value();
-    calib.tau = o.tau;
+    if (a.tau_given) calib.tau = o.tau;  // otherwise keep the stored τ
+    if (!(calib.tau >= 0) || !std::isfinite(calib.tau)) return Status::InvalidArgument("--tau must be a finite value >= 0");
   } else {
     ELDR_ASSIGN_OR_RETURN(o.variant, ParseSignatureVariant(a.variant));
     if (a.layers == "auto") {
@@ -56,14 +70,22 @@ Status RunCalibrate(const CalibrateArgs& a) {
     if (!r.ok()) return r.status().WithPrefix(a.trace);
     calib = std::move(r).value();
   }
-  ELDR_RETURN_IF_ERROR(WriteCalibration(calib, a.out));
   nlohmann::json j = report.ToJson();
   j["out"] = a.out;
   j["K"] = calib.num_clusters;
   j["tau"] = calib.tau;
   j["variant"] = SignatureVariantName(calib.signature.variant);
-  if (!a.report.empty()) ELDR_RETURN_IF_ERROR(WriteJsonFile(a.report, j));
-  if (!a.quiet) PrintResult(a.as_json, report.ToText() + "wrote " + a.out + "\n", j.dump(2));
+  // The report's temporary is written first and renamed only after the calibration landed, so a failure
+  // leaves neither file.
+  if (report_out) {
+    std::ofstream f(report_out->temp_path());
+    f << DumpJson(j) << "\n";
+    f.flush();
+    if (!f) return Status::IoError(a.report + ": write failed");
+  }
+  ELDR_RETURN_IF_ERROR(WriteCalibration(calib, a.out));
+  if (report_out) ELDR_RETURN_IF_ERROR(report_out->Commit());
+  if (!a.quiet) PrintResult(a.as_json, report.ToText() + "wrote " + a.out + "\n", DumpJson(j));
   return Status::Ok();
 }
 
@@ -82,7 +104,13 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
       ->capture_default_str();
   cmd->add_option("--layers", a->layers, "layers in the mask: auto (N*, where rho peaks) or N (greedy prefix)")
       ->capture_default_str();
-  cmd->add_option("--tau", a->options.tau, "routing band width stored for the router")->capture_default_str();
+  cmd->add_option_function<double>(
+         "--tau",
+         [a](const double& v) {
+           a->options.tau = v;
+           a->tau_given = true;
+         },
+         "routing band width stored for the router (default 0.1; --refit keeps the stored value)");
   cmd->add_option("--seed", a->options.seed, "seed for k-means++, restarts, holdout and pair sampling")
       ->capture_default_str();
   cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")->capture_default_str();
@@ -130,7 +158,7 @@ void AddInspectCommand(CLI::App& app, Action* action) {
         for (auto c : check.nearest_centroid_counts) text += " " + std::to_string(c);
         text += "\n";
       }
-      PrintResult(*as_json, text, j.dump(2));
+      PrintResult(*as_json, text, DumpJson(j));
       return Status::Ok();
     };
   });

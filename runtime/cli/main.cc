@@ -42,7 +42,10 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "eldr: internal error: %s\n", e.what());
     return 3;
   } catch (const std::bad_alloc&) {
-    std::fprintf(stderr, "eldr: error: out of memory\n");
+    std::fprintf(stderr, "eldr: error: out of memory (an input is larger than this machine can hold)\n");
+    return 1;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "eldr: error: %s\n", e.what());
     return 1;
   }
   return 0;

@@ -1,6 +1,7 @@
 // eldr route: preview the decode-routing policies on a trace with a calibration.
 #include "runtime/calib/calibration.h"
 #include "runtime/cli/commands.h"
+#include "runtime/common/json_util.h"
 #include "runtime/router/replay.h"
 
 namespace eldr::cli {
@@ -37,7 +38,7 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a->calib));
       ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a->trace));
       ELDR_ASSIGN_OR_RETURN(RouteReplayReport rep, ReplayRoutes(trace, calib, o, a->trace, a->calib));
-      PrintResult(a->as_json, rep.ToText(), rep.ToJson().dump(2));
+      PrintResult(a->as_json, rep.ToText(), DumpJson(rep.ToJson()));
       return Status::Ok();
     };
   });

@@ -30,6 +30,32 @@ Dims ChunkFor(const Dims& dims, size_t elem_size) {
   return chunk;
 }
 
+// Reading converts the stored type to the requested one. HDF5 clamps out-of-range values by default (a stored
+// -1 read as uint16 would become 0); abort the read instead, so such a file is reported, not silently fixed.
+H5T_conv_ret_t AbortOnRangeError(H5T_conv_except_t except, hid_t, hid_t, void*, void*, void*) {
+  switch (except) {
+    case H5T_CONV_EXCEPT_RANGE_HI:
+    case H5T_CONV_EXCEPT_RANGE_LOW:
+    case H5T_CONV_EXCEPT_TRUNCATE:
+    case H5T_CONV_EXCEPT_PINF:
+    case H5T_CONV_EXCEPT_NINF:
+    case H5T_CONV_EXCEPT_NAN:
+      return H5T_CONV_ABORT;
+    default:
+      return H5T_CONV_UNHANDLED;
+  }
+}
+
+Handle StrictTransfer() {
+  Handle dxpl(H5Pcreate(H5P_DATASET_XFER), H5Pclose);
+  H5Pset_type_conv_cb(dxpl.get(), AbortOnRangeError, nullptr);
+  return dxpl;
+}
+
+// Largest dataset a reader accepts, in bytes: far above any real trace or calibration, far below what a
+// corrupt shape can claim.
+constexpr hsize_t kMaxReadBytes = hsize_t{1} << 36;  // 64 GiB
+
 }  // namespace
 
 Handle& Handle::operator=(Handle&& o) noexcept {
@@ -262,10 +288,16 @@ Status File::ReadRaw(const std::string& path, hid_t type, size_t elem_size, std:
     return Fail(path + " has the wrong element type");
   }
   hsize_t total = 1;
-  for (auto d : shape) total *= d;
+  for (auto d : shape) {
+    if (d != 0 && total > kMaxReadBytes / d) return Fail(path + " claims an impossible size (corrupt shape)");
+    total *= d;
+  }
+  if (total > kMaxReadBytes / elem_size) return Fail(path + " is larger than 64 GiB (corrupt shape?)");
   out->resize(total * elem_size);
-  if (total > 0 && H5Dread(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, out->data()) < 0) {
-    return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
+  Handle dxpl = StrictTransfer();
+  if (total > 0 && H5Dread(ds.get(), type, H5S_ALL, H5S_ALL, dxpl.get(), out->data()) < 0) {
+    return Fail("cannot read dataset " + path +
+                " (a value outside the range of its type, or a truncated or corrupt file)");
   }
   if (dims) *dims = shape;
   return Status::Ok();
@@ -295,8 +327,10 @@ Status File::ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_ro
   Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
   hsize_t total = 1;
   for (auto c : count) total *= c;
+  if (total > kMaxReadBytes / sizeof(T)) return Fail(path + " selection is larger than 64 GiB");
   out->resize(total);
-  if (total > 0 && H5Dread(ds.get(), NativeType<T>(), mspace.get(), fspace.get(), H5P_DEFAULT, out->data()) < 0) {
+  Handle dxpl = StrictTransfer();
+  if (total > 0 && H5Dread(ds.get(), NativeType<T>(), mspace.get(), fspace.get(), dxpl.get(), out->data()) < 0) {
     return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
   }
   return Status::Ok();

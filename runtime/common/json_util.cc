@@ -43,8 +43,12 @@ std::string Fmt(double value, int decimals) {
   return buf;
 }
 
+std::string DumpJson(const nlohmann::json& value) {
+  return value.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 Status WriteJsonFile(const std::string& path, const nlohmann::json& value) {
-  return WriteFileAtomic(path, value.dump(2) + "\n");
+  return WriteFileAtomic(path, DumpJson(value) + "\n");
 }
 
 }  // namespace eldr

@@ -1,9 +1,12 @@
-// ParallelFor: split [0, n) over the machine's cores with plain std::threads. The body must not throw
-// (STYLE.md: never throw across a thread boundary); keep the first error in the caller's own state.
+// ParallelFor: split [0, n) over the machine's cores with plain std::threads. An exception thrown by the
+// body (bad_alloc, a failed ELDR_CHECK) never crosses the thread boundary: each worker stops at its first
+// one, and the first is rethrown on the calling thread after all workers joined (STYLE.md "Errors").
 #pragma once
 
 #include <algorithm>
 #include <cstdint>
+#include <exception>
+#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -22,12 +25,20 @@ void ParallelFor(int64_t n, Body body, int num_threads = DefaultThreads()) {
   }
   std::vector<std::thread> pool;
   pool.reserve(threads);
+  std::exception_ptr first_error;
+  std::mutex mu;
   for (int t = 0; t < threads; ++t) {
     pool.emplace_back([&, t] {
-      for (int64_t i = t; i < n; i += threads) body(i);
+      try {
+        for (int64_t i = t; i < n; i += threads) body(i);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mu);
+        if (!first_error) first_error = std::current_exception();
+      }
     });
   }
   for (auto& th : pool) th.join();
+  if (first_error) std::rethrow_exception(first_error);
 }
 
 }  // namespace eldr

@@ -144,6 +144,7 @@ void BlockManager::Free(const std::vector<BlockId>& blocks) {
       cache_.at(block_hash_[b]).lru = std::prev(lru_.end());
     } else {
       free_.push_back(b);
+      if (on_evict_) on_evict_(b);  // its content dies with it
     }
   }
 }

@@ -32,11 +32,13 @@ struct PromptAllocation {
 
 class BlockManager {
  public:
-  // Called with the id of a cached block when it is evicted (its content is gone), so that co-indexed
-  // data (the signature cache row) can be dropped with it.
+  // Called with the id of a block whose content is gone: a cached block evicted, or an uncached block (a
+  // sequence's partial last block, a decode block) freed. Co-indexed data (the signature cache row) is
+  // dropped with it.
   using EvictionCallback = std::function<void(BlockId)>;
 
-  BlockManager(int num_blocks, int block_size);
+  static constexpr int kDefaultBlockSize = 16;
+  explicit BlockManager(int num_blocks, int block_size = kDefaultBlockSize);
 
   // Allocates the blocks of a prompt, reusing cached prefix blocks. The new full blocks are registered in
   // the prefix cache at once (the caller fills them before any other allocation sees them, as prefill

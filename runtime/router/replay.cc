@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <deque>
 #include <map>
 #include <random>
 #include <sstream>
@@ -93,14 +94,25 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     double total_distinct = 0;
     int64_t total_steps = 0;
     double total_batch = 0;
-    for (int64_t step = 0; next < order.size() || in_flight > 0; ++step) {
+    std::deque<int> waiting;  // arrived, but every decoder was at its cap
+    for (int64_t step = 0; next < order.size() || in_flight > 0 || !waiting.empty(); ++step) {
+      if (in_flight == 0 && waiting.empty() && next < order.size()) {
+        // Idle: jump to the step of the next arrival instead of stepping through empty time.
+        step = std::max(step, static_cast<int64_t>(std::ceil(arrival[next] / step_s - 1e-9)));
+      }
       const double now = step * step_s;
-      // Route every request that has arrived by now.
-      while (next < order.size() && arrival[next] <= now + 1e-12) {
-        const int r = order[next++];
+      while (next < order.size() && arrival[next] <= now + 1e-12) waiting.push_back(order[next++]);
+      // Route waiting requests in arrival order until none can be admitted.
+      while (!waiting.empty()) {
+        const int r = waiting.front();
         const TraceRequest& req = trace.requests[r];
         const RoutingDecision d = router.Route(f.prefill_counts.data() + r * row,
                                                f.gate_sums.empty() ? nullptr : f.gate_sums.data() + r * row, req.domain);
+        if (d.decoder < 0) {
+          ++ps.held_at_router;
+          break;
+        }
+        waiting.pop_front();
         if (UsesSignature(p)) {
           band_sum += d.band_size;
           ++band_n;
@@ -189,6 +201,7 @@ nlohmann::json RouteReplayReport::ToJson() const {
                          {"mean_purity", p.mean_purity},
                          {"mean_band_size", p.mean_band_size},
                          {"fallbacks", p.fallbacks},
+                         {"held_at_router", p.held_at_router},
                          {"max_in_flight", p.max_in_flight}};
     pj["decoders"] = nlohmann::json::array();
     for (const auto& d : p.decoders) {
@@ -228,18 +241,19 @@ std::string RouteReplayReport::ToText() const {
   os << "distinct = Σ over MoE layers of the experts a decode step loads; per token = Σ distinct / Σ batch tokens\n";
   os << FormatTable({"policy", "distinct/step", "vs jsq %", "distinct/token", "vs jsq %", "batch", "purity", "band", "fallbacks", "requests per decoder"},
                     rows);
-  os << "\nper-decoder domain purity (top domain, share of its requests)\n";
+  os << "\nper decoder: top domain and its share of the decoder's requests | mean distinct experts per step\n";
   rows.clear();
+  std::vector<std::string> header = {"policy"};
+  for (int k = 0; k < num_decoders; ++k) header.push_back("decoder " + std::to_string(k));
   for (const auto& p : policies) {
     std::vector<std::string> r = {p.policy};
-    std::string cells;
     for (const auto& d : p.decoders) {
-      cells += (cells.empty() ? "" : "  ") + (d.top_domain.empty() ? std::string("-") : d.top_domain) + " " + Fmt(d.purity, 2);
+      r.push_back((d.top_domain.empty() ? std::string("-") : d.top_domain) + " " + Fmt(d.purity, 2) + " | " +
+                  Fmt(d.mean_distinct_experts, 0));
     }
-    r.push_back(cells);
     rows.push_back(r);
   }
-  os << FormatTable({"policy", "decoders"}, rows);
+  os << FormatTable(header, rows);
   return os.str();
 }
 

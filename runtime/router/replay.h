@@ -46,6 +46,7 @@ struct PolicyReplayStats {
   double mean_purity = 0;                     // request-weighted
   double mean_band_size = 0;                  // signature policies
   int64_t fallbacks = 0;
+  int64_t held_at_router = 0;                 // steps a request waited because every decoder was at its cap
   int64_t max_in_flight = 0;
   std::vector<DecoderReplayStats> decoders;
 };

@@ -75,11 +75,10 @@ RoutingDecision Band(const DecisionInputs& in, double tau) {
   }
   if (best < 0) {
     out.fallback = true;
-    best = LeastLoaded(d, nullptr, true);
-    if (best < 0) best = LeastLoaded(d, nullptr, false);
+    best = LeastLoaded(d, nullptr, true);  // -1 when every decoder is at its cap
   }
   out.decoder = best;
-  out.distance = in.distances[best];
+  out.distance = best >= 0 ? in.distances[best] : 0.0;
   return out;
 }
 
@@ -142,10 +141,7 @@ RoutingDecision Decide(const DecisionInputs& in) {
       break;
     }
   }
-  if (out.decoder < 0) {
-    out.fallback = true;
-    out.decoder = LeastLoaded(d, nullptr, false);
-  }
+  if (out.decoder < 0) out.fallback = true;  // every decoder at its cap: the request waits at the router
   return out;
 }
 
@@ -159,7 +155,10 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
   r.decoders_.assign(config.num_decoders, DecoderState{0, config.admission_cap});
   r.rng_.seed(config.seed);
   if (calib) {
-    if (config.job_shape.num_layers > 0 && !config.job_shape.SameAs(calib->shape)) {
+    if (config.job_shape.num_layers <= 0) {
+      return Status::InvalidArgument("the job's model shape is needed to check the calibration against it");
+    }
+    if (!config.job_shape.SameAs(calib->shape)) {
       return Status::FailedPrecondition("calibration is for model shape " + calib->shape.ToString() +
                                         " but the job's model is " + config.job_shape.ToString());
     }
@@ -225,7 +224,7 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
   }
   in.round_robin_next = round_robin_next_;
   RoutingDecision out = Decide(in);
-  if (config_.policy == RoutingPolicy::kRoundRobin) round_robin_next_ = out.decoder + 1;
+  if (config_.policy == RoutingPolicy::kRoundRobin && out.decoder >= 0) round_robin_next_ = out.decoder + 1;
   return out;
 }
 

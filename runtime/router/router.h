@@ -38,7 +38,7 @@ struct DecoderState {
 };
 
 struct RoutingDecision {
-  int decoder = -1;
+  int decoder = -1;        // -1: no decoder can admit the request now (all at their cap)
   int band_size = 0;       // eldr / locality_top1: |B|; 0 for load-only policies
   bool fallback = false;   // no eligible decoder in the band: globally least-loaded eligible one
   double distance = 0;     // d_k of the chosen decoder (signature policies)
@@ -63,7 +63,8 @@ struct DecisionInputs {
 //  p2c: two distinct decoders drawn from a and b among the eligible ones; the less loaded (tie → lower index).
 //  random: uniform over eligible decoders. round_robin: the next eligible decoder from round_robin_next.
 //  domain: jsq within the request's domain group (eligible members), else jsq over all.
-// When no decoder is eligible at all, every policy returns the globally least-loaded decoder (fallback).
+// When no decoder is eligible at all (every one at its admission cap), every policy returns decoder = -1
+// with fallback = true: the request waits at the router until a completion frees a slot.
 RoutingDecision Decide(const DecisionInputs& in);
 
 struct RouterConfig {
@@ -89,7 +90,7 @@ class Router {
   // Routes with a ready signature s_r ([signature_dim()]).
   RoutingDecision RouteSignature(const float* signature, const std::string& domain);
 
-  void Dispatch(int decoder);  // one more request in flight on `decoder`
+  void Dispatch(int decoder);  // one more request in flight on `decoder`. REQUIRES: decoder >= 0.
   void Complete(int decoder);  // one fewer. REQUIRES: in_flight > 0.
 
   const std::vector<DecoderState>& decoders() const { return decoders_; }

@@ -250,7 +250,7 @@ GreedyLayerSelection SignatureQuality::SelectLayersGreedy(void (*on_step)(void*,
     size_t best = 0;
     for (size_t c = 1; c < candidates.size(); ++c) {
       // NaN never wins; ties keep the lower layer index (candidates are ascending).
-      if (std::isnan(rho[best]) || (!std::isnan(rho[c]) && rho[c] > rho[best])) best = c;
+      if (!std::isnan(rho[c]) && (std::isnan(rho[best]) || rho[c] > rho[best])) best = c;
     }
     const int l = candidates[best];
     chosen[l] = 1;

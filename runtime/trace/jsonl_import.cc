@@ -18,6 +18,9 @@ namespace {
 
 using nlohmann::json;
 
+constexpr int64_t kMaxLayers = 4096;
+constexpr int64_t kMaxTokenEntries = int64_t{1} << 31;  // per request: T * L * k
+
 // Reads lines of any length from a plain or gzip file.
 class LineReader {
  public:
@@ -107,12 +110,18 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
   ELDR_RETURN_IF_ERROR(get_int("num_tokens", &T, true));
   ELDR_RETURN_IF_ERROR(get_int("prompt_len", &P, true));
   if (L <= 0 || E <= 0 || K <= 0) return Status::InvalidArgument("num_layers, num_experts and top_k must be positive");
+  if (L > kMaxLayers) return Status::InvalidArgument("num_layers " + std::to_string(L) + " exceeds " + std::to_string(kMaxLayers));
   if (E > 65535) return Status::InvalidArgument("num_experts must be < 65536");
   if (K > E) return Status::InvalidArgument("top_k exceeds num_experts");
   if (T <= 0) return Status::InvalidArgument("num_tokens must be positive");
   if (P < 0 || P > T) {
     return Status::InvalidArgument("prompt_len " + std::to_string(P) + " must be in [0, num_tokens = " +
                                    std::to_string(T) + "]");
+  }
+  if (T > kMaxTokenEntries / (L * K)) {
+    return Status::InvalidArgument("a request of " + std::to_string(T) + " tokens x " + std::to_string(L) + " layers x top-" +
+                                   std::to_string(K) + " is larger than one request may be (" +
+                                   std::to_string(kMaxTokenEntries) + " routing entries)");
   }
   out->shape.num_layers = static_cast<int>(L);
   out->shape.num_experts = static_cast<int>(E);
@@ -235,6 +244,10 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
     progress.Update(static_cast<int64_t>(gzoffset(gz)));
   }
   progress.Finish();
+  // zlib reports a stream cut short as a clean end of input with Z_BUF_ERROR pending: check it.
+  int gz_err = Z_OK;
+  gzerror(gz, &gz_err);
+  if (gz_err != Z_OK && gz_err != Z_STREAM_END) read_error = true;
   if (read_error) {
     int errnum = 0;
     const char* msg = gzerror(gz, &errnum);

@@ -106,6 +106,10 @@ Result<Trace> ReadTrace(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
   ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/", "top_k"));
+  if (L < 1 || L > 4096 || E < 1 || E > 65535 || K < 1 || K > E) {
+    return Status::Corrupt(path + ": model shape attributes out of range (num_layers " + std::to_string(L) +
+                           ", num_experts " + std::to_string(E) + ", top_k " + std::to_string(K) + ")");
+  }
   t.shape.num_layers = static_cast<int>(L);
   t.shape.num_experts = static_cast<int>(E);
   t.shape.top_k = static_cast<int>(K);

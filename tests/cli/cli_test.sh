@@ -182,6 +182,43 @@ expect_error "truncated gzip JSONL" "cut.jsonl.gz" out.h5 "$ELDR" trace import -
 expect_error "synth with zero domains" "domain" out.h5 "$ELDR" trace synth --domains 0 --out out.h5
 expect_error "synth with bad range" "--prompt-len" out.h5 "$ELDR" trace synth --prompt-len 9:3 --out out.h5
 expect_error "gate_prob without weights" "gate_prob" out.h5 "$ELDR" calibrate --trace good.h5 -K 1 --signature gate_prob --out out.h5
+# Inputs found by review: each must be one clear error, never a crash or a silent success.
+printf '{"id":"a","num_layers":2305843009213693953,"num_experts":8,"top_k":4,"num_tokens":1,"prompt_len":1,"topk_ids":[[]]}\n' > huge.jsonl
+expect_error "absurd num_layers" "huge.jsonl:1: num_layers .* exceeds" out.h5 "$ELDR" trace import --in huge.jsonl --out out.h5
+$PY - "$SRC" <<'PYEOF'
+import gzip, zlib, sys
+lines = gzip.open(sys.argv[1] + "/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz").read().split(b"\n")
+c = zlib.compressobj(9, zlib.DEFLATED, 31)
+data = c.compress(b"\n".join(lines[:5]) + b"\n") + c.flush(zlib.Z_FULL_FLUSH)  # cut at a flush point: no trailer
+open("flushcut.jsonl.gz", "wb").write(data)
+PYEOF
+expect_error "gzip cut at a flush point" "flushcut.jsonl.gz.*(read error|truncated)" out.h5 "$ELDR" trace import --in flushcut.jsonl.gz --out out.h5
+cp calib.h5 nstar.h5 && $PY -c "import h5py; f=h5py.File('nstar.h5','r+'); f['/signature'].attrs['n_star']=100000000"
+expect_error "n_star out of range" "nstar.h5: .*n_star" - "$ELDR" inspect nstar.h5
+cp calib.h5 order.h5 && $PY -c "
+import h5py, numpy as np
+f = h5py.File('order.h5', 'r+'); del f['/signature/layer_order']; f['/signature/layer_order'] = np.zeros(0, np.int32)"
+expect_error "layer_order not a permutation" "order.h5: .*layer_order" o.h5 "$ELDR" calibrate --refit order.h5 -K 2 --out o.h5
+cp real.h5 negid.h5 && $PY -c "
+import h5py, numpy as np
+f = h5py.File('negid.h5', 'r+'); a = f['/tokens/topk_ids'][:].astype(np.int32); a[0, 0, 0] = -1
+del f['/tokens/topk_ids']; f['/tokens/topk_ids'] = a"
+expect_error "negative expert id stored as int32" "negid.h5: .*topk_ids" out.h5 "$ELDR" calibrate --trace negid.h5 -K 2 --out out.h5
+expect_error "unwritable --report: no calibration either" "no/dir/r.json: cannot write" c9.h5 \
+  "$ELDR" calibrate --trace real.h5 -K 2 --out c9.h5 --report no/dir/r.json
+run_ok "calibrate with tau 0.3" "$ELDR" calibrate --trace real.h5 -K 4 --tau 0.3 --out tau.h5
+run_ok "refit keeps the stored tau" "$ELDR" calibrate --refit tau.h5 -K 2 --out tau2.h5
+$PY -c "import h5py; assert abs(h5py.File('tau2.h5','r')['/clusters'].attrs['tau'] - 0.3) < 1e-12" \
+  && ok "refit kept tau = 0.3" || bad "refit kept tau = 0.3"
+run_ok "route with a tight admission cap (requests wait at the router)" "$ELDR" route --calib calib.h5 --trace real.h5 --cap 2 --rate 0 --json
+$PY -c "
+import json; j = json.load(open('$WORK/out.txt'))
+for p in j['policies']:
+    assert sum(d['requests'] for d in p['decoders']) == 108, p['policy']
+    assert p['max_in_flight'] <= 2 * j['num_decoders'], (p['policy'], p['max_in_flight'])
+" && ok "cap respected, every request routed" || bad "cap respected, every request routed"
+expect_error "absurd batch size" "batch sizes must be in" - "$ELDR" trace stats real.h5 --batch-sizes 100000000
+
 # An existing output survives a failed run untouched.
 cp calib.h5 keep.h5; before=$(md5sum < keep.h5)
 expect_error "failed run keeps the old output" "must be in" - "$ELDR" calibrate --trace real.h5 -K 0 --out keep.h5

@@ -54,11 +54,19 @@ TEST(Decide, NothingEligibleInTheBandFallsBackToGlobalLeastLoaded) {
   auto r = Band(d, {0.1, 0.12, 0.9, 0.8}, 0.05);
   EXPECT_TRUE(r.fallback);
   EXPECT_EQ(r.decoder, 3);
-  // Nobody eligible at all: the globally least-loaded decoder.
+  // Nobody eligible at all: no decoder; the request waits at the router (every policy).
   auto full = Loads({3, 3, 3}, 3);
   auto f = Band(full, {0.1, 0.2, 0.3}, 0.05);
   EXPECT_TRUE(f.fallback);
-  EXPECT_EQ(f.decoder, 0);
+  EXPECT_EQ(f.decoder, -1);
+  for (auto policy : AllRoutingPolicies()) {
+    std::vector<double> dist = {0.1, 0.2, 0.3};
+    DecisionInputs in;
+    in.policy = policy;
+    in.decoders = &full;
+    in.distances = dist.data();
+    EXPECT_EQ(Decide(in).decoder, -1) << RoutingPolicyName(policy);
+  }
 }
 
 TEST(Decide, TauZeroEqualsLocalityTop1AndLargeTauEqualsJsq) {
@@ -219,6 +227,8 @@ TEST(Router, RefusesMismatchedCalibration) {
   c.num_decoders = 3;
   c.job_shape = {"other", 2, 4, 1};
   EXPECT_EQ(Router::Create(c, &calib).status().code(), StatusCode::kFailedPrecondition);
+  c.job_shape = TraceShape();
+  EXPECT_EQ(Router::Create(c, &calib).status().code(), StatusCode::kInvalidArgument);  // no job shape to check
   c.job_shape = calib.shape;
   EXPECT_EQ(Router::Create(c, nullptr).status().code(), StatusCode::kInvalidArgument);  // eldr without calibration
   c.policy = RoutingPolicy::kDomain;

@@ -1,0 +1,397 @@
+// The MoE layer on the GPU: router top-k, token → expert grouping, permute, per-expert SwiGLU through cuBLAS
+// (one grouped call per projection), combine; and the signature-count accumulation of the prefill hook.
+#include <algorithm>
+#include <climits>
+#include <vector>
+
+#include "kernels/cuda/internal.cuh"
+
+namespace eldr::kernels::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+constexpr int kGateThreads = 128;
+constexpr int kMaxGateExperts = 2048;  // dynamic shared memory: 8 bytes per expert + 4 per k
+
+// ---- GateTopK ----
+
+struct Candidate {
+  float value;
+  int expert;
+};
+
+// The order of the top-k: larger logit first, the lower expert id on ties.
+__device__ inline bool Better(const Candidate& a, const Candidate& b) {
+  return a.value > b.value || (a.value == b.value && a.expert < b.expert);
+}
+
+__device__ inline Candidate BlockBest(Candidate c, Candidate* shared /* [32] */) {
+  for (int offset = 16; offset > 0; offset >>= 1) {
+    const Candidate other{__shfl_xor_sync(kFullMask, c.value, offset), __shfl_xor_sync(kFullMask, c.expert, offset)};
+    if (Better(other, c)) c = other;
+  }
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+  __syncthreads();
+  if (lane == 0) shared[warp] = c;
+  __syncthreads();
+  Candidate best = shared[0];
+  for (int w = 1; w < num_warps; ++w) {
+    if (Better(shared[w], best)) best = shared[w];
+  }
+  return best;
+}
+
+// One block per token: softmax statistics by block reductions, then top_k rounds of a block-wide arg-max
+// over the experts not yet taken. Selecting on the logits (softmax is monotonic) keeps the ids exact.
+__global__ void GateTopKKernel(const float* __restrict__ logits, int num_experts, int top_k, bool renormalize,
+                               int32_t* __restrict__ topk_ids, float* __restrict__ topk_weights) {
+  extern __shared__ float gate_shared[];
+  float* l = gate_shared;                                          // [num_experts]
+  int* taken = reinterpret_cast<int*>(gate_shared + num_experts);  // [num_experts]
+  int* chosen = taken + num_experts;                               // [top_k]
+  __shared__ float reduce[32];
+  __shared__ Candidate candidates[32];
+
+  const int64_t t = blockIdx.x;
+  const float* row = logits + t * num_experts;
+  float mx = -INFINITY;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+    float v = row[e];
+    if (isnan(v)) v = -INFINITY;  // a NaN logit is never preferred (and cannot break the arg-max)
+    l[e] = v;
+    taken[e] = 0;
+    mx = fmaxf(mx, v);
+  }
+  mx = BlockMax(mx, reduce);  // its barriers also publish l and taken
+  float s = 0.f;
+  for (int e = threadIdx.x; e < num_experts; e += blockDim.x) s += expf(l[e] - mx);
+  const float sum = BlockSum(s, reduce);
+
+  for (int j = 0; j < top_k; ++j) {
+    Candidate best{-INFINITY, INT_MAX};
+    for (int e = threadIdx.x; e < num_experts; e += blockDim.x) {
+      const Candidate c{l[e], e};
+      if (!taken[e] && Better(c, best)) best = c;
+    }
+    best = BlockBest(best, candidates);
+    if (threadIdx.x == 0) {
+      const int e = best.expert < num_experts ? best.expert : 0;  // INT_MAX only if every value were NaN
+      taken[e] = 1;
+      chosen[j] = e;
+    }
+    __syncthreads();  // taken[] of this round before the next round's scan
+  }
+  if (threadIdx.x == 0) {
+    float kept = 0.f;
+    for (int j = 0; j < top_k; ++j) kept += expf(l[chosen[j]] - mx) / sum;
+    for (int j = 0; j < top_k; ++j) {
+      const float prob = expf(l[chosen[j]] - mx) / sum;
+      topk_ids[t * top_k + j] = chosen[j];
+      topk_weights[t * top_k + j] = renormalize ? prob / kept : prob;
+    }
+  }
+}
+
+// ---- GroupByExpert: counts, exclusive scan, stable scatter ----
+
+__global__ void CountKernel(const int32_t* __restrict__ ids, int n, int num_experts, int32_t* __restrict__ offsets) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    const int e = ids[i];
+    if (e >= 0 && e < num_experts) atomicAdd(&offsets[e + 1], 1);
+  }
+}
+
+// offsets[e + 1] holds expert e's count and offsets[0] == 0; turns the counts into running offsets. Serial:
+// num_experts is a few hundred at most.
+__global__ void ScanKernel(int32_t* offsets, int num_experts) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  for (int e = 0; e < num_experts; ++e) offsets[e + 1] += offsets[e];
+}
+
+// One block per expert walks all pairs in order, tile by tile; a ballot + warp-count prefix gives each
+// matching pair its rank, so the order within an expert is the pair order (stable, as the CPU).
+__global__ void ScatterKernel(const int32_t* __restrict__ ids, int n, const int32_t* __restrict__ offsets,
+                              int32_t* __restrict__ pairs, int32_t* __restrict__ pair_rows) {
+  __shared__ int warp_counts[32];
+  const int e = blockIdx.x;
+  const int begin = offsets[e];
+  if (offsets[e + 1] == begin) return;  // the same for every thread of the block
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, num_warps = blockDim.x >> 5;
+  int running = begin;
+  for (int tile = 0; tile < n; tile += blockDim.x) {
+    const int i = tile + static_cast<int>(threadIdx.x);
+    const bool match = i < n && ids[i] == e;
+    const unsigned mask = __ballot_sync(kFullMask, match);
+    __syncthreads();  // the previous tile's reads of warp_counts are done
+    if (lane == 0) warp_counts[warp] = __popc(mask);
+    __syncthreads();
+    int before = 0, total = 0;
+    for (int w = 0; w < num_warps; ++w) {
+      const int c = warp_counts[w];
+      if (w < warp) before += c;
+      total += c;
+    }
+    if (match) {
+      const int row = running + before + __popc(mask & ((1u << lane) - 1u));
+      pairs[row] = i;
+      if (pair_rows != nullptr) pair_rows[i] = row;
+    }
+    running += total;
+  }
+}
+
+void LaunchGroupByExpert(const int32_t* ids, int num_tokens, int top_k, int num_experts, int32_t* offsets,
+                         int32_t* pairs, int32_t* pair_rows, cudaStream_t stream) {
+  const int n = num_tokens * top_k;
+  ELDR_CUDA_CHECK(cudaMemsetAsync(offsets, 0, sizeof(int32_t) * (num_experts + 1), stream));
+  if (n > 0) {
+    CountKernel<<<static_cast<unsigned>(std::min<int64_t>(CeilDiv(n, kThreads), 1024)), kThreads, 0, stream>>>(
+        ids, n, num_experts, offsets);
+    ELDR_CUDA_CHECK_LAUNCH();
+  }
+  ScanKernel<<<1, 32, 0, stream>>>(offsets, num_experts);
+  ELDR_CUDA_CHECK_LAUNCH();
+  if (n > 0) {
+    ScatterKernel<<<num_experts, kThreads, 0, stream>>>(ids, n, offsets, pairs, pair_rows);
+    ELDR_CUDA_CHECK_LAUNCH();
+  }
+}
+
+// ---- permute and combine ----
+
+__global__ void PermuteKernel(const float* __restrict__ x, const int32_t* __restrict__ pairs, int top_k, int hidden,
+                              __nv_bfloat16* __restrict__ x_permuted, int64_t stride) {
+  const int64_t r = blockIdx.x;
+  const float* src = x + static_cast<int64_t>(pairs[r] / top_k) * hidden;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) x_permuted[r * stride + c] = __float2bfloat16(src[c]);
+}
+
+__global__ void CombineKernel(const __nv_bfloat16* __restrict__ y, int64_t stride, const int32_t* __restrict__ pair_rows,
+                              const float* __restrict__ weights, int top_k, int hidden, float* __restrict__ out) {
+  const int64_t t = blockIdx.x;
+  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
+    float acc = 0.f;
+    for (int j = 0; j < top_k; ++j) {
+      const int64_t pair = t * top_k + j;
+      acc += weights[pair] * __bfloat162float(y[static_cast<int64_t>(pair_rows[pair]) * stride + c]);
+    }
+    out[t * hidden + c] += acc;
+  }
+}
+
+// ---- expert GEMM plans ----
+
+// Device pointer arrays of the grouped GEMMs, one entry per active expert in ascending expert order (the
+// order the host uses for the sizes): gate_up [3][2 * num_experts] = A, B, C of problems (gate, up) of each
+// active expert, interleaved; down [3][num_experts] = A, B, C of each active expert's down projection.
+// Built on the device before MoeExperts' one synchronisation, so they are complete before cuBLAS starts.
+__global__ void BuildGemmPointersKernel(const int32_t* __restrict__ offsets, int num_experts,
+                                        const void* const* __restrict__ weights /* [3][num_experts] */,
+                                        const __nv_bfloat16* xp, __nv_bfloat16* g, __nv_bfloat16* u,
+                                        __nv_bfloat16* h, __nv_bfloat16* y, int64_t h_stride, int64_t i_stride,
+                                        void** gate_up, void** down) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  const int cap = 2 * num_experts;
+  int a = 0;
+  for (int e = 0; e < num_experts; ++e) {
+    const int64_t begin = offsets[e];
+    if (offsets[e + 1] == begin) continue;
+    gate_up[2 * a] = const_cast<void*>(weights[e]);
+    gate_up[2 * a + 1] = const_cast<void*>(weights[num_experts + e]);
+    gate_up[cap + 2 * a] = const_cast<__nv_bfloat16*>(xp + begin * h_stride);
+    gate_up[cap + 2 * a + 1] = const_cast<__nv_bfloat16*>(xp + begin * h_stride);
+    gate_up[2 * cap + 2 * a] = g + begin * i_stride;
+    gate_up[2 * cap + 2 * a + 1] = u + begin * i_stride;
+    down[a] = const_cast<void*>(weights[2 * num_experts + e]);
+    down[num_experts + a] = h + begin * i_stride;
+    down[2 * num_experts + a] = y + begin * h_stride;
+    ++a;
+  }
+}
+
+// One problem of an expert GEMM: C rows [count, m] = B rows [count, k] · A [m, k]^T.
+struct ExpertGemm {
+  const Bf16* a;
+  const Bf16* b;
+  Bf16* c;
+  int count;
+};
+
+// Runs `problems` (all with the same m, k and strides) as one grouped cuBLAS call over the device pointer
+// arrays `arrays` ([3][capacity]: A, B, C, in the order of `problems`), or one cublasGemmEx each.
+void RunExpertGemms(Context::Impl& impl, const std::vector<ExpertGemm>& problems, int m, int k, int lda, int ldb,
+                    int ldc, void** arrays, int capacity) {
+  if (problems.empty()) return;
+  if (!impl.grouped_gemm) {
+    for (const ExpertGemm& q : problems) GemmNT(impl.cublas, q.count, m, k, q.a, lda, q.b, ldb, q.c, CUDA_R_16BF, ldc, 0.f);
+    return;
+  }
+#if CUBLAS_VERSION >= 120500
+  const int num = static_cast<int>(problems.size());
+  std::vector<cublasOperation_t> trans_a(num, CUBLAS_OP_T), trans_b(num, CUBLAS_OP_N);
+  std::vector<int> ms(num, m), ns(num), ks(num, k), ldas(num, lda), ldbs(num, ldb), ldcs(num, ldc), sizes(num, 1);
+  std::vector<float> alphas(num, 1.f), betas(num, 0.f);
+  for (int i = 0; i < num; ++i) ns[i] = problems[i].count;
+  ELDR_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(impl.cublas, trans_a.data(), trans_b.data(), ms.data(), ns.data(),
+                                               ks.data(), alphas.data(), arrays, CUDA_R_16BF, ldas.data(),
+                                               arrays + capacity, CUDA_R_16BF, ldbs.data(), betas.data(),
+                                               arrays + 2 * capacity, CUDA_R_16BF, ldcs.data(), num, sizes.data(),
+                                               CUBLAS_COMPUTE_32F));
+#else
+  (void)arrays;
+  (void)capacity;
+  ELDR_CHECK(false, "grouped GEMM requested but cuBLAS is older than 12.5");
+#endif
+}
+
+// ---- signature counts ----
+
+__global__ void SignatureCountKernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int block_size,
+                                     int num_experts, int num_blocks, int8_t* __restrict__ rows, int64_t row_stride) {
+  const int64_t idx = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (idx >= static_cast<int64_t>(num_blocks) * num_experts) return;
+  const int b = static_cast<int>(idx / num_experts), e = static_cast<int>(idx % num_experts);
+  const int t_end = min(num_tokens, (b + 1) * block_size);
+  int count = 0;
+  for (int t = b * block_size; t < t_end; ++t) {
+    for (int j = 0; j < top_k; ++j) count += ids[static_cast<int64_t>(t) * top_k + j] == e;
+  }
+  if (count > 0) {
+    int8_t* entry = rows + b * row_stride + e;
+    *entry = static_cast<int8_t>(static_cast<int>(*entry) + count);  // wraps as the CPU's ++ on int8
+  }
+}
+
+}  // namespace
+
+void GateTopK(const GateTopKParams& p, cudaStream_t stream) {
+  ELDR_CHECK(p.num_experts >= 1 && p.num_experts <= kMaxGateExperts,
+             "GateTopK: num_experts " << p.num_experts << " outside [1, " << kMaxGateExperts << "]");
+  ELDR_CHECK(p.top_k >= 1 && p.top_k <= p.num_experts, "top_k " << p.top_k << " out of range");
+  if (p.num_tokens <= 0) return;
+  const size_t shared = sizeof(float) * p.num_experts + sizeof(int) * (p.num_experts + p.top_k);
+  GateTopKKernel<<<p.num_tokens, kGateThreads, shared, stream>>>(p.logits, p.num_experts, p.top_k, p.renormalize,
+                                                                  p.topk_ids, p.topk_weights);
+  ELDR_CUDA_CHECK_LAUNCH();
+}
+
+void GroupByExpert(const GroupByExpertParams& p, cudaStream_t stream) {
+  ELDR_CHECK(p.num_tokens >= 0 && p.top_k >= 1 && p.num_experts >= 1, "bad GroupByExpert shape");
+  LaunchGroupByExpert(p.topk_ids, p.num_tokens, p.top_k, p.num_experts, p.offsets, p.pairs, p.pair_rows, stream);
+}
+
+void Permute(const PermuteParams& p, cudaStream_t stream) {
+  ELDR_CHECK(p.num_pairs >= 0 && p.top_k >= 1 && p.hidden > 0, "bad Permute shape");
+  if (p.num_pairs == 0) return;
+  const int64_t stride = p.x_permuted_stride == 0 ? p.hidden : p.x_permuted_stride;
+  ELDR_CHECK(stride >= p.hidden, "x_permuted_stride " << stride << " < hidden " << p.hidden);
+  PermuteKernel<<<p.num_pairs, kThreads, 0, stream>>>(p.x, p.pairs, p.top_k, p.hidden, AsBf16(p.x_permuted), stride);
+  ELDR_CUDA_CHECK_LAUNCH();
+}
+
+void Combine(const CombineParams& p, cudaStream_t stream) {
+  ELDR_CHECK(p.num_tokens >= 0 && p.top_k >= 1 && p.hidden > 0, "bad Combine shape");
+  if (p.num_tokens == 0) return;
+  const int64_t stride = p.y_permuted_stride == 0 ? p.hidden : p.y_permuted_stride;
+  ELDR_CHECK(stride >= p.hidden, "y_permuted_stride " << stride << " < hidden " << p.hidden);
+  CombineKernel<<<p.num_tokens, kThreads, 0, stream>>>(AsBf16(p.y_permuted), stride, p.pair_rows, p.topk_weights,
+                                                       p.top_k, p.hidden, p.out);
+  ELDR_CUDA_CHECK_LAUNCH();
+}
+
+void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
+  ELDR_CHECK(p.experts != nullptr, "MoeExperts without expert weights");
+  const ExpertWeights& w = *p.experts;
+  const int T = p.num_tokens, K = p.top_k, E = w.num_experts, H = w.hidden, I = w.intermediate;
+  ELDR_CHECK(T >= 0 && K >= 1 && E >= 1 && H > 0 && I > 0,
+             "bad MoE shape: tokens " << T << ", top_k " << K << ", experts " << E << ", hidden " << H
+                                      << ", intermediate " << I);
+  ELDR_CHECK(static_cast<int>(w.gate_proj.size()) == E && static_cast<int>(w.up_proj.size()) == E &&
+                 static_cast<int>(w.down_proj.size()) == E,
+             "expert weight tables must have num_experts = " << E << " entries");
+  const int n = T * K;
+  if (n == 0) return;
+  Context::Impl& impl = ctx.impl();
+  const bool grouped = impl.grouped_gemm;
+
+  // Rows padded to 8 bf16 (16 bytes): every per-expert slice starts 16-byte aligned, as grouped cuBLAS needs.
+  const int64_t hs = RoundUp(H, 8), is = RoundUp(I, 8);
+  ScratchLayout layout;
+  const size_t o_offsets = layout.Add(sizeof(int32_t) * (E + 1));
+  const size_t o_pairs = layout.Add(sizeof(int32_t) * n);
+  const size_t o_rows = layout.Add(sizeof(int32_t) * n);
+  const size_t o_xp = layout.Add(sizeof(Bf16) * n * hs);
+  const size_t o_g = layout.Add(sizeof(Bf16) * n * is);
+  const size_t o_u = layout.Add(sizeof(Bf16) * n * is);
+  const size_t o_h = layout.Add(sizeof(Bf16) * n * is);
+  const size_t o_y = layout.Add(sizeof(Bf16) * n * hs);
+  const size_t o_weights = layout.Add(sizeof(void*) * 3 * E);
+  const size_t o_gate_up = layout.Add(sizeof(void*) * 3 * 2 * E);
+  const size_t o_down = layout.Add(sizeof(void*) * 3 * E);
+  void* base = impl.Scratch(layout.total(), stream);
+  int32_t* d_offsets = ScratchLayout::Get<int32_t>(base, o_offsets);
+  int32_t* d_pairs = ScratchLayout::Get<int32_t>(base, o_pairs);
+  int32_t* d_rows = ScratchLayout::Get<int32_t>(base, o_rows);
+  Bf16* xp = ScratchLayout::Get<Bf16>(base, o_xp);
+  Bf16* g = ScratchLayout::Get<Bf16>(base, o_g);
+  Bf16* u = ScratchLayout::Get<Bf16>(base, o_u);
+  Bf16* h = ScratchLayout::Get<Bf16>(base, o_h);
+  Bf16* y = ScratchLayout::Get<Bf16>(base, o_y);
+  const void** d_weights = ScratchLayout::Get<const void*>(base, o_weights);
+  void** d_gate_up = ScratchLayout::Get<void*>(base, o_gate_up);
+  void** d_down = ScratchLayout::Get<void*>(base, o_down);
+
+  LaunchGroupByExpert(p.topk_ids, T, K, E, d_offsets, d_pairs, d_rows, stream);
+  Permute({p.x, d_pairs, n, K, H, xp, hs}, stream);
+  if (grouped) {
+    std::vector<const void*> table(3 * static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) {
+      table[e] = w.gate_proj[e];
+      table[E + e] = w.up_proj[e];
+      table[2 * E + e] = w.down_proj[e];
+    }
+    // From pageable memory: staged before the call returns, so `table` may go out of scope.
+    ELDR_CUDA_CHECK(cudaMemcpyAsync(d_weights, table.data(), sizeof(void*) * table.size(), cudaMemcpyHostToDevice, stream));
+    BuildGemmPointersKernel<<<1, 32, 0, stream>>>(d_offsets, E, d_weights, AsBf16(xp), AsBf16(g), AsBf16(u), AsBf16(h),
+                                                  AsBf16(y), hs, is, d_gate_up, d_down);
+    ELDR_CUDA_CHECK_LAUNCH();
+  }
+
+  // The one synchronisation: the per-expert counts size the GEMMs.
+  std::vector<int32_t> offsets(E + 1);
+  ELDR_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), d_offsets, sizeof(int32_t) * (E + 1), cudaMemcpyDeviceToHost, stream));
+  ELDR_CUDA_CHECK(cudaStreamSynchronize(stream));
+  ELDR_CHECK(offsets[E] == n, "MoeExperts: " << n - offsets[E] << " of " << n << " expert ids outside [0, " << E << ")");
+
+  std::vector<ExpertGemm> gate_up, down;
+  for (int e = 0; e < E; ++e) {
+    const int begin = offsets[e], count = offsets[e + 1] - begin;
+    if (count == 0) continue;
+    ELDR_CHECK(w.gate_proj[e] != nullptr && w.up_proj[e] != nullptr && w.down_proj[e] != nullptr,
+               "expert " << e << " receives " << count << " tokens but has no weights on this device");
+    gate_up.push_back({w.gate_proj[e], xp + begin * hs, g + begin * is, count});
+    gate_up.push_back({w.up_proj[e], xp + begin * hs, u + begin * is, count});
+    down.push_back({w.down_proj[e], h + begin * is, y + begin * hs, count});
+  }
+
+  ELDR_CUBLAS_CHECK(cublasSetStream(impl.cublas, stream));
+  RunExpertGemms(impl, gate_up, I, H, H, static_cast<int>(hs), static_cast<int>(is), d_gate_up, 2 * E);
+  LaunchSwiGlu(g, u, h, n, I, is, stream);
+  RunExpertGemms(impl, down, H, I, I, static_cast<int>(is), static_cast<int>(hs), d_down, E);
+  Combine({y, hs, d_rows, p.topk_weights, T, K, H, p.out}, stream);
+}
+
+void AccumulateSignatureCounts(const SignatureCountParams& p, cudaStream_t stream) {
+  ELDR_CHECK(p.num_tokens >= 0 && p.top_k >= 1 && p.block_size >= 1 && p.num_experts >= 1,
+             "bad signature-count shape");
+  ELDR_CHECK(p.row_stride >= p.num_experts, "row_stride " << p.row_stride << " < num_experts " << p.num_experts);
+  if (p.num_tokens == 0) return;
+  const int num_blocks = static_cast<int>(CeilDiv(p.num_tokens, p.block_size));
+  const int64_t threads = static_cast<int64_t>(num_blocks) * p.num_experts;
+  SignatureCountKernel<<<static_cast<unsigned>(CeilDiv(threads, kThreads)), kThreads, 0, stream>>>(
+      p.topk_ids, p.num_tokens, p.top_k, p.block_size, p.num_experts, num_blocks, p.rows, p.row_stride);
+  ELDR_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace eldr::kernels::cuda
