@@ -102,6 +102,9 @@ TEST(Decide, TauZeroEqualsLocalityTop1AndLargeTauEqualsJsq) {
     in.policy = RoutingPolicy::kJsq;
     const auto jsq = Decide(in);
     EXPECT_EQ(d[wide.decoder].in_flight, d[jsq.decoder].in_flight);  // same load; ties differ only by distance
+    int at_min = 0;
+    for (int k2 = 0; k2 < K; ++k2) at_min += d[k2].in_flight == d[jsq.decoder].in_flight;
+    if (at_min == 1) EXPECT_EQ(wide.decoder, jsq.decoder);  // a unique least-loaded decoder: the same one
     EXPECT_EQ(wide.band_size, K);
   }
 }
