@@ -2,10 +2,12 @@
 //  - BM_MoeLayer/experts:N/batch:B: one MoE layer (routed experts only) of the Qwen3-30B-A3B shape (hidden 2048,
 //    moe_intermediate 768, 128 experts, top-8, fp32 weights: 2.4 GB) for a decode batch of B tokens whose
 //    top-k sets cover exactly N distinct experts. Counter GBps = bytes of the N experts' weights / time.
-//  - BM_Copy: a STREAM-like copy of 1 GiB (2 threads), the machine's attainable bandwidth; the MoE figures
-//    are reported as a fraction of it.
+//  - BM_Copy: a STREAM-like copy of 1 GiB (2 threads; GBps counts read + write bytes, as STREAM does), the
+//    machine's attainable bandwidth; the MoE figures are reported as a fraction of it. BM_Read: read-only.
 //  - BM_DemoDecode/batch:B: end-to-end decode steps of the CPU demo model (configs/models/cpu-demo.yaml).
 #include <benchmark/benchmark.h>
+
+#include <Eigen/Dense>
 
 #include <cstring>
 #include <memory>
@@ -67,6 +69,24 @@ void BM_Copy(benchmark::State& state) {
   state.counters["GBps"] = benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
 }
 BENCHMARK(BM_Copy)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
+
+// Read-only streaming (a sum over 1 GiB, 2 threads): the limit for a kernel that only reads weights.
+void BM_Read(benchmark::State& state) {
+  const size_t n = (1u << 30) / sizeof(float);
+  std::vector<float> a(n, 1.f);
+  const int threads = DefaultThreads();
+  std::vector<double> sums(threads);
+  for (auto _ : state) {
+    ParallelFor(threads, [&](int64_t t) {
+      const size_t begin = n / threads * t, end = t == threads - 1 ? n : n / threads * (t + 1);
+      sums[t] = Eigen::Map<const Eigen::VectorXf>(a.data() + begin, static_cast<Eigen::Index>(end - begin)).sum();
+    }, threads);
+    benchmark::DoNotOptimize(sums.data());
+  }
+  const double bytes = static_cast<double>(n) * sizeof(float);
+  state.counters["GBps"] = benchmark::Counter(bytes * state.iterations() / 1e9, benchmark::Counter::kIsRate);
+}
+BENCHMARK(BM_Read)->Unit(benchmark::kMillisecond)->UseRealTime()->MinTime(2.0);
 
 void BM_MoeLayer(benchmark::State& state) {
   const int N = static_cast<int>(state.range(0)), B = static_cast<int>(state.range(1));
