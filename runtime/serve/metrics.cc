@@ -1,0 +1,111 @@
+#include "runtime/serve/metrics.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+
+namespace eldr {
+
+double Percentile(const std::vector<double>& sorted, double p) {
+  // numpy.percentile, method "linear": rank = p/100 · (n − 1), interpolate between neighbours.
+  const double rank = p / 100.0 * static_cast<double>(sorted.size() - 1);
+  const size_t lo = static_cast<size_t>(std::floor(rank));
+  const size_t hi = std::min(lo + 1, sorted.size() - 1);
+  return sorted[lo] + (rank - static_cast<double>(lo)) * (sorted[hi] - sorted[lo]);
+}
+
+Distribution Summarize(std::vector<double> v, const std::vector<double>& percentiles) {
+  Distribution d;
+  if (v.empty()) {
+    for (double p : percentiles) d.percentiles.emplace_back(p, 0.0);
+    return d;
+  }
+  std::sort(v.begin(), v.end());
+  double sum = 0;
+  for (double x : v) sum += x;
+  d.mean = sum / static_cast<double>(v.size());
+  double ss = 0;
+  for (double x : v) ss += (x - d.mean) * (x - d.mean);
+  d.std = std::sqrt(ss / static_cast<double>(v.size()));
+  d.median = Percentile(v, 50);
+  for (double p : percentiles) d.percentiles.emplace_back(p, Percentile(v, p));
+  return d;
+}
+
+namespace {
+
+std::string PercentileKey(double p) {
+  char buf[32];
+  if (p == std::floor(p)) {
+    std::snprintf(buf, sizeof(buf), "%d", static_cast<int>(p));
+  } else {
+    std::snprintf(buf, sizeof(buf), "%g", p);
+  }
+  return buf;
+}
+
+void AddDistribution(nlohmann::json& j, const std::string& name, const std::vector<double>& seconds,
+                     const std::vector<double>& percentiles) {
+  std::vector<double> ms(seconds.size());
+  for (size_t i = 0; i < seconds.size(); ++i) ms[i] = seconds[i] * 1000.0;
+  const Distribution d = Summarize(ms, percentiles);
+  j["mean_" + name + "_ms"] = d.mean;
+  j["median_" + name + "_ms"] = d.median;
+  j["std_" + name + "_ms"] = d.std;
+  for (const auto& [p, v] : d.percentiles) j["p" + PercentileKey(p) + "_" + name + "_ms"] = v;
+}
+
+}  // namespace
+
+nlohmann::json SummarizeServing(const std::vector<RequestRecord>& records, const ServingSummaryOptions& o) {
+  std::vector<double> ttft, tpot, itl, e2el;
+  int64_t completed = 0, failed = 0, input_tokens = 0, output_tokens = 0;
+  double first_arrival = 0, last_token = 0;
+  bool any = false;
+  for (const auto& r : records) {
+    if (!any || r.arrival < first_arrival) first_arrival = r.arrival;
+    any = true;
+    if (!r.success || r.token_times.empty()) {
+      ++failed;
+      continue;
+    }
+    ++completed;
+    input_tokens += r.prompt_len;
+    output_tokens += r.output_len;
+    last_token = std::max(last_token, r.token_times.back());
+    ttft.push_back(r.ttft());
+    e2el.push_back(r.latency());
+    if (r.output_len > 1) tpot.push_back((r.latency() - r.ttft()) / static_cast<double>(r.output_len - 1));
+    for (size_t i = 1; i < r.token_times.size(); ++i) itl.push_back(r.token_times[i] - r.token_times[i - 1]);
+  }
+  const double duration = o.duration >= 0 ? o.duration : std::max(0.0, last_token - first_arrival);
+  nlohmann::json j;
+  j["duration"] = duration;
+  j["completed"] = completed;
+  j["failed"] = failed;
+  j["total_input_tokens"] = input_tokens;
+  j["total_output_tokens"] = output_tokens;
+  j["request_throughput"] = duration > 0 ? completed / duration : 0.0;
+  j["output_throughput"] = duration > 0 ? output_tokens / duration : 0.0;
+  j["total_token_throughput"] = duration > 0 ? (input_tokens + output_tokens) / duration : 0.0;
+  AddDistribution(j, "ttft", ttft, o.percentiles);
+  AddDistribution(j, "tpot", tpot, o.percentiles);
+  AddDistribution(j, "itl", itl, o.percentiles);
+  AddDistribution(j, "e2el", e2el, o.percentiles);
+  return j;
+}
+
+nlohmann::json RequestRecordJson(const RequestRecord& r) {
+  nlohmann::json j = {{"id", r.id},           {"domain", r.domain},         {"decoder", r.decoder},
+                      {"prompt_len", r.prompt_len}, {"output_len", r.output_len}, {"arrival_s", r.arrival},
+                      {"success", r.success}};
+  if (!r.token_times.empty()) {
+    j["ttft_ms"] = r.ttft() * 1000.0;
+    j["e2el_ms"] = r.latency() * 1000.0;
+    if (r.output_len > 1) j["tpot_ms"] = (r.latency() - r.ttft()) / static_cast<double>(r.output_len - 1) * 1000.0;
+  }
+  if (!r.success) j["error"] = r.error;
+  return j;
+}
+
+}  // namespace eldr

@@ -1,0 +1,72 @@
+// Serving metrics against hand-computed values and numpy's percentile definition; arrivals' statistics.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/serve/metrics.h"
+#include "runtime/serve/workload.h"
+
+namespace eldr {
+namespace {
+
+TEST(Metrics, PercentileIsNumpyLinear) {
+  // numpy.percentile([1, 2, 3, 4], 99) = 3.97; median 2.5; p0 = 1; p100 = 4.
+  std::vector<double> v = {1, 2, 3, 4};
+  EXPECT_NEAR(Percentile(v, 99), 3.97, 1e-12);
+  EXPECT_NEAR(Percentile(v, 50), 2.5, 1e-12);
+  EXPECT_EQ(Percentile(v, 0), 1);
+  EXPECT_EQ(Percentile(v, 100), 4);
+  auto d = Summarize({4, 1, 3, 2}, {99, 90});
+  EXPECT_NEAR(d.mean, 2.5, 1e-12);
+  EXPECT_NEAR(d.std, std::sqrt(1.25), 1e-12);  // population std, as numpy
+  EXPECT_NEAR(d.percentiles[1].second, 3.7, 1e-12);
+}
+
+TEST(Metrics, ServingSummaryByHand) {
+  // Request a: arrives 0, tokens at 0.5, 0.7, 1.0 → TTFT 500 ms, TPOT (1.0 − 0.5)/2 = 250 ms, ITLs 200, 300.
+  // Request b: arrives 1, tokens at 1.2, 1.3 → TTFT 200 ms, TPOT 100 ms, ITL 100.
+  // Request c: failed.
+  RequestRecord a{"a", "x", 0, 10, 3, 0.0, {0.5, 0.7, 1.0}, true, ""};
+  RequestRecord b{"b", "y", 1, 20, 2, 1.0, {1.2, 1.3}, true, ""};
+  RequestRecord c{"c", "y", -1, 5, 0, 0.5, {}, false, "rank 3 died"};
+  auto j = SummarizeServing({a, b, c}, {});
+  EXPECT_EQ(j["completed"], 2);
+  EXPECT_EQ(j["failed"], 1);
+  EXPECT_EQ(j["total_input_tokens"], 30);
+  EXPECT_EQ(j["total_output_tokens"], 5);
+  EXPECT_NEAR(j["duration"].get<double>(), 1.3, 1e-12);
+  EXPECT_NEAR(j["request_throughput"].get<double>(), 2 / 1.3, 1e-9);
+  EXPECT_NEAR(j["output_throughput"].get<double>(), 5 / 1.3, 1e-9);
+  EXPECT_NEAR(j["mean_ttft_ms"].get<double>(), 350, 1e-9);
+  EXPECT_NEAR(j["median_ttft_ms"].get<double>(), 350, 1e-9);
+  EXPECT_NEAR(j["p99_ttft_ms"].get<double>(), 200 + 0.99 * 300, 1e-9);
+  EXPECT_NEAR(j["mean_tpot_ms"].get<double>(), 175, 1e-9);
+  EXPECT_NEAR(j["median_itl_ms"].get<double>(), 200, 1e-9);
+  EXPECT_NEAR(j["mean_e2el_ms"].get<double>(), (1000 + 300) / 2.0, 1e-9);
+  auto r = RequestRecordJson(c);
+  EXPECT_EQ(r["error"], "rank 3 died");
+  EXPECT_FALSE(r.contains("ttft_ms"));
+}
+
+TEST(Workload, ArrivalsFollowRateAndBurstiness) {
+  for (double burst : {1.0, 0.25}) {
+    auto t = ArrivalTimes({20000, 50.0, burst, 7}).value();
+    std::vector<double> gaps;
+    for (size_t i = 1; i < t.size(); ++i) gaps.push_back(t[i] - t[i - 1]);
+    double mean = 0, var = 0;
+    for (double g : gaps) mean += g;
+    mean /= gaps.size();
+    for (double g : gaps) var += (g - mean) * (g - mean);
+    var /= gaps.size();
+    EXPECT_NEAR(mean, 1 / 50.0, 0.05 / 50.0);            // rate
+    EXPECT_NEAR(var / (mean * mean), 1 / burst, 0.1 / burst);  // CV² = 1/burstiness
+  }
+  auto all = ArrivalTimes({5, INFINITY, 1.0, 0}).value();
+  EXPECT_EQ(all, std::vector<double>(5, 0.0));
+  EXPECT_EQ(ArrivalTimes({5, 1.0, 1.0, 3}).value(), ArrivalTimes({5, 1.0, 1.0, 3}).value());
+  EXPECT_FALSE(ArrivalTimes({5, 0.0, 1.0, 0}).ok());
+  EXPECT_FALSE(ArrivalTimes({5, 1.0, -1.0, 0}).ok());
+}
+
+}  // namespace
+}  // namespace eldr
