@@ -127,6 +127,23 @@ Result<PromptAllocation> BlockManager::AllocatePrompt(const std::vector<int32_t>
   return out;
 }
 
+Result<std::vector<BlockId>> BlockManager::AllocateBlocks(int n) {
+  if (n < 0) return Status::InvalidArgument("cannot allocate a negative number of blocks");
+  if (!CanAllocate(n)) {
+    return Status::ResourceExhausted("KV cache full: " + std::to_string(n) + " blocks needed, " +
+                                     std::to_string(free_.size() + lru_.size()) + " can be had");
+  }
+  std::vector<BlockId> out;
+  out.reserve(n);
+  for (int i = 0; i < n; ++i) {
+    auto b = TakeBlock();
+    ELDR_CHECK(b.ok(), "block accounting: CanAllocate passed but no block could be taken");
+    ref_count_[b.value()] = 1;
+    out.push_back(b.value());
+  }
+  return out;
+}
+
 Status BlockManager::AppendSlot(std::vector<BlockId>* blocks, int64_t num_tokens) {
   if (num_tokens < static_cast<int64_t>(blocks->size()) * block_size_) return Status::Ok();
   ELDR_ASSIGN_OR_RETURN(BlockId b, TakeBlock());

@@ -46,6 +46,12 @@ class BlockManager {
   // suffice.
   Result<PromptAllocation> AllocatePrompt(const std::vector<int32_t>& tokens);
 
+  // Allocates `n` private (uncached) blocks, all or nothing: a decoder receiving a prefilled sequence's KV
+  // reserves its whole context this way. ResourceExhausted, nothing allocated, when they cannot be had.
+  Result<std::vector<BlockId>> AllocateBlocks(int n);
+  // Whether AllocateBlocks(n) would succeed now.
+  bool CanAllocate(int n) const { return n <= static_cast<int>(free_.size() + lru_.size()); }
+
   // Makes room for one more token of a sequence holding `num_tokens` tokens in `blocks` (decode):
   // appends a fresh block when the last one is full. ResourceExhausted when no block can be had.
   Status AppendSlot(std::vector<BlockId>* blocks, int64_t num_tokens);

@@ -258,4 +258,43 @@ Result<DecodeResult> Executor::Decode(const std::vector<DecodeSequence>& batch) 
   return out;
 }
 
+int64_t Executor::KvFloatsPerToken() const {
+  const ModelConfig& c = w_.config;
+  return 2LL * c.num_hidden_layers * c.num_key_value_heads * c.head_dim;
+}
+
+void Executor::ExportKv(const std::vector<BlockId>& block_table, int num_tokens, float* packed) const {
+  const ModelConfig& c = w_.config;
+  const int64_t row = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
+  ELDR_CHECK(static_cast<int64_t>(block_table.size()) * block_size_ >= num_tokens, "block table too short for export");
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      const float* src = kv == 0 ? k_cache_[l].data() : v_cache_[l].data();
+      float* dst = packed + (static_cast<int64_t>(l) * 2 + kv) * num_tokens * row;
+      for (int t = 0; t < num_tokens; ++t) {
+        const int64_t slot = static_cast<int64_t>(block_table[t / block_size_]) * block_size_ + t % block_size_;
+        std::memcpy(dst + t * row, src + slot * row, row * sizeof(float));
+      }
+    }
+  }
+}
+
+void Executor::ImportKv(const std::vector<BlockId>& block_table, int num_tokens, const float* packed) {
+  const ModelConfig& c = w_.config;
+  const int64_t row = static_cast<int64_t>(c.num_key_value_heads) * c.head_dim;
+  ELDR_CHECK(static_cast<int64_t>(block_table.size()) * block_size_ >= num_tokens, "block table too short for import");
+  for (int l = 0; l < c.num_hidden_layers; ++l) {
+    for (int kv = 0; kv < 2; ++kv) {
+      float* dst = kv == 0 ? k_cache_[l].data() : v_cache_[l].data();
+      const float* src = packed + (static_cast<int64_t>(l) * 2 + kv) * num_tokens * row;
+      for (int t = 0; t < num_tokens; ++t) {
+        const BlockId b = block_table[t / block_size_];
+        ELDR_CHECK(b >= 0 && b < num_blocks_, "KV block " << b << " out of range");
+        const int64_t slot = static_cast<int64_t>(b) * block_size_ + t % block_size_;
+        std::memcpy(dst + slot * row, src + t * row, row * sizeof(float));
+      }
+    }
+  }
+}
+
 }  // namespace eldr

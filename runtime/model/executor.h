@@ -62,6 +62,12 @@ class Executor {
   // One decode step for a batch of sequences of different lengths.
   Result<DecodeResult> Decode(const std::vector<DecodeSequence>& batch);
 
+  // KV transfer between a prefill and a decode executor (same model): the K and V of a sequence's first
+  // `num_tokens` tokens, all layers, packed as [layers, 2 (K then V), num_tokens, kv_heads, head_dim].
+  int64_t KvFloatsPerToken() const;  // 2 * layers * kv_heads * head_dim
+  void ExportKv(const std::vector<BlockId>& block_table, int num_tokens, float* packed) const;
+  void ImportKv(const std::vector<BlockId>& block_table, int num_tokens, const float* packed);
+
   const ModelConfig& config() const { return w_.config; }
   int block_size() const { return block_size_; }
   int num_blocks() const { return num_blocks_; }

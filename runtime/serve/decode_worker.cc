@@ -1,0 +1,106 @@
+#include "runtime/serve/decode_worker.h"
+
+#include <algorithm>
+
+namespace eldr {
+
+DecodeWorker::DecodeWorker(const ModelWeights& weights, const DecodeWorkerOptions& options)
+    : options_(options),
+      executor_(weights, options.num_blocks, options.block_size),
+      blocks_(options.num_blocks, options.block_size) {}
+
+int DecodeWorker::BlocksFor(const DecodeWork& w) const {
+  // Positions 0 .. prompt_len + output_len − 2 are written (the last output token is never an input).
+  const int64_t tokens = std::max<int64_t>(1, w.prompt_len + w.output_len - 1);
+  return static_cast<int>((tokens + options_.block_size - 1) / options_.block_size);
+}
+
+Status DecodeWorker::Submit(DecodeWork w) {
+  const ModelConfig& c = executor_.config();
+  const std::string where = "request '" + w.id + "': ";
+  if (w.prompt_len < 1) return Status::InvalidArgument(where + "prompt_len must be >= 1");
+  if (w.output_len < 1) return Status::InvalidArgument(where + "output_len must be >= 1");
+  if (static_cast<int64_t>(w.kv.size()) != w.prompt_len * executor_.KvFloatsPerToken()) {
+    return Status::InvalidArgument(where + "KV payload has " + std::to_string(w.kv.size()) + " floats, expected " +
+                                   std::to_string(w.prompt_len * executor_.KvFloatsPerToken()));
+  }
+  if (!w.forced_tokens.empty() && static_cast<int64_t>(w.forced_tokens.size()) != w.output_len) {
+    return Status::InvalidArgument(where + "forced_tokens must hold output_len tokens");
+  }
+  const int64_t replay_len = (w.output_len - 1) * c.num_moe_layers() * c.num_experts_per_tok;
+  if (!w.replay_ids.empty() && static_cast<int64_t>(w.replay_ids.size()) != replay_len) {
+    return Status::InvalidArgument(where + "replay_ids must be [output_len - 1, L_moe, top_k]");
+  }
+  if (BlocksFor(w) > options_.num_blocks) {
+    return Status::InvalidArgument(where + "needs " + std::to_string(BlocksFor(w)) + " KV blocks, the decoder has " +
+                                   std::to_string(options_.num_blocks));
+  }
+  queue_.push_back(std::move(w));
+  return Status::Ok();
+}
+
+void DecodeWorker::Admit(std::vector<TokenEvent>* done) {
+  while (!queue_.empty() && static_cast<int>(running_.size()) < options_.max_batch) {
+    DecodeWork& w = queue_.front();
+    if (w.output_len == 1) {  // nothing to decode: prefill's token was the whole output
+      done->push_back({w.id, 0, w.first_token, true});
+      queue_.pop_front();
+      continue;
+    }
+    const int need = BlocksFor(w);
+    if (!blocks_.CanAllocate(need)) break;  // FIFO: the head waits for blocks, nobody overtakes it
+    Sequence s;
+    s.table = blocks_.AllocateBlocks(need).value();
+    executor_.ImportKv(s.table, static_cast<int>(w.prompt_len), w.kv.data());
+    s.last_token = w.first_token;
+    s.work = std::move(w);
+    s.work.kv.clear();
+    s.work.kv.shrink_to_fit();
+    queue_.pop_front();
+    running_.push_back(std::move(s));
+  }
+}
+
+Result<StepReport> DecodeWorker::Step() {
+  StepReport rep;
+  Admit(&rep.tokens);
+  if (running_.empty()) return rep;
+  const ModelConfig& c = executor_.config();
+  const int64_t per_token = static_cast<int64_t>(c.num_moe_layers()) * c.num_experts_per_tok;
+  std::vector<DecodeSequence> batch(running_.size());
+  std::vector<GateReplay> replays(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = running_[i];
+    const int64_t step = s.produced - 1;  // decode steps done so far
+    const int32_t input = s.work.forced_tokens.empty() ? s.last_token : s.work.forced_tokens[step];
+    batch[i].token = input;
+    batch[i].position = static_cast<int32_t>(s.work.prompt_len + step);
+    batch[i].block_table = &s.table;
+    if (!s.work.replay_ids.empty()) {
+      replays[i].ids = s.work.replay_ids.data() + step * per_token;
+      batch[i].replay = &replays[i];
+    }
+  }
+  ELDR_ASSIGN_OR_RETURN(DecodeResult r, executor_.Decode(batch));
+  rep.batch = static_cast<int>(batch.size());
+  rep.distinct_experts = r.total_distinct_experts();
+  rep.distinct_per_layer = r.distinct_experts;
+  std::vector<Sequence> still;
+  still.reserve(running_.size());
+  for (size_t i = 0; i < running_.size(); ++i) {
+    Sequence& s = running_[i];
+    s.last_token = r.next_tokens[i];
+    const int64_t index = s.produced++;
+    const bool finished = s.produced >= s.work.output_len;
+    rep.tokens.push_back({s.work.id, index, s.last_token, finished});
+    if (finished) {
+      blocks_.Free(s.table);
+    } else {
+      still.push_back(std::move(s));
+    }
+  }
+  running_ = std::move(still);
+  return rep;
+}
+
+}  // namespace eldr
