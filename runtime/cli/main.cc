@@ -27,6 +27,7 @@ int main(int argc, char** argv) {
   eldr::cli::AddCalibrateCommand(app, &action);
   eldr::cli::AddInspectCommand(app, &action);
   eldr::cli::AddRouteCommand(app, &action);
+  eldr::cli::AddServeCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -35,7 +36,7 @@ int main(int argc, char** argv) {
   try {
     eldr::Status st = action ? action() : eldr::Status::InvalidArgument("no command given");
     if (!st.ok()) {
-      std::fprintf(stderr, "eldr: error: %s\n", st.message().c_str());
+      if (!st.message().empty()) std::fprintf(stderr, "eldr: error: %s\n", st.message().c_str());  // empty: printed
       return 1;
     }
   } catch (const eldr::Error& e) {

@@ -47,6 +47,10 @@ std::string DumpJson(const nlohmann::json& value) {
   return value.dump(2, ' ', false, nlohmann::json::error_handler_t::replace);
 }
 
+std::string DumpJsonLine(const nlohmann::json& value) {
+  return value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+}
+
 Status WriteJsonFile(const std::string& path, const nlohmann::json& value) {
   return WriteFileAtomic(path, DumpJson(value) + "\n");
 }

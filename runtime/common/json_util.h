@@ -15,6 +15,8 @@ std::string FormatTable(const std::vector<std::string>& header, const std::vecto
 std::string Fmt(double value, int decimals = 3);
 // Indented JSON text; invalid UTF-8 in strings (labels read from files) is replaced, never thrown on.
 std::string DumpJson(const nlohmann::json& value);
+// The same on one line (JSONL).
+std::string DumpJsonLine(const nlohmann::json& value);
 // Writes `value` (indented) to `path` through a temporary file.
 Status WriteJsonFile(const std::string& path, const nlohmann::json& value);
 

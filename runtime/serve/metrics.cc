@@ -108,4 +108,42 @@ nlohmann::json RequestRecordJson(const RequestRecord& r) {
   return j;
 }
 
+std::string FormatServingSummary(const nlohmann::json& j) {
+  auto num = [&](const char* key, int decimals) -> std::string {
+    if (!j.contains(key) || !j[key].is_number()) return "-";
+    char buf[64];
+    std::snprintf(buf, sizeof(buf), "%.*f", decimals, j[key].get<double>());
+    return buf;
+  };
+  std::string s = "============ Serving Benchmark Result ============\n";
+  auto line = [&](const std::string& label, const std::string& v) {
+    char buf[160];
+    std::snprintf(buf, sizeof(buf), "%-40s %10s\n", label.c_str(), v.c_str());
+    s += buf;
+  };
+  if (j.contains("policy")) line("Routing policy:", j["policy"].get<std::string>());
+  if (j.contains("tau")) line("tau:", num("tau", 2));
+  line("Successful requests:", num("completed", 0));
+  line("Failed requests:", num("failed", 0));
+  line("Benchmark duration (s):", num("duration", 2));
+  line("Total input tokens:", num("total_input_tokens", 0));
+  line("Total generated tokens:", num("total_output_tokens", 0));
+  line("Request throughput (req/s):", num("request_throughput", 2));
+  line("Output token throughput (tok/s):", num("output_throughput", 2));
+  for (const char* m : {"ttft", "tpot", "itl", "e2el"}) {
+    const std::string k(m);
+    s += "---------------------- " + k + " ----------------------\n";
+    line("Mean " + k + " (ms):", num(("mean_" + k + "_ms").c_str(), 2));
+    line("Median " + k + " (ms):", num(("median_" + k + "_ms").c_str(), 2));
+    line("P99 " + k + " (ms):", num(("p99_" + k + "_ms").c_str(), 2));
+  }
+  if (j.contains("mean_distinct_experts_per_step")) {
+    s += "---------------------- experts ----------------------\n";
+    line("Mean distinct experts per step:", num("mean_distinct_experts_per_step", 1));
+    line("Distinct experts per token:", num("distinct_experts_per_token", 2));
+  }
+  s += "==================================================\n";
+  return s;
+}
+
 }  // namespace eldr

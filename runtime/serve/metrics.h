@@ -43,6 +43,9 @@ struct ServingSummaryOptions {
 // `failed` only.
 nlohmann::json SummarizeServing(const std::vector<RequestRecord>& records, const ServingSummaryOptions& options);
 
+// A one-screen summary of a metrics JSON (vLLM's benchmark printout plus eldr's figures).
+std::string FormatServingSummary(const nlohmann::json& metrics);
+
 // One line of the per-request JSONL.
 nlohmann::json RequestRecordJson(const RequestRecord& r);
 

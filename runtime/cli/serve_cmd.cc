@@ -1,0 +1,63 @@
+// eldr serve: the PD-disaggregated serving job, one process per rank (mpirun -np N, or srun --mpi=pmix).
+#include <mpi.h>
+#include <unistd.h>
+
+#include <cstdio>
+
+#include "runtime/cli/commands.h"
+#include "runtime/comm/transport.h"
+#include "runtime/serve/job_config.h"
+#include "runtime/serve/serve.h"
+
+namespace eldr::cli {
+
+void AddServeCommand(CLI::App& app, Action* action) {
+  auto config = std::make_shared<std::string>();
+  auto quiet = std::make_shared<bool>(false);
+  auto* cmd = app.add_subcommand("serve", "Run the serving job (rank 0 router, prefill and decode ranks); start it "
+                                          "with mpirun -np N or srun --mpi=pmix -n N");
+  cmd->add_option("--config,-c", *config, "job config YAML (topology, model, routing, KV cache, workload, output)")
+      ->required();
+  cmd->add_flag("--quiet", *quiet, "no progress bar");
+  cmd->callback([=] {
+    *action = [=]() -> Status {
+      int provided = 0;
+      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+      int rank = 0, size = 1;
+      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+      MPI_Comm_size(MPI_COMM_WORLD, &size);
+      Status st;
+      std::string role = "rank " + std::to_string(rank);
+      try {
+        auto job = LoadJobConfig(*config);
+        if (!job.ok()) {
+          st = job.status();
+        } else {
+          role = job->RoleOf(rank) + " (rank " + std::to_string(rank) + ")";
+          MpiTransport transport(MPI_COMM_WORLD);
+          st = RunServeJob(job.value(), transport, !*quiet && rank == 0);
+        }
+      } catch (const std::exception& e) {
+        st = Status::FailedPrecondition(std::string("internal error: ") + e.what());
+      }
+      if (!st.ok()) {
+        // Every rank sees the same config errors; print them once. Other errors name the rank and role,
+        // and the job is aborted so that no rank waits forever on one that gave up.
+        if (rank == 0 || st.code() != StatusCode::kInvalidArgument) {
+          std::fprintf(stderr, "eldr: error: %s: %s\n", role.c_str(), st.message().c_str());
+          std::fflush(stderr);
+        }
+        if (size > 1) {
+          ::usleep(200 * 1000);  // let rank 0's line reach the terminal first
+          MPI_Abort(MPI_COMM_WORLD, 1);
+        }
+        MPI_Finalize();
+        return Status(StatusCode::kFailedPrecondition, "");
+      }
+      MPI_Finalize();
+      return Status::Ok();
+    };
+  });
+}
+
+}  // namespace eldr::cli

@@ -1,0 +1,129 @@
+// Point-to-point messages between the ranks of a job (DESIGN.md §2, §6). The control plane (requests,
+// counts, routing decisions, tokens) always goes over MPI; KV blocks go over a Transport too: MPI on CPU,
+// NCCL when built with CUDA and run on GPUs. Bootstrap (MPI_Init, the communicator) is kept apart from the
+// data plane: a Transport is handed an initialised communicator.
+//
+// Thread safety: one thread per process uses a Transport (MPI_THREAD_FUNNELED).
+#pragma once
+
+#include <mpi.h>
+
+#include <cstdint>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "runtime/common/check.h"
+#include "runtime/common/status.h"
+
+namespace eldr {
+
+// Unrecoverable MPI failures throw eldr::Error with file, line and rank (STYLE.md).
+#define ELDR_MPI_CHECK(call)                                                                     \
+  do {                                                                                           \
+    int eldr_mpi_rc_ = (call);                                                                   \
+    if (eldr_mpi_rc_ != MPI_SUCCESS) {                                                           \
+      char eldr_mpi_msg_[MPI_MAX_ERROR_STRING];                                                  \
+      int eldr_mpi_len_ = 0;                                                                     \
+      MPI_Error_string(eldr_mpi_rc_, eldr_mpi_msg_, &eldr_mpi_len_);                             \
+      throw ::eldr::Error(__FILE__, __LINE__, std::string(#call " failed: ") + eldr_mpi_msg_);   \
+    }                                                                                            \
+  } while (0)
+
+struct Message {
+  int source = -1;
+  int tag = -1;
+  std::vector<uint8_t> payload;
+};
+
+class Transport {
+ public:
+  virtual ~Transport() = default;
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  virtual const char* name() const = 0;
+  // Blocking send of `bytes` bytes to `dest`.
+  virtual void Send(int dest, int tag, const void* data, size_t bytes) = 0;
+  // Blocking receive from `source` (kAnySource) with `tag` (kAnyTag).
+  virtual Message Recv(int source, int tag) = 0;
+  // Non-blocking: whether a matching message is waiting.
+  virtual bool Poll(int source, int tag) = 0;
+
+  static constexpr int kAnySource = -1;
+  static constexpr int kAnyTag = -1;
+};
+
+// MPI implementation over a communicator (MPI_COMM_WORLD by default). Messages larger than 2 GiB are sent
+// in chunks.
+class MpiTransport : public Transport {
+ public:
+  explicit MpiTransport(MPI_Comm comm = MPI_COMM_WORLD);
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  const char* name() const override { return "mpi"; }
+  void Send(int dest, int tag, const void* data, size_t bytes) override;
+  Message Recv(int source, int tag) override;
+  bool Poll(int source, int tag) override;
+
+ private:
+  MPI_Comm comm_;
+  int rank_ = 0, size_ = 1;
+};
+
+// A plain byte buffer for composing and parsing messages (little-endian host order; all ranks of a job run
+// the same binary on the same architecture).
+class Wire {
+ public:
+  Wire() = default;
+  explicit Wire(std::vector<uint8_t> bytes) : buf_(std::move(bytes)) {}
+  template <typename T>
+  Wire& Put(const T& v) {
+    const auto* p = reinterpret_cast<const uint8_t*>(&v);
+    buf_.insert(buf_.end(), p, p + sizeof(T));
+    return *this;
+  }
+  template <typename T>
+  Wire& PutVector(const std::vector<T>& v) {
+    Put<uint64_t>(v.size());
+    const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+    buf_.insert(buf_.end(), p, p + v.size() * sizeof(T));
+    return *this;
+  }
+  Wire& PutString(const std::string& s) {
+    Put<uint64_t>(s.size());
+    buf_.insert(buf_.end(), s.begin(), s.end());
+    return *this;
+  }
+  template <typename T>
+  T Get() {
+    T v;
+    Need(sizeof(T));
+    std::memcpy(&v, buf_.data() + pos_, sizeof(T));
+    pos_ += sizeof(T);
+    return v;
+  }
+  template <typename T>
+  std::vector<T> GetVector() {
+    const uint64_t n = Get<uint64_t>();
+    Need(n * sizeof(T));
+    std::vector<T> v(n);
+    if (n) std::memcpy(v.data(), buf_.data() + pos_, n * sizeof(T));
+    pos_ += n * sizeof(T);
+    return v;
+  }
+  std::string GetString() {
+    const uint64_t n = Get<uint64_t>();
+    Need(n);
+    std::string s(reinterpret_cast<const char*>(buf_.data() + pos_), n);
+    pos_ += n;
+    return s;
+  }
+  const std::vector<uint8_t>& bytes() const { return buf_; }
+
+ private:
+  void Need(uint64_t n) const;  // throws eldr::Error on a short message (a protocol bug)
+  std::vector<uint8_t> buf_;
+  size_t pos_ = 0;
+};
+
+}  // namespace eldr

@@ -1,0 +1,476 @@
+#include "runtime/serve/serve.h"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <random>
+#include <thread>
+
+#include "runtime/calib/calibration.h"
+#include "runtime/common/atomic_file.h"
+#include "runtime/common/json_util.h"
+#include "runtime/common/progress.h"
+#include "runtime/kvcache/prefill_signature.h"
+#include "runtime/model/executor.h"
+#include "runtime/router/router.h"
+#include "runtime/serve/decode_worker.h"
+#include "runtime/serve/metrics.h"
+#include "runtime/serve/workload.h"
+#include "runtime/trace/trace.h"
+
+namespace eldr {
+
+namespace {
+
+enum Tag : int {
+  kTagPrefill = 1,   // 0 → prefill: {request}
+  kTagCounts = 2,    // prefill → 0: {request, first token, counts [L, E]}
+  kTagRoute = 3,     // 0 → prefill: {request, decoder rank}
+  kTagKv = 4,        // prefill → decode: the DecodeWork
+  kTagTokens = 5,    // decode → 0: {step stats, token events}
+  kTagFailed = 6,    // prefill/decode → 0: {request, reason}
+  kTagShutdown = 7,  // 0 → all
+};
+
+double Now() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// Everything every rank derives from the config in the same way.
+struct JobInputs {
+  Trace trace;
+  std::vector<int32_t> order;    // request i of the workload → trace request order[i]
+  std::vector<int64_t> output_len;  // per workload request: output tokens incl. prefill's
+};
+
+Result<JobInputs> LoadInputs(const JobConfig& c) {
+  JobInputs in;
+  ELDR_ASSIGN_OR_RETURN(in.trace, ReadTrace(c.trace));
+  if (in.trace.requests.empty()) return Status::InvalidArgument(c.trace + ": the trace has no requests");
+  const int64_t n = c.num_requests > 0 ? c.num_requests : static_cast<int64_t>(in.trace.requests.size());
+  std::mt19937_64 rng(c.workload_seed);
+  std::vector<int32_t> perm;
+  for (int64_t i = 0; i < n; ++i) {
+    if (perm.empty()) {
+      perm.resize(in.trace.requests.size());
+      for (size_t j = 0; j < perm.size(); ++j) perm[j] = static_cast<int32_t>(j);
+      for (size_t j = perm.size(); j > 1; --j) std::swap(perm[j - 1], perm[rng() % j]);
+    }
+    in.order.push_back(perm.back());
+    perm.pop_back();
+    const TraceRequest& r = in.trace.requests[in.order.back()];
+    in.output_len.push_back(c.output_len > 0 ? c.output_len : std::max<int64_t>(1, r.decode_len()));
+  }
+  for (int32_t r : in.order) {
+    if (in.trace.requests[r].prompt_len < 1) {
+      return Status::InvalidArgument(c.trace + ": request '" + in.trace.requests[r].id + "' has no prompt tokens");
+    }
+  }
+  return in;
+}
+
+// Deterministic prompt token ids of a trace request: seeded by its id, within its domain's token range.
+std::vector<int32_t> PromptTokens(const TraceRequest& r, const std::vector<std::string>& domains, int vocab) {
+  uint64_t h = 1469598103934665603ULL;
+  for (char ch : r.id) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ULL;
+  std::mt19937_64 rng(h);
+  const int num_domains = std::max<int>(1, static_cast<int>(domains.size()));
+  int d = 0;
+  for (int i = 0; i < static_cast<int>(domains.size()); ++i) {
+    if (domains[i] == r.domain) d = i;
+  }
+  const int64_t lo = static_cast<int64_t>(vocab) * d / num_domains, hi = static_cast<int64_t>(vocab) * (d + 1) / num_domains;
+  std::vector<int32_t> t(r.prompt_len);
+  for (auto& x : t) x = static_cast<int32_t>(lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, hi - lo))));
+  return t;
+}
+
+// Rows [first, first + n) of a request's routing, wrapping over its decode tokens past the end.
+std::vector<uint16_t> RoutingRows(const Trace& t, const TraceRequest& r, int64_t first, int64_t n) {
+  const size_t stride = t.token_stride();
+  std::vector<uint16_t> out(static_cast<size_t>(n) * stride);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t row = first + i;
+    if (row >= r.num_tokens) {
+      const int64_t decode = std::max<int64_t>(1, r.decode_len());
+      row = r.prompt_len + (row - r.prompt_len) % decode;
+      if (row >= r.num_tokens) row = r.num_tokens - 1;
+    }
+    std::copy_n(t.token_ids(r.offset + row), stride, out.begin() + static_cast<size_t>(i) * stride);
+  }
+  return out;
+}
+
+Result<ModelWeights> LoadWeights(const JobConfig& c, const ModelConfig& mc, int num_domains) {
+  if (c.weights == "synthetic") {
+    SyntheticWeightOptions o;
+    o.seed = c.weight_seed;
+    o.num_domains = std::max(1, num_domains);
+    return MakeSyntheticWeights(mc, o);
+  }
+  return LoadSafetensors(mc, c.weights);
+}
+
+Status CheckShapes(const JobConfig& c, const ModelConfig& mc, const Trace& t) {
+  if (c.replay_gates && !mc.trace_shape().SameAs(t.shape)) {
+    return Status::FailedPrecondition(c.trace + ": routing shape " + t.shape.ToString() + " differs from the model " +
+                                      c.model_config + " (" + mc.trace_shape().ToString() +
+                                      "); replay needs the same MoE layers, experts and top-k");
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- prefill rank
+Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const ModelWeights& w) {
+  const ModelConfig& mc = w.config;
+  const std::vector<std::string> domains = in.trace.Domains();
+  Executor ex(w, c.prefill_blocks, c.block_size);
+  BlockManager bm(c.prefill_blocks, c.block_size);
+  SignatureCache sig(c.prefill_blocks, mc.num_moe_layers(), mc.num_experts, c.block_size);
+  AttachSignatureCache(bm, sig);
+  struct Pending {
+    std::vector<BlockId> blocks;
+    int32_t first_token;
+  };
+  std::map<int64_t, Pending> waiting_route;
+  std::deque<int64_t> waiting_blocks;  // requests whose prompt does not fit until KV is shipped
+  auto try_prefill = [&](int64_t req) -> Result<bool> {
+    const TraceRequest& r = in.trace.requests[in.order[req]];
+    const std::vector<int32_t> tokens = PromptTokens(r, domains, mc.vocab_size);
+    auto alloc = bm.AllocatePrompt(tokens);
+    if (!alloc.ok()) {
+      if (static_cast<int64_t>((tokens.size() + c.block_size - 1) / c.block_size) > c.prefill_blocks) {
+        Wire f;
+        f.Put<int64_t>(req).PutString("prompt of " + std::to_string(tokens.size()) + " tokens exceeds the prefill KV cache");
+        tr.Send(0, kTagFailed, f.bytes().data(), f.bytes().size());
+        return true;
+      }
+      return false;  // wait for blocks
+    }
+    const int cached = alloc->num_cached_tokens();
+    std::vector<uint16_t> replay_ids;
+    GateReplay replay;
+    if (c.replay_gates) {
+      replay_ids = RoutingRows(in.trace, r, cached, r.prompt_len - cached);
+      replay.ids = replay_ids.data();
+    }
+    // A full hit still recomputes the last token (its logits give the first output token).
+    int from = cached;
+    if (from >= static_cast<int>(tokens.size())) from = static_cast<int>(tokens.size()) - 1;
+    if (from != cached) {
+      replay_ids = RoutingRows(in.trace, r, from, r.prompt_len - from);
+      replay.ids = replay_ids.data();
+    }
+    auto pre = ex.Prefill(tokens, alloc->blocks, from, c.replay_gates ? &replay : nullptr, from == cached ? &sig : nullptr);
+    if (!pre.ok()) return pre.status();
+    std::vector<float> counts(sig.row_size());
+    sig.SumCounts(alloc->blocks, nullptr, counts.data());
+    Wire m;
+    m.Put<int64_t>(req).Put<int32_t>(pre->next_token).PutVector(counts);
+    tr.Send(0, kTagCounts, m.bytes().data(), m.bytes().size());
+    waiting_route[req] = {alloc->blocks, pre->next_token};
+    return true;
+  };
+  while (true) {
+    Message msg = tr.Recv(Transport::kAnySource, Transport::kAnyTag);
+    if (msg.tag == kTagShutdown) return Status::Ok();
+    Wire in_msg(std::move(msg.payload));
+    if (msg.tag == kTagPrefill) {
+      const int64_t req = in_msg.Get<int64_t>();
+      if (!waiting_blocks.empty()) {
+        waiting_blocks.push_back(req);
+        continue;
+      }
+      ELDR_ASSIGN_OR_RETURN(bool done, try_prefill(req));
+      if (!done) waiting_blocks.push_back(req);
+    } else if (msg.tag == kTagRoute) {
+      const int64_t req = in_msg.Get<int64_t>();
+      const int32_t decoder_rank = in_msg.Get<int32_t>();
+      auto it = waiting_route.find(req);
+      if (it == waiting_route.end()) return Status::FailedPrecondition("prefill: routing decision for an unknown request");
+      const TraceRequest& r = in.trace.requests[in.order[req]];
+      DecodeWork d;
+      d.id = std::to_string(req);
+      d.prompt_len = r.prompt_len;
+      d.output_len = in.output_len[req];
+      d.first_token = it->second.first_token;
+      d.kv.resize(static_cast<size_t>(r.prompt_len * ex.KvFloatsPerToken()));
+      ex.ExportKv(it->second.blocks, static_cast<int>(r.prompt_len), d.kv.data());
+      Wire kv;
+      kv.Put<int64_t>(req).Put<int64_t>(d.prompt_len).Put<int64_t>(d.output_len).Put<int32_t>(d.first_token);
+      kv.PutVector(d.kv);
+      kv.PutVector(c.replay_gates && d.output_len > 1 ? RoutingRows(in.trace, r, r.prompt_len, d.output_len - 1)
+                                                      : std::vector<uint16_t>{});
+      tr.Send(decoder_rank, kTagKv, kv.bytes().data(), kv.bytes().size());
+      bm.Free(it->second.blocks);
+      waiting_route.erase(it);
+      while (!waiting_blocks.empty()) {
+        ELDR_ASSIGN_OR_RETURN(bool done, try_prefill(waiting_blocks.front()));
+        if (!done) break;
+        waiting_blocks.pop_front();
+      }
+    }
+  }
+}
+
+// ---------------------------------------------------------------- decode rank
+Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
+  DecodeWorker worker(w, {c.decode_blocks, c.block_size, c.max_batch});
+  auto handle = [&](Message msg, bool* stop) -> Status {
+    if (msg.tag == kTagShutdown) {
+      *stop = true;
+      return Status::Ok();
+    }
+    if (msg.tag != kTagKv) return Status::FailedPrecondition("decode: unexpected message tag " + std::to_string(msg.tag));
+    Wire m(std::move(msg.payload));
+    DecodeWork d;
+    const int64_t req = m.Get<int64_t>();
+    d.id = std::to_string(req);
+    d.prompt_len = m.Get<int64_t>();
+    d.output_len = m.Get<int64_t>();
+    d.first_token = m.Get<int32_t>();
+    d.kv = m.GetVector<float>();
+    d.replay_ids = m.GetVector<uint16_t>();
+    Status st = worker.Submit(std::move(d));
+    if (!st.ok()) {
+      Wire f;
+      f.Put<int64_t>(req).PutString(st.message());
+      tr.Send(0, kTagFailed, f.bytes().data(), f.bytes().size());
+    }
+    return Status::Ok();
+  };
+  bool stop = false;
+  while (!stop) {
+    while (!stop && tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
+      ELDR_RETURN_IF_ERROR(handle(tr.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
+    }
+    if (stop) break;
+    if (worker.in_flight() == 0) {
+      ELDR_RETURN_IF_ERROR(handle(tr.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
+      continue;
+    }
+    ELDR_ASSIGN_OR_RETURN(StepReport rep, worker.Step());
+    Wire m;
+    m.Put<int32_t>(rep.batch).Put<int64_t>(rep.distinct_experts).Put<uint64_t>(rep.tokens.size());
+    for (const auto& t : rep.tokens) {
+      m.Put<int64_t>(std::stoll(t.id)).Put<int64_t>(t.index).Put<int32_t>(t.token).Put<uint8_t>(t.finished ? 1 : 0);
+    }
+    tr.Send(0, kTagTokens, m.bytes().data(), m.bytes().size());
+  }
+  return Status::Ok();
+}
+
+// ---------------------------------------------------------------- rank 0: frontend + router
+Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const ModelConfig& mc, bool progress) {
+  const int64_t N = static_cast<int64_t>(in.order.size());
+  std::unique_ptr<Calibration> calib;
+  if (!c.calibration.empty()) {
+    ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c.calibration));
+    calib = std::make_unique<Calibration>(std::move(cal));
+  }
+  RouterConfig rc;
+  rc.policy = c.policy;
+  rc.num_decoders = c.decode_ranks;
+  rc.tau = c.tau;
+  rc.admission_cap = c.admission_cap;
+  rc.seed = c.routing_seed;
+  rc.job_shape = mc.trace_shape();
+  for (const auto& r : in.trace.requests) rc.domains.push_back(r.domain);
+  auto router_or = Router::Create(rc, calib.get());
+  if (!router_or.ok()) return router_or.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
+  Router router = std::move(router_or).value();
+  ELDR_ASSIGN_OR_RETURN(std::vector<double> arrivals,
+                        ArrivalTimes({N, c.request_rate, c.burstiness, c.workload_seed}));
+
+  std::vector<RequestRecord> records(N);
+  for (int64_t i = 0; i < N; ++i) {
+    const TraceRequest& r = in.trace.requests[in.order[i]];
+    records[i].id = r.id + (N > static_cast<int64_t>(in.trace.requests.size()) ? "#" + std::to_string(i) : "");
+    records[i].domain = r.domain;
+    records[i].prompt_len = r.prompt_len;
+  }
+  std::vector<int64_t> prefill_outstanding(c.prefill_ranks, 0);
+  std::vector<int> prefill_of(N, -1);
+  std::vector<int64_t> decoder_requests(c.decode_ranks, 0), decoder_steps(c.decode_ranks, 0);
+  std::vector<double> decoder_distinct(c.decode_ranks, 0), decoder_batch(c.decode_ranks, 0);
+  std::deque<std::pair<int64_t, std::vector<float>>> held;  // routed later: every decoder at its cap
+  std::vector<double> last_heard(tr.size(), 0);
+  int64_t next = 0, active = 0, done = 0, band_sum = 0, band_n = 0, fallbacks = 0;
+  ProgressBar bar("serving " + std::string(RoutingPolicyName(c.policy)), N, progress);
+  const double start = Now();
+  double last_progress = start;
+  std::fill(last_heard.begin(), last_heard.end(), start);
+
+  auto route = [&](int64_t req, const std::vector<float>& counts) -> bool {
+    const RoutingDecision d = router.Route(counts.data(), nullptr, records[req].domain);
+    if (d.decoder < 0) return false;
+    router.Dispatch(d.decoder);
+    if (UsesSignature(c.policy)) {
+      band_sum += d.band_size;
+      ++band_n;
+    }
+    fallbacks += d.fallback ? 1 : 0;
+    records[req].decoder = d.decoder;
+    ++decoder_requests[d.decoder];
+    Wire m;
+    m.Put<int64_t>(req).Put<int32_t>(1 + c.prefill_ranks + d.decoder);
+    tr.Send(1 + prefill_of[req], kTagRoute, m.bytes().data(), m.bytes().size());
+    return true;
+  };
+  auto finish = [&](int64_t req, bool ok, const std::string& err) {
+    records[req].success = ok;
+    records[req].error = err;
+    records[req].output_len = static_cast<int64_t>(records[req].token_times.size());
+    if (records[req].decoder >= 0 && ok) router.Complete(records[req].decoder);
+    --active;
+    ++done;
+    bar.Update(done);
+  };
+
+  while (done < N) {
+    const double now = Now();
+    // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work.
+    while (next < N && arrivals[next] <= now - start && (c.max_concurrency == 0 || active < c.max_concurrency)) {
+      const int p = static_cast<int>(std::min_element(prefill_outstanding.begin(), prefill_outstanding.end()) -
+                                     prefill_outstanding.begin());
+      records[next].arrival = now - start;
+      prefill_of[next] = p;
+      ++prefill_outstanding[p];
+      Wire m;
+      m.Put<int64_t>(next);
+      tr.Send(1 + p, kTagPrefill, m.bytes().data(), m.bytes().size());
+      ++next;
+      ++active;
+    }
+    if (!tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
+      if (Now() - last_progress > c.watchdog_s) break;  // the watchdog: handled below
+      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      continue;
+    }
+    Message msg = tr.Recv(Transport::kAnySource, Transport::kAnyTag);
+    const double t = Now() - start;
+    last_progress = Now();
+    last_heard[msg.source] = last_progress;
+    Wire m(std::move(msg.payload));
+    if (msg.tag == kTagCounts) {
+      const int64_t req = m.Get<int64_t>();
+      m.Get<int32_t>();  // the first token's id; its time is what the client sees
+      std::vector<float> counts = m.GetVector<float>();
+      records[req].token_times.push_back(t);
+      --prefill_outstanding[prefill_of[req]];
+      if (!held.empty() || !route(req, counts)) held.emplace_back(req, std::move(counts));
+    } else if (msg.tag == kTagTokens) {
+      const int decoder = msg.source - 1 - c.prefill_ranks;
+      const int32_t batch = m.Get<int32_t>();
+      const int64_t distinct = m.Get<int64_t>();
+      const uint64_t n = m.Get<uint64_t>();
+      if (batch > 0) {
+        ++decoder_steps[decoder];
+        decoder_distinct[decoder] += static_cast<double>(distinct);
+        decoder_batch[decoder] += batch;
+      }
+      for (uint64_t i = 0; i < n; ++i) {
+        const int64_t req = m.Get<int64_t>();
+        m.Get<int64_t>();  // token index
+        m.Get<int32_t>();  // token id
+        const bool finished = m.Get<uint8_t>() != 0;
+        if (records[req].token_times.size() < static_cast<size_t>(in.output_len[req])) records[req].token_times.push_back(t);
+        if (finished) finish(req, true, "");
+      }
+      while (!held.empty() && route(held.front().first, held.front().second)) held.pop_front();
+    } else if (msg.tag == kTagFailed) {
+      const int64_t req = m.Get<int64_t>();
+      const std::string why = c.RoleOf(msg.source) + " (rank " + std::to_string(msg.source) + "): " + m.GetString();
+      if (prefill_of[req] >= 0 && records[req].token_times.empty()) --prefill_outstanding[prefill_of[req]];
+      finish(req, false, why);
+    }
+  }
+  bar.Finish();
+  std::string watchdog;
+  if (done < N) {
+    // No message for watchdog_s with work outstanding: name the ranks that went silent while holding work.
+    watchdog = "watchdog: no progress for " + Fmt(c.watchdog_s, 0) + " s;";
+    for (int p = 0; p < c.prefill_ranks; ++p) {
+      if (prefill_outstanding[p] > 0) {
+        watchdog += " " + c.RoleOf(1 + p) + " (rank " + std::to_string(1 + p) + ") holds " +
+                    std::to_string(prefill_outstanding[p]) + " requests;";
+      }
+    }
+    for (int d = 0; d < c.decode_ranks; ++d) {
+      if (router.decoders()[d].in_flight > 0) {
+        watchdog += " " + c.RoleOf(1 + c.prefill_ranks + d) + " (rank " + std::to_string(1 + c.prefill_ranks + d) +
+                    ") holds " + std::to_string(router.decoders()[d].in_flight) + " requests;";
+      }
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      if (records[i].success && (i >= next || records[i].token_times.size() < static_cast<size_t>(in.output_len[i]))) {
+        records[i].success = false;
+        records[i].error = i >= next ? "never sent (job ended by the watchdog)" : "unfinished (job ended by the watchdog)";
+        records[i].output_len = static_cast<int64_t>(records[i].token_times.size());
+      }
+    }
+  }
+  // Metrics JSON (vLLM keys + eldr's), per-request JSONL, summary.
+  nlohmann::json j = SummarizeServing(records, {});
+  j["policy"] = RoutingPolicyName(c.policy);
+  j["tau"] = router.tau();
+  j["num_prompts"] = N;
+  j["request_rate"] = std::isinf(c.request_rate) ? nlohmann::json("inf") : nlohmann::json(c.request_rate);
+  j["burstiness"] = c.burstiness;
+  j["max_concurrency"] = c.max_concurrency;
+  double steps = 0, distinct = 0, batch = 0;
+  nlohmann::json dec = nlohmann::json::array();
+  for (int d = 0; d < c.decode_ranks; ++d) {
+    steps += static_cast<double>(decoder_steps[d]);
+    distinct += decoder_distinct[d];
+    batch += decoder_batch[d];
+    dec.push_back({{"rank", 1 + c.prefill_ranks + d},
+                   {"requests", decoder_requests[d]},
+                   {"steps", decoder_steps[d]},
+                   {"mean_batch", decoder_steps[d] ? decoder_batch[d] / decoder_steps[d] : 0.0},
+                   {"mean_distinct_experts_per_step", decoder_steps[d] ? decoder_distinct[d] / decoder_steps[d] : 0.0}});
+  }
+  j["mean_distinct_experts_per_step"] = steps > 0 ? distinct / steps : 0.0;
+  j["distinct_experts_per_token"] = batch > 0 ? distinct / batch : 0.0;
+  j["mean_band_size"] = band_n ? static_cast<double>(band_sum) / band_n : 0.0;
+  j["fallbacks"] = fallbacks;
+  j["decoders"] = dec;
+  j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}};
+  j["model"] = mc.name;
+  j["trace"] = c.trace;
+  if (!watchdog.empty()) j["watchdog"] = watchdog;
+  std::filesystem::create_directories(c.output_dir);
+  std::string lines;
+  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r)) + "\n";
+  ELDR_RETURN_IF_ERROR(WriteFileAtomic(c.output_dir + "/requests.jsonl", lines));
+  ELDR_RETURN_IF_ERROR(WriteJsonFile(c.output_dir + "/metrics.json", j));
+  std::printf("%s", FormatServingSummary(j).c_str());
+  std::fflush(stdout);
+  for (int r = 1; r < tr.size(); ++r) tr.Send(r, kTagShutdown, nullptr, 0);
+  if (!watchdog.empty()) return Status::FailedPrecondition(watchdog + " metrics written to " + c.output_dir);
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
+  ELDR_RETURN_IF_ERROR(CheckWorldSize(c, tr.size()));
+  ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(c.model_config));
+  ELDR_ASSIGN_OR_RETURN(JobInputs in, LoadInputs(c));
+  ELDR_RETURN_IF_ERROR(CheckShapes(c, mc, in.trace));
+  const int rank = tr.rank();
+  if (rank == 0) return RunRouter(c, tr, in, mc, progress);
+  ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
+  if (rank <= c.prefill_ranks) return RunPrefill(c, tr, in, w);
+  return RunDecode(c, tr, w);
+}
+
+}  // namespace eldr
