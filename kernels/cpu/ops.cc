@@ -85,6 +85,7 @@ float Bf16ToFloat(uint16_t b) {
 }
 
 void RmsNorm(const RmsNormParams& p) {
+  const int threads = ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.hidden * 8);
   ParallelFor(p.num_tokens, [&](int64_t t) {
     const float* x = p.x + t * p.hidden;
     float* o = p.out + t * p.hidden;
@@ -92,11 +93,12 @@ void RmsNorm(const RmsNormParams& p) {
     for (int i = 0; i < p.hidden; ++i) ss += static_cast<double>(x[i]) * x[i];
     const float inv = static_cast<float>(1.0 / std::sqrt(ss / p.hidden + p.eps));
     for (int i = 0; i < p.hidden; ++i) o[i] = x[i] * inv * p.weight[i];
-  });
+  }, threads);
 }
 
 void ApplyRope(const RopeParams& p) {
   const int half = p.head_dim / 2;
+  const int threads = ThreadsFor(static_cast<int64_t>(p.num_tokens) * (p.num_q_heads + p.num_kv_heads + 8) * p.head_dim * 8);
   ParallelFor(p.num_tokens, [&](int64_t t) {
     const double pos = p.positions[t];
     thread_local std::vector<float> cs, sn;
@@ -116,12 +118,12 @@ void ApplyRope(const RopeParams& p) {
     };
     for (int h = 0; h < p.num_q_heads; ++h) rotate(p.q + (t * p.num_q_heads + h) * p.head_dim);
     for (int h = 0; h < p.num_kv_heads; ++h) rotate(p.k + (t * p.num_kv_heads + h) * p.head_dim);
-  });
+  }, threads);
 }
 
 void Linear(const LinearParams& p) {
-  // Split tokens across threads only when there are enough of them; one GEMM otherwise.
-  const int threads = p.num_tokens >= 64 ? DefaultThreads() : 1;
+  // Split tokens across threads only when there are enough of them and the product is big; one GEMM otherwise.
+  const int threads = p.num_tokens >= 64 ? ThreadsFor(p.num_tokens * p.weight.rows * p.weight.cols) : 1;
   const int64_t per = (p.num_tokens + threads - 1) / threads;
   ParallelFor(threads, [&](int64_t i) {
     const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
@@ -131,6 +133,7 @@ void Linear(const LinearParams& p) {
 
 void GateTopK(const GateTopKParams& p) {
   ELDR_CHECK(p.top_k >= 1 && p.top_k <= p.num_experts, "top_k " << p.top_k << " out of range");
+  const int threads = ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.num_experts * 32);
   ParallelFor(p.num_tokens, [&](int64_t t) {
     const float* l = p.logits + t * p.num_experts;
     thread_local std::vector<double> prob;
@@ -151,7 +154,7 @@ void GateTopK(const GateTopKParams& p) {
       p.topk_ids[t * p.top_k + j] = order[j];
       p.topk_weights[t * p.top_k + j] = static_cast<float>(p.renormalize ? prob[order[j]] / kept : prob[order[j]]);
     }
-  });
+  }, threads);
 }
 
 void GroupByExpert(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts, ExpertGrouping* out) {
@@ -178,6 +181,7 @@ void MoeExperts(const MoeParams& p) {
   GroupByExpert(p.topk_ids, p.num_tokens, p.top_k, w.num_experts, &g);
   // Each active expert computes its tokens' outputs into pair-indexed rows; then a per-token combine.
   std::vector<float> y(static_cast<size_t>(p.num_tokens) * p.top_k * H);
+  const int threads = ThreadsFor(static_cast<int64_t>(g.active_experts.size()) * 3 * H * w.intermediate);
   ParallelFor(static_cast<int64_t>(g.active_experts.size()), [&](int64_t a) {
     const int e = g.active_experts[a];
     const int begin = g.offsets[e], count = g.offsets[e + 1] - begin;
@@ -193,7 +197,7 @@ void MoeExperts(const MoeParams& p) {
       std::memcpy(y.data() + static_cast<size_t>(g.pairs[begin + i]) * H, yout.data() + static_cast<size_t>(i) * H,
                   H * sizeof(float));
     }
-  });
+  }, threads);
   ParallelFor(p.num_tokens, [&](int64_t t) {
     float* o = p.out + t * H;
     for (int j = 0; j < p.top_k; ++j) {
@@ -201,13 +205,13 @@ void MoeExperts(const MoeParams& p) {
       const float* src = y.data() + (static_cast<size_t>(t) * p.top_k + j) * H;
       for (int i = 0; i < H; ++i) o[i] += wt * src[i];
     }
-  });
+  }, ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.top_k * H * 4));
 }
 
 void Mlp(const MlpParams& p) {
   const int64_t H = p.down_proj.rows;
   std::vector<float> y(static_cast<size_t>(p.num_tokens) * H);
-  const int threads = p.num_tokens >= 64 ? DefaultThreads() : 1;
+  const int threads = p.num_tokens >= 64 ? ThreadsFor(p.num_tokens * 3 * H * p.gate_proj.rows) : 1;
   const int64_t per = (p.num_tokens + threads - 1) / threads;
   ParallelFor(threads, [&](int64_t i) {
     const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
@@ -263,22 +267,25 @@ void AttendOne(const float* q, const PagedKv& c, const int32_t* block_table, int
 void PagedAttentionDecode(const PagedAttentionDecodeParams& p) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   const int D = p.cache.head_dim;
+  int64_t work = 0;
+  for (int s = 0; s < p.num_seqs; ++s) work += static_cast<int64_t>(p.context_lens[s]) * p.num_q_heads * D * 2;
   ParallelFor(static_cast<int64_t>(p.num_seqs) * p.num_q_heads, [&](int64_t i) {
     const int s = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
     thread_local std::vector<float> scores;
     AttendOne(p.q + i * D, p.cache, p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.context_lens[s],
               h / group, p.scale, p.out + i * D, &scores);
-  });
+  }, ThreadsFor(work));
 }
 
 void PrefillAttention(const PrefillAttentionParams& p) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   const int D = p.cache.head_dim;
+  const int64_t work = static_cast<int64_t>(p.num_tokens) * (p.start + p.num_tokens) * p.num_q_heads * D;
   ParallelFor(static_cast<int64_t>(p.num_tokens) * p.num_q_heads, [&](int64_t i) {
     const int t = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
     thread_local std::vector<float> scores;
     AttendOne(p.q + i * D, p.cache, p.block_table, p.start + t + 1, h / group, p.scale, p.out + i * D, &scores);
-  });
+  }, ThreadsFor(work));
 }
 
 void AccumulateSignatureCounts(const SignatureCountParams& p) {

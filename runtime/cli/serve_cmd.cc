@@ -14,11 +14,17 @@ namespace eldr::cli {
 void AddServeCommand(CLI::App& app, Action* action) {
   auto config = std::make_shared<std::string>();
   auto quiet = std::make_shared<bool>(false);
+  auto policy = std::make_shared<std::string>();
+  auto out_dir = std::make_shared<std::string>();
+  auto tau = std::make_shared<double>(-1);
   auto* cmd = app.add_subcommand("serve", "Run the serving job (rank 0 router, prefill and decode ranks); start it "
                                           "with mpirun -np N or srun --mpi=pmix -n N");
   cmd->add_option("--config,-c", *config, "job config YAML (topology, model, routing, KV cache, workload, output)")
       ->required();
   cmd->add_flag("--quiet", *quiet, "no progress bar");
+  cmd->add_option("--policy", *policy, "override routing.policy");
+  cmd->add_option("--tau", *tau, "override routing.tau");
+  cmd->add_option("--output-dir", *out_dir, "override output.dir");
   cmd->callback([=] {
     *action = [=]() -> Status {
       int provided = 0;
@@ -30,6 +36,16 @@ void AddServeCommand(CLI::App& app, Action* action) {
       std::string role = "rank " + std::to_string(rank);
       try {
         auto job = LoadJobConfig(*config);
+        if (job.ok() && !policy->empty()) {
+          auto p = ParseRoutingPolicy(*policy);
+          if (!p.ok()) {
+            job = p.status();
+          } else {
+            job->policy = p.value();
+          }
+        }
+        if (job.ok() && *tau >= 0) job->tau = *tau;
+        if (job.ok() && !out_dir->empty()) job->output_dir = *out_dir;
         if (!job.ok()) {
           st = job.status();
         } else {

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstdlib>
 #include <exception>
 #include <mutex>
 #include <thread>
@@ -12,7 +13,19 @@
 
 namespace eldr {
 
-inline int DefaultThreads() { return std::max(1u, std::thread::hardware_concurrency()); }
+// Threads per process: ELDR_NUM_THREADS when set (a launcher running several ranks per node sets it to
+// cores / ranks), else the hardware concurrency.
+inline int DefaultThreads() {
+  if (const char* env = std::getenv("ELDR_NUM_THREADS")) {
+    const int n = std::atoi(env);
+    if (n >= 1) return n;
+  }
+  return std::max(1u, std::thread::hardware_concurrency());
+}
+
+// Threads worth starting for `work` units (about one multiply-add each): starting a thread costs tens of
+// microseconds, so small kernels (a decode step of a small model) run inline.
+inline int ThreadsFor(int64_t work) { return work < (int64_t{1} << 18) ? 1 : DefaultThreads(); }
 
 // Calls body(i) for every i in [0, n), interleaved over `num_threads` threads (i % threads), so that
 // loops whose cost falls with i stay balanced.

@@ -40,6 +40,17 @@ enum Tag : int {
   kTagShutdown = 7,  // 0 → all
 };
 
+// Blocking receive that sleeps between polls: Open MPI's blocking receive spins a core, and on a node
+// where ranks outnumber cores (this demo: 6 ranks, 2 cores) the spinning steals the workers' time.
+Message WaitMessage(Transport& tr) {
+  int idle = 0;
+  while (!tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
+    std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
+    ++idle;
+  }
+  return tr.Recv(Transport::kAnySource, Transport::kAnyTag);
+}
+
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -180,7 +191,7 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const 
     return true;
   };
   while (true) {
-    Message msg = tr.Recv(Transport::kAnySource, Transport::kAnyTag);
+    Message msg = WaitMessage(tr);
     if (msg.tag == kTagShutdown) return Status::Ok();
     Wire in_msg(std::move(msg.payload));
     if (msg.tag == kTagPrefill) {
@@ -254,7 +265,7 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
     }
     if (stop) break;
     if (worker.in_flight() == 0) {
-      ELDR_RETURN_IF_ERROR(handle(tr.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
+      ELDR_RETURN_IF_ERROR(handle(WaitMessage(tr), &stop));
       continue;
     }
     ELDR_ASSIGN_OR_RETURN(StepReport rep, worker.Step());
@@ -352,7 +363,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
     }
     if (!tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
       if (Now() - last_progress > c.watchdog_s) break;  // the watchdog: handled below
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
       continue;
     }
     Message msg = tr.Recv(Transport::kAnySource, Transport::kAnyTag);
