@@ -63,7 +63,7 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   };
   auto str = [&](const char* section, const char* key, std::string* v) {
     YAML::Node n = field(section, key);
-    if (n) *v = n.as<std::string>("");
+    if (n && !n.IsNull()) *v = n.as<std::string>("");  // "key:" with no value keeps the default
   };
   num("topology", "prefill_ranks", &c.prefill_ranks);
   num("topology", "decode_ranks", &c.decode_ranks);
