@@ -3,8 +3,9 @@
 //  - BM_Place/<algorithm>: the headline figure: placing the Qwen3-235B-A22B profile (94 MoE layers x 128
 //    experts) into 160 slots (32 redundant) on 32 ranks in 4 nodes, 8 groups; target <= 5 ms per
 //    placement on the 2-core dev machine. Counters: balancedness, group_locality.
-//  - BM_PlaceWithPrevious: eldr re-planning after the load drifts by up to ±20%, given the placement in
-//    service; counters moved_experts (with / without the previous placement) and balancedness.
+//  - BM_PlaceWithPrevious/slack:S: eldr re-planning after the load drifts by up to ±20%, given the placement
+//    in service, with move_slack S; counters moved_experts (with / without the previous placement) and
+//    balancedness (idem).
 //  - BM_Balancedness/<profile>/R<ranks>/X<redundant>: every algorithm on each profile for R in {8, 16, 32}
 //    (N = 1, 2, 4 nodes), 0 or 32 redundant slots, G = 8; counters per algorithm. The same numbers are
 //    printed as a table before the benchmarks run.
@@ -20,13 +21,14 @@
 #include "placement/placement.h"
 #include "runtime/common/check.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/version.h"
 
 namespace eldr {
 namespace {
 
 constexpr int kNumGroups = 8;
 constexpr PlacementAlgorithm kAlgorithms[] = {PlacementAlgorithm::kDeepSeekGlobal,
-                                             PlacementAlgorithm::kDeepSeekHierarchical, PlacementAlgorithm::kEldr};
+                                              PlacementAlgorithm::kDeepSeekHierarchical, PlacementAlgorithm::kEldr};
 
 struct Profile {
   std::string name;
@@ -79,13 +81,16 @@ void BM_Place(benchmark::State& state, PlacementAlgorithm algorithm) {
   state.counters["group_locality"] = GroupLocality(last, p.load, p.num_groups, p.num_nodes);
 }
 
-void BM_PlaceWithPrevious(benchmark::State& state) {
+// eldr re-planning after the load drifted by up to ±20%, given the placement in service; `slack` is
+// PlacementProblem::move_slack (0: no layer's bottleneck above the fresh placement's).
+void BM_PlaceWithPrevious(benchmark::State& state, double slack) {
   const PlacementProblem before = MakeProblem(Profiles()[0], 32, 32);
   const Placement in_service = Place(before, PlacementAlgorithm::kEldr).value();
   PlacementProblem now = before;
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<double> drift(0.8, 1.2);
   for (auto& v : now.load) v *= drift(rng);
+  now.move_slack = slack;
   Placement last;
   for (auto _ : state) {
     last = Place(now, PlacementAlgorithm::kEldr, &in_service).value();
@@ -136,6 +141,7 @@ void PrintTable() {
       }
     }
   }
+  std::printf("# eldr %s (%s, %s) placement_bench\n", ELDR_VERSION, ELDR_GIT_SHA, ELDR_BUILD_TYPE);
   std::printf("# balancedness (1.0 = perfect) and group locality, G = %d, 8 ranks per node\n", kNumGroups);
   std::printf("%s\n", FormatTable({"profile", "ranks", "nodes", "redundant", "global", "hierarchical", "eldr",
                                    "loc_global", "loc_eldr"},
@@ -148,7 +154,10 @@ void RegisterAll() {
     benchmark::RegisterBenchmark((std::string("BM_Place/") + PlacementAlgorithmName(a)).c_str(), BM_Place, a)
         ->Unit(benchmark::kMillisecond);
   }
-  benchmark::RegisterBenchmark("BM_PlaceWithPrevious", BM_PlaceWithPrevious)->Unit(benchmark::kMillisecond);
+  for (double slack : {0.0, 0.005}) {
+    const std::string name = "BM_PlaceWithPrevious/slack:" + std::to_string(slack).substr(0, 5);
+    benchmark::RegisterBenchmark(name.c_str(), BM_PlaceWithPrevious, slack)->Unit(benchmark::kMillisecond);
+  }
   const char* short_names[] = {"Qwen3-235B", "Qwen3-Coder-30B", "GLM-4.5-Air"};
   for (int pr = 0; pr < 3; ++pr) {
     for (int ranks : {8, 16, 32}) {

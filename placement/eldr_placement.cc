@@ -1,23 +1,27 @@
-// The kEldr placement (placement/placement.h), one layer at a time:
+// The kEldr placement (placement/placement.h), one layer at a time. Balance comes first: every later step
+// keeps each rank at or below the bottleneck M that steps 1-3 reach.
 //   1. Replication: every redundant slot goes to the expert with the highest load per replica (ties: fewer
-//      replicas, then lower index, so an all-zero layer spreads its redundant slots), capped at R replicas
+//      replicas, then lower id, so an all-zero layer spreads its redundant slots), capped at R replicas
 //      because no rank may hold two replicas of one expert.
-//   2. Packing: replicas heaviest first, each onto the lightest rank that has a free slot and does not hold
-//      the expert yet (ties: a rank on the expert's home node, then the lower rank). If every rank with a
-//      free slot already holds the expert, an item of a full rank that lacks it moves to the free slot.
-//   3. Bottleneck search: while some move lowers the most loaded rank without lifting another rank to its
-//      load, take the best one. Moves: swap two replicas between ranks, or hand one slot of an expert that
-//      has several replicas to another expert (re-replication; the public algorithm's duplicate on a rank
-//      is a wasted slot, and this is how eldr uses it instead). This fixes the layer's bottleneck M.
-//   4. Node awareness: groups get home nodes (heaviest group first onto the lightest node, as DeepSeek's
-//      first step), but instead of forcing groups there, swaps move load onto home nodes only while
-//      every rank stays <= M. Balance never pays for locality.
+//   2. Packing: replicas heaviest first, each onto the lightest rank (lower rank on ties) that has a free
+//      slot and does not hold the expert yet. If every rank with a free slot already holds it, an expert
+//      of a full rank that lacks it moves to the free slot.
+//   3. Bottleneck search: while a move lowers the most loaded rank and leaves every rank it touches below
+//      that load, take the best one. Moves: swap two replicas between ranks; or give the slot of one
+//      replica of a multi-replica expert to another expert (re-replication). A second start (see
+//      TryFromDuplicatePacking) learns from eplb.py's packing where that packing would have duplicated an
+//      expert on a rank; the better of the two starts is kept. The result fixes the bottleneck M.
+//   4. Node awareness, never at the cost of M: groups get home nodes (heaviest group first onto the
+//      lightest node, as DeepSeek's first step); rank contents are moved to the nodes where they serve the
+//      most load at home (ranks are interchangeable for balance), then swaps bring pairs of replicas home
+//      while every rank stays <= M. Groups are not forced onto nodes.
 //   5. With a previous placement: start again from the previous ranks, keeping every replica the new
 //      counts still want, place the rest heaviest first and repair the bottleneck down to M preferring
 //      moves that copy fewer weights. If that cannot reach M, take the placement of steps 1-4 with its
 //      ranks relabelled to the old ranks they overlap most (node to node, then rank to rank, exact
 //      assignments). Then swaps put experts back on ranks that already hold their weights (<= M), and
 //      inside a rank experts keep their old slots.
+// All scratch lives in one EldrLayerPlacer per call; nothing is allocated per layer.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -34,8 +38,10 @@ namespace {
 constexpr int kSwapsPerSlot = 4;
 constexpr int kMaxReplicationMoves = 32;
 constexpr int kMaxPasses = 8;
-constexpr int kHomePasses = 3;
-constexpr double kNoTarget = -1.0;  // bottleneck search runs until no move improves
+constexpr int kStayAwareRanks = 4;  // ranks searched for a cheaper swap when re-planning
+constexpr int kStayAwareReplicationMoves = 4;
+constexpr double kSecondStartGap = 1e-2;  // second start only above (1 + gap) x the average rank load
+constexpr double kNoTarget = -1.0;        // bottleneck search runs until no move improves
 
 class EldrLayerPlacer {
  public:
@@ -47,7 +53,8 @@ class EldrLayerPlacer {
         G_(p.num_groups),
         spr_(p.num_slots / p.num_ranks),
         rpn_(p.num_ranks / p.num_nodes),
-        use_home_(p.num_nodes > 1 && p.num_groups > 1) {
+        use_home_(p.num_nodes > 1 && p.num_groups > 1),
+        move_slack_(p.move_slack) {
     cnt_.resize(E_);
     greedy_cnt_.resize(E_);
     best_cnt_.resize(E_);
@@ -57,15 +64,24 @@ class EldrLayerPlacer {
     slot_.resize(static_cast<size_t>(R_) * spr_);
     fill_.resize(R_);
     skipped_.resize(R_);
+    by_load_.resize(R_);
     rank_load_.resize(R_);
     has_.resize(static_cast<size_t>(R_) * E_);
     ranks_of_.resize(static_cast<size_t>(E_) * R_);
     ranks_fill_.resize(E_);
+    multi_.resize(E_);
+    share_plus_.resize(E_);
+    share_minus_.resize(E_);
     kept_.resize(E_);
     group_load_.resize(G_);
     group_order_.resize(G_);
     node_load_.resize(N_);
     node_groups_.resize(N_);
+    home_load_.resize(static_cast<size_t>(R_) * N_);
+    buckets_.resize(static_cast<size_t>(N_) * N_ * P_);
+    bucket_size_.resize(static_cast<size_t>(N_) * N_);
+    rank_map_.resize(R_);
+    tmp_slot_.resize(static_cast<size_t>(R_) * spr_);
   }
 
   // Places one layer. load: [E]; previous: the previous phy2log row [P] or null.
@@ -76,6 +92,7 @@ class EldrLayerPlacer {
     double total = 0;
     for (int e = 0; e < E_; ++e) total += load[e];
     eps_ = 1e-12 * total;
+    average_load_ = total / R_;
     Replicate();
     if (use_home_) AssignHomeNodes();
     std::copy(cnt_.begin(), cnt_.end(), greedy_cnt_.begin());
@@ -83,20 +100,24 @@ class EldrLayerPlacer {
     Improve(kNoTarget);
     TryFromDuplicatePacking();
     const double cap = MaxLoad() + eps_;
-    if (use_home_) HomeSwaps(cap);
+    const double previous_cap = MaxLoad() * (1 + move_slack_) + eps_;
+    if (use_home_) {
+      RelabelRanksToHomeNodes();
+      HomeSwaps(cap);
+    }
     if (previous != nullptr) {
       CountPrevious(previous);
       fresh_slot_ = slot_;
       fresh_cnt_ = cnt_;
       stay_aware_ = true;
       StartFromPrevious(previous);
-      if (!Improve(cap)) {
+      if (!Improve(previous_cap)) {
         slot_ = fresh_slot_;
         cnt_ = fresh_cnt_;
         Rebuild();
         MatchPrevious();
       }
-      StaySwaps(cap);
+      StaySwaps(previous_cap);
       KeepSlots(previous);
     }
     std::copy(slot_.begin(), slot_.end(), phy2log);
@@ -114,37 +135,28 @@ class EldrLayerPlacer {
   // Weights copied if e sits on rank r: 0 if r held e before (only meaningful with a previous placement).
   int Cost(int r, int e) const { return stay_aware_ && Held(r, e) ? 0 : 1; }
 
-  // Greedy replication through a max-heap keyed (load per replica, fewer replicas, lower id).
-  struct ReplicaEntry {
-    double per_replica;
-    int32_t cnt, e;
-  };
+  // Greedy replication: each step takes the expert below R replicas with the largest load per replica (ties:
+  // fewer replicas, then lower id), found with a tournament tree.
   void Replicate() {
-    using Entry = ReplicaEntry;
-    auto after = [](const Entry& a, const Entry& b) {  // a pops after b
-      if (a.per_replica != b.per_replica) return a.per_replica < b.per_replica;
-      if (a.cnt != b.cnt) return a.cnt > b.cnt;
-      return a.e > b.e;
-    };
-    std::vector<Entry>& heap = replicate_heap_;
-    heap.clear();
     for (int e = 0; e < E_; ++e) {
       cnt_[e] = 1;
       per_replica_[e] = load_[e];
-      if (R_ > 1) heap.push_back({load_[e], 1, e});
     }
-    std::make_heap(heap.begin(), heap.end(), after);
+    auto better = [this](int a, int b) {
+      const bool open_a = cnt_[a] < R_, open_b = cnt_[b] < R_;
+      if (open_a != open_b) return open_a;
+      if (per_replica_[a] != per_replica_[b]) return per_replica_[a] > per_replica_[b];
+      if (cnt_[a] != cnt_[b]) return cnt_[a] < cnt_[b];
+      return a < b;
+    };
+    Tournament<decltype(better)> tournament(better, &tournament_tree_);
+    tournament.Build(E_);
     for (int k = E_; k < P_; ++k) {
-      ELDR_CHECK(!heap.empty(), "no expert can take another replica (P = " << P_ << " > E * R)");
-      std::pop_heap(heap.begin(), heap.end(), after);
-      const int e = heap.back().e;
-      heap.pop_back();
-      ++cnt_[e];
-      per_replica_[e] = load_[e] / cnt_[e];
-      if (cnt_[e] < R_) {
-        heap.push_back({per_replica_[e], cnt_[e], e});
-        std::push_heap(heap.begin(), heap.end(), after);
-      }
+      const int best = tournament.Best();
+      ELDR_CHECK(cnt_[best] < R_, "no expert can take another replica (P = " << P_ << " > E * R)");
+      ++cnt_[best];
+      per_replica_[best] = load_[best] / cnt_[best];
+      tournament.Update(best);
     }
   }
 
@@ -193,7 +205,7 @@ class EldrLayerPlacer {
   // Recomputes has_, rank_load_ and per_replica_ from slot_ and cnt_ (all ranks full).
   void Rebuild() {
     for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
-    std::fill(has_.begin(), has_.end(), 0);
+    std::memset(has_.data(), 0, has_.size());  // std::fill with an int 0 would loop byte by byte
     std::fill(rank_load_.begin(), rank_load_.end(), 0.0);
     for (int r = 0; r < R_; ++r) {
       fill_[r] = spr_;
@@ -202,17 +214,12 @@ class EldrLayerPlacer {
   }
 
   // order_ = experts by descending load per replica, ascending id on ties.
-  void SortByPerReplicaLoad() {
-    sort_keys_.resize(E_);
-    for (int e = 0; e < E_; ++e) sort_keys_[e] = {-per_replica_[e], e};
-    std::sort(sort_keys_.begin(), sort_keys_.end());
-    for (int e = 0; e < E_; ++e) order_[e] = sort_keys_[e].second;
-  }
+  void SortByPerReplicaLoad() { SortIndicesByDescendingKey(per_replica_.data(), E_, order_.data(), &radix_); }
 
   void ClearRanks() {
     std::fill(fill_.begin(), fill_.end(), 0);
     std::fill(rank_load_.begin(), rank_load_.end(), 0.0);
-    std::fill(has_.begin(), has_.end(), 0);
+    std::memset(has_.data(), 0, has_.size());  // std::fill with an int 0 would loop byte by byte
   }
 
   // Ranks with a free slot into the heap (after the slots were filled some other way).
@@ -223,32 +230,37 @@ class EldrLayerPlacer {
     }
   }
 
-  // One replica of e onto the lightest rank with a free slot that lacks e (ties: the lower rank).
-  void PlaceItem(int e) {
+  // One replica of e onto the lightest rank of `heap` (ranks [first, last) with a free slot) that lacks e;
+  // ties: the lower rank.
+  void PlaceItem(int e, PackHeap& heap, int first, int last) {
     int num_skipped = 0, best = -1;
-    while (!heap_.empty()) {
-      const int r = heap_.Top();
-      heap_.Pop();
+    while (!heap.empty()) {
+      const int r = heap.Top();
+      heap.Pop();
       if (!Has(r, e)) {
         best = r;
         break;
       }
       skipped_[num_skipped++] = r;
+      ++num_skips_;
     }
     if (best >= 0) {
       Put(e, best, fill_[best]++);
-      if (fill_[best] < spr_) heap_.Push(best, rank_load_[best]);
+      if (fill_[best] < spr_) heap.Push(best, rank_load_[best]);
     } else {
-      Repair(e);  // every rank with room holds e; all of them are in skipped_
+      Repair(e, first, last);  // every rank with room holds e; all of them are in skipped_
     }
     for (int k = 0; k < num_skipped; ++k) {
       const int r = skipped_[k];
-      if (fill_[r] < spr_) heap_.Push(r, rank_load_[r]);
+      if (fill_[r] < spr_) heap.Push(r, rank_load_[r]);
     }
   }
+  void PlaceItem(int e) { PlaceItem(e, heap_, 0, R_); }
 
+  // Step 2: heaviest first over all ranks.
   void Pack() {
     SortByPerReplicaLoad();
+    num_skips_ = 0;
     ClearRanks();
     FillHeap();
     for (int e : order_) {
@@ -256,21 +268,22 @@ class EldrLayerPlacer {
     }
   }
 
-  // Every rank with a free slot holds e already. Some full rank r lacks e (e has < R replicas placed),
+  // Among ranks [first, last): every rank with a free slot holds e already. Some full rank r lacks e (e has
+  // fewer replicas there than ranks),
   // and r holds an expert x that a free rank q lacks (r holds more distinct experts than q): x moves to
   // q, e takes its slot. The cheapest such exchange is taken.
-  void Repair(int e) {
+  void Repair(int e, int first, int last) {
     int best_q = -1, best_r = -1, best_k = -1;
     double best_val = std::numeric_limits<double>::infinity();
-    for (int q = 0; q < R_; ++q) {
+    for (int q = first; q < last; ++q) {
       if (fill_[q] == spr_) continue;
-      for (int r = 0; r < R_; ++r) {
+      for (int r = first; r < last; ++r) {
         if (fill_[r] < spr_ || Has(r, e)) continue;
         for (int k = 0; k < spr_; ++k) {
           const int x = At(r, k);
           if (Has(q, x)) continue;
-          const double val = std::max(rank_load_[r] - per_replica_[x] + per_replica_[e],
-                                      rank_load_[q] + per_replica_[x]);
+          const double val =
+              std::max(rank_load_[r] - per_replica_[x] + per_replica_[e], rank_load_[q] + per_replica_[x]);
           if (val < best_val) {
             best_val = val;
             best_q = q;
@@ -295,12 +308,16 @@ class EldrLayerPlacer {
   // The better of the two starts is kept (the first on ties).
   void TryFromDuplicatePacking() {
     // Heaviest first onto the lightest rank with a free slot (duplicates allowed), as eplb.py.
+    // Until Pack first set a rank aside because it held the expert, it packed exactly as eplb.py does, so
+    // without such a skip there is no duplicate to learn from.
+    if (num_skips_ == 0) return;
+    const double best_max = MaxLoad();
+    if (best_max <= average_load_ * (1 + kSecondStartGap)) return;  // within 1% of the lower bound
     std::copy(cnt_.begin(), cnt_.end(), best_cnt_.begin());
     best_slot_ = slot_;
-    const double best_max = MaxLoad();
     std::copy(greedy_cnt_.begin(), greedy_cnt_.end(), cnt_.begin());
     for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
-    SortByPerReplicaLoad();
+    // order_ still holds the heaviest-first order of the greedy replicas (Pack sorted it).
     ClearRanks();
     FillHeap();
     bool duplicate = false;
@@ -351,14 +368,23 @@ class EldrLayerPlacer {
   // Slot k of rank r is free (-1): gives it a new replica of the expert, not on r yet, that leaves the lowest
   // maximum rank load (ties: the larger relief for its other replicas, then the lower id).
   void FillFreeSlot(int r, int k) {
+    // The maximum over the other ranks after y sheds `relief` on its ranks: walk the ranks from the most
+    // loaded down until one that does not hold y.
+    SortRanksByLoad();
     int best = -1;
     double best_max = 0, best_relief = 0;
     for (int y = 0; y < E_; ++y) {
       if (Has(r, y) || cnt_[y] >= R_) continue;
       const double wy_new = load_[y] / (cnt_[y] + 1), relief = per_replica_[y] - wy_new;
       double m = rank_load_[r] + wy_new;
-      for (int q = 0; q < R_; ++q) {
-        if (q != r) m = std::max(m, rank_load_[q] - (Has(q, y) ? relief : 0.0));
+      for (int i = R_ - 1; i >= 0; --i) {
+        const int q = by_load_[i].second;
+        if (q == r) continue;
+        if (!Has(q, y)) {
+          m = std::max(m, rank_load_[q]);
+          break;
+        }
+        m = std::max(m, rank_load_[q] - relief);
       }
       if (best < 0 || m < best_max || (m == best_max && relief > best_relief)) {
         best = y;
@@ -380,12 +406,16 @@ class EldrLayerPlacer {
   // Bottleneck search (step 3) until the most loaded rank is <= target or no move lowers it.
   // Returns whether the maximum is <= target.
   bool Improve(double target) {
-    int swaps_left = kSwapsPerSlot * P_;
-    for (int round = 0; round <= kMaxReplicationMoves; ++round) {
+    // Repairing a previous placement down to a target gets a smaller budget: if it does not get there
+    // quickly, the fresh placement (relabelled) is the fallback.
+    int swaps_left = stay_aware_ ? P_ : kSwapsPerSlot * P_;
+    const int max_rounds = stay_aware_ ? kStayAwareReplicationMoves : kMaxReplicationMoves;
+    for (int round = 0; round <= max_rounds; ++round) {
+      SortRanksByLoad();
       while (swaps_left-- > 0 && MaxLoad() > target && BottleneckSwap()) {
       }
       if (MaxLoad() <= target) return true;
-      if (round == kMaxReplicationMoves || !ReplicationMove()) break;
+      if (round == max_rounds || !ReplicationMove()) break;
     }
     return MaxLoad() <= target;
   }
@@ -398,28 +428,52 @@ class EldrLayerPlacer {
   }
 
   // Best swap of an item on the most loaded rank with a lighter item elsewhere that leaves both ranks below
-  // its load. Returns false if there is none. Without a previous placement the lightest rank is tried
-  // first and the other ranks only if it offers nothing (most improving swaps go to the lightest rank, and
-  // this keeps a step at O(spr²) instead of O(R·spr²)).
+  // its load. Returns false if there is none. Without a previous placement the other ranks are tried from
+  // the lightest up and the search stops at the first rank that offers an improving swap (the best swap
+  // with that rank is taken): most steps then cost O(spr²) instead of O(R·spr²).
   bool BottleneckSwap() {
-    const int rmax = ArgMaxLoad();
+    const int rmax = by_load_.back().second;
     SwapSearch s;
     s.rmax = rmax;
     s.lm = rank_load_[rmax];
     s.limit = s.lm - eps_;
     s.best_val = s.limit;
-    if (!stay_aware_) {
-      const int rmin = static_cast<int>(std::min_element(rank_load_.begin(), rank_load_.end()) - rank_load_.begin());
-      if (rmin != rmax) SearchSwapsWith(rmin, s);
-    }
-    if (s.bi < 0) {
-      for (int q = 0; q < R_; ++q) {
-        if (q != rmax) SearchSwapsWith(q, s);
-      }
+    // Ranks from the lightest up. Without a previous placement, stop at the first rank that offers an
+    // improving swap; with one, look a little further for a swap that copies fewer weights, and stop at the
+    // first that copies none.
+    int ranks_with_swaps = 0;
+    for (const auto& [load, q] : by_load_) {
+      if (load >= s.limit) break;
+      if (!SearchSwapsWith(q, s)) continue;
+      if (!stay_aware_ || s.best_cost <= 0 || ++ranks_with_swaps == kStayAwareRanks) break;
     }
     if (s.bi < 0) return false;
     Swap(rmax, s.bi, s.bq, s.bj);
+    Resort(rmax, s.bq);
     return true;
+  }
+
+  // by_load_ = (load, rank) ascending; the last entry is the most loaded rank.
+  void SortRanksByLoad() {
+    for (int r = 0; r < R_; ++r) by_load_[r] = {rank_load_[r], r};
+    std::sort(by_load_.begin(), by_load_.end(), KeyIndexLess());
+  }
+  // After ranks r1 and r2 changed load: moves their two entries to their new places.
+  void Resort(int r1, int r2) {
+    for (int r : {r1, r2}) {
+      int i = 0;
+      while (by_load_[i].second != r) ++i;
+      const std::pair<double, int32_t> entry(rank_load_[r], r);
+      while (i > 0 && KeyIndexLess()(entry, by_load_[i - 1])) {
+        by_load_[i] = by_load_[i - 1];
+        --i;
+      }
+      while (i + 1 < R_ && KeyIndexLess()(by_load_[i + 1], entry)) {
+        by_load_[i] = by_load_[i + 1];
+        ++i;
+      }
+      by_load_[i] = entry;
+    }
   }
 
   struct SwapSearch {
@@ -429,11 +483,13 @@ class EldrLayerPlacer {
     int bi = -1, bq = -1, bj = -1;
   };
 
-  void SearchSwapsWith(int q, SwapSearch& s) const {
+  // Updates s with the swaps between s.rmax and q; returns whether q offers any improving swap.
+  bool SearchSwapsWith(int q, SwapSearch& s) const {
     // A swap leaves q at lq + wa − wb > lq, so q must be below the limit (the best value when only the value
     // counts).
     const double lq = rank_load_[q];
-    if (lq >= (stay_aware_ ? s.limit : s.best_val)) return;
+    if (lq >= (stay_aware_ ? s.limit : s.best_val)) return false;
+    bool any = false;
     const int32_t* rmax_slots = slot_.data() + static_cast<size_t>(s.rmax) * spr_;
     const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
     for (int i = 0; i < spr_; ++i) {
@@ -446,6 +502,7 @@ class EldrLayerPlacer {
         if (wb >= wa) continue;
         const double val = std::max(s.lm - wa + wb, lq + wa - wb);
         if (val >= s.limit || Has(s.rmax, b)) continue;
+        any = true;
         const int cost = stay_aware_ ? Cost(q, a) + Cost(s.rmax, b) - Cost(s.rmax, a) - Cost(q, b) : 0;
         if (s.bi < 0 || Better(cost, val, s.best_cost, s.best_val)) {
           s.best_val = val;
@@ -456,6 +513,7 @@ class EldrLayerPlacer {
         }
       }
     }
+    return any;
   }
 
   void BuildRanksOf() {
@@ -472,9 +530,9 @@ class EldrLayerPlacer {
   // The largest new load among the ranks touched when the replica of x on rank q becomes a replica of y.
   // Stops early once it reaches `stop`. REQUIRES: q holds x, not y; cnt_[x] >= 2; cnt_[y] < R.
   double MaxAfterReplication(int x, int q, int y, double stop) const {
-    const double wy_new = load_[y] / (cnt_[y] + 1);
-    const double dx = load_[x] / (cnt_[x] - 1) - per_replica_[x];  // growth on x's other ranks
-    const double dy = per_replica_[y] - wy_new;                       // relief on y's ranks
+    const double wy_new = share_plus_[y];
+    const double dx = share_minus_[x] - per_replica_[x];  // growth on x's other ranks
+    const double dy = per_replica_[y] - wy_new;           // relief on y's ranks
     double m = rank_load_[q] - per_replica_[x] + wy_new;
     const int32_t* ry = RanksOf(y);
     for (int k = 0; k < cnt_[y] && m < stop; ++k) {
@@ -494,13 +552,35 @@ class EldrLayerPlacer {
   // there is none.
   bool ReplicationMove() {
     const int rmax = ArgMaxLoad();
-    const double limit = rank_load_[rmax] - eps_;
+    const double lm = rank_load_[rmax], limit = lm - eps_;
     BuildRanksOf();
+    for (int e = 0; e < E_; ++e) {
+      share_plus_[e] = load_[e] / (cnt_[e] + 1);
+      share_minus_[e] = cnt_[e] > 1 ? load_[e] / (cnt_[e] - 1) : 0.0;
+    }
+    // Experts with several replicas, with the two largest loads among their ranks (for lower bounds).
+    int num_multi = 0;
+    for (int x = 0; x < E_; ++x) {
+      if (cnt_[x] < 2) continue;
+      const int32_t* rx = RanksOf(x);
+      int top = rx[0];
+      double second = -1;
+      for (int k = 1; k < cnt_[x]; ++k) {
+        if (rank_load_[rx[k]] > rank_load_[top]) {
+          second = rank_load_[top];
+          top = rx[k];
+        } else {
+          second = std::max(second, rank_load_[rx[k]]);
+        }
+      }
+      multi_[num_multi++] = {x, top, second};
+    }
     double best_val = limit;
     int best_cost = std::numeric_limits<int>::max();
     int bx = -1, bq = -1, by = -1;
+    auto stop = [&] { return stay_aware_ ? limit : best_val; };
     auto consider = [&](int x, int q, int y) {
-      const double val = MaxAfterReplication(x, q, y, stay_aware_ ? limit : best_val);
+      const double val = MaxAfterReplication(x, q, y, stop());
       if (val >= limit) return;
       const int cost = stay_aware_ ? Cost(q, y) - Cost(q, x) : 0;
       if (bx < 0 || Better(cost, val, best_cost, best_val)) {
@@ -511,22 +591,34 @@ class EldrLayerPlacer {
         by = y;
       }
     };
+    // An expert y on the most loaded rank gains a replica, taken from x on rank q.
     for (int i = 0; i < spr_; ++i) {
       const int y = At(rmax, i);
       if (cnt_[y] >= R_ || load_[y] <= 0) continue;
-      for (int x = 0; x < E_; ++x) {
-        if (x == y || cnt_[x] < 2) continue;
+      const double dy = per_replica_[y] - share_plus_[y];
+      for (int m = 0; m < num_multi; ++m) {
+        const MultiReplica& mx = multi_[m];
+        const int x = mx.x;
+        if (x == y) continue;
+        const double dx = share_minus_[x] - per_replica_[x];
         const int32_t* rx = RanksOf(x);
         for (int k = 0; k < cnt_[x]; ++k) {
-          if (!Has(rx[k], y)) consider(x, rx[k], y);
+          const int q = rx[k];
+          // Lower bound: x's most loaded other rank grows by dx (less dy if it also holds y).
+          const double other = q == mx.top ? mx.second : rank_load_[mx.top];
+          if (other + dx - dy >= stop() || Has(q, y)) continue;
+          consider(x, q, y);
         }
       }
     }
+    // A replica x on the most loaded rank makes room for a new replica of y.
     for (int i = 0; i < spr_; ++i) {
       const int x = At(rmax, i);
       if (cnt_[x] < 2) continue;
+      const double room = per_replica_[x] - (lm - stop());  // y's new share must stay below this
       for (int y = 0; y < E_; ++y) {
-        if (cnt_[y] < R_ && !Has(rmax, y)) consider(x, rmax, y);
+        if (cnt_[y] >= R_ || share_plus_[y] >= room || Has(rmax, y)) continue;
+        consider(x, rmax, y);
       }
     }
     if (bx < 0) return false;
@@ -542,46 +634,85 @@ class EldrLayerPlacer {
     return true;
   }
 
-  // Swaps that bring replicas to their home node, keeping every rank <= cap. A replica at home is never
-  // displaced, so every swap raises the load served at home by at least the incoming replica's load.
+  // Swaps that bring two replicas home at once: a on node n1 homed at n2 with b on node n2 homed at n1,
+  // keeping every rank <= cap and replicas of one expert on distinct ranks. Candidates are bucketed by
+  // (node, home node), so a pass costs about P + Σ |bucket|² instead of P * P/N.
   void HomeSwaps(double cap) {
-    for (int pass = 0; pass < kHomePasses; ++pass) {
-      bool changed = false;
-      for (int r1 = 0; r1 < R_; ++r1) {
-        const int n1 = NodeOf(r1);
-        for (int i = 0; i < spr_; ++i) {
-          const int a = At(r1, i);
-          const int h = home_[a];
-          const double wa = per_replica_[a];
-          if (h == n1 || wa <= 0) continue;
-          // Feasible partners b: load_r1 − wa + wb <= cap and load_r2 + wa − wb <= cap.
-          const double wb_max = cap - rank_load_[r1] + wa;
-          double best_gain = 0;
-          int br = -1, bj = -1;
-          for (int r2 = h * rpn_; r2 < (h + 1) * rpn_; ++r2) {
-            const double wb_min = rank_load_[r2] + wa - cap;
-            if (wb_min > wb_max || Has(r2, a)) continue;
-            const int32_t* r2_slots = slot_.data() + static_cast<size_t>(r2) * spr_;
-            for (int j = 0; j < spr_; ++j) {
-              const int b = r2_slots[j];
-              const double wb = per_replica_[b];
-              if (home_[b] == h || wb < wb_min || wb > wb_max || Has(r1, b)) continue;
-              const double gain = wa + (home_[b] == n1 ? wb : 0.0);
-              if (gain > best_gain) {
-                best_gain = gain;
-                br = r2;
-                bj = j;
-              }
-            }
+    std::fill(bucket_size_.begin(), bucket_size_.end(), 0);
+    for (int r = 0; r < R_; ++r) {
+      const int n = NodeOf(r);
+      for (int k = 0; k < spr_; ++k) {
+        const int h = home_[At(r, k)];
+        if (h == n) continue;
+        const size_t b = static_cast<size_t>(n) * N_ + h;
+        buckets_[b * P_ + bucket_size_[b]++] = r * spr_ + k;
+      }
+    }
+    for (int n1 = 0; n1 < N_; ++n1) {
+      for (int n2 = n1 + 1; n2 < N_; ++n2) {
+        const size_t b1 = static_cast<size_t>(n1) * N_ + n2, b2 = static_cast<size_t>(n2) * N_ + n1;
+        int32_t* there = buckets_.data() + b2 * P_;  // on n2, homed at n1
+        int num_there = bucket_size_[b2];
+        for (int i = 0; i < bucket_size_[b1] && num_there > 0; ++i) {
+          const int pos_a = buckets_[b1 * P_ + i], r1 = pos_a / spr_;
+          const int a = slot_[pos_a];
+          const double wa = per_replica_[a], wb_max = cap - rank_load_[r1] + wa;
+          int best = -1;
+          double best_wb = -1;
+          for (int j = 0; j < num_there; ++j) {
+            const int pos_b = there[j], r2 = pos_b / spr_;
+            const int b = slot_[pos_b];
+            const double wb = per_replica_[b];
+            if (wb > wb_max || wb <= best_wb || rank_load_[r2] + wa - wb > cap || Has(r2, a) || Has(r1, b)) continue;
+            best = j;
+            best_wb = wb;
           }
-          if (br >= 0) {
-            Swap(r1, i, br, bj);
-            changed = true;
-          }
+          if (best < 0) continue;
+          const int pos_b = there[best];
+          Swap(r1, pos_a % spr_, pos_b / spr_, pos_b % spr_);
+          there[best] = there[--num_there];  // both are home now
         }
       }
-      if (!changed) break;
     }
+  }
+
+  // Ranks are interchangeable for balance, so their contents are moved to the node positions where they
+  // serve the most load at home (greedy, each node taking R/N contents). Free: no load changes.
+  void RelabelRanksToHomeNodes() {
+    // home_load_[r, n] = load the content of rank r serves at home if placed on node n.
+    std::fill(home_load_.begin(), home_load_.end(), 0.0);
+    for (int r = 0; r < R_; ++r) {
+      for (int k = 0; k < spr_; ++k) {
+        const int e = At(r, k);
+        home_load_[static_cast<size_t>(r) * N_ + home_[e]] += per_replica_[e];
+      }
+    }
+    // Contents with the largest best value choose first; each takes its best node with a free position.
+    for (int r = 0; r < R_; ++r) {
+      const double* v = home_load_.data() + static_cast<size_t>(r) * N_;
+      by_load_[r] = {-*std::max_element(v, v + N_), r};
+    }
+    std::sort(by_load_.begin(), by_load_.end(), KeyIndexLess());
+    std::fill(node_groups_.begin(), node_groups_.end(), 0);  // contents given to each node so far
+    for (const auto& [neg_best, r] : by_load_) {
+      const double* v = home_load_.data() + static_cast<size_t>(r) * N_;
+      int best = -1;
+      for (int n = 0; n < N_; ++n) {
+        if (node_groups_[n] < rpn_ && (best < 0 || v[n] > v[best])) best = n;
+      }
+      rank_map_[r] = best * rpn_ + node_groups_[best]++;
+    }
+    Permute();
+  }
+
+  // Moves the content of rank r to rank rank_map_[r].
+  void Permute() {
+    for (int r = 0; r < R_; ++r) {
+      std::copy_n(slot_.begin() + static_cast<size_t>(r) * spr_, spr_,
+                  tmp_slot_.begin() + static_cast<size_t>(rank_map_[r]) * spr_);
+    }
+    slot_.swap(tmp_slot_);
+    Rebuild();
   }
 
   // --- previous placement ---
@@ -637,7 +768,6 @@ class EldrLayerPlacer {
 
   // Relabels the ranks of the current placement to the previous ranks they overlap most.
   void MatchPrevious() {
-    rank_map_.resize(R_);
     if (N_ == 1) {
       MatchRanks(0, 0, rank_map_.data());
     } else {
@@ -655,14 +785,7 @@ class EldrLayerPlacer {
       node_assignment_.Solve(node_cost_.data(), N_, node_map_.data());
       for (int i = 0; i < N_; ++i) MatchRanks(i, node_map_[i], rank_map_.data() + i * rpn_);
     }
-    // Relabel: new rank r becomes old rank rank_map_[r].
-    tmp_slot_.resize(slot_.size());
-    for (int r = 0; r < R_; ++r) {
-      std::copy_n(slot_.begin() + static_cast<size_t>(r) * spr_, spr_,
-                  tmp_slot_.begin() + static_cast<size_t>(rank_map_[r]) * spr_);
-    }
-    slot_.swap(tmp_slot_);
-    Rebuild();
+    Permute();  // new rank r becomes old rank rank_map_[r]
   }
 
   // Swaps that put experts back on ranks that already hold their weights, keeping every rank <= cap.
@@ -735,30 +858,44 @@ class EldrLayerPlacer {
 
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
-  const double* load_ = nullptr;       // [E] load of the layer being placed
-  double eps_ = 0;                     // comparison tolerance, 1e-12 of the layer's load
-  bool stay_aware_ = false;            // moves are priced by the weights they copy (previous given)
-  std::vector<int32_t> cnt_;           // [E] replicas
-  std::vector<int32_t> greedy_cnt_;    // [E] replicas after step 1
-  std::vector<int32_t> best_cnt_;      // [E] replicas of the best start so far
-  std::vector<int32_t> best_slot_;     // [R, P/R] placement of the best start so far
-  std::vector<double> per_replica_;    // [E] load / replicas
-  std::vector<int32_t> order_;         // [E]
-  std::vector<std::pair<double, int32_t>> sort_keys_;  // [E] (−load per replica, id)
-  std::vector<ReplicaEntry> replicate_heap_;           // [E]
-  std::vector<int32_t> home_;          // [E] home node, -1 without groups or nodes
-  std::vector<int32_t> slot_;          // [R, P/R] expert in each slot
-  std::vector<int32_t> fill_;          // [R] slots used while packing
-  std::vector<int32_t> skipped_;       // [R] ranks set aside by PlaceItem
-  PackHeap heap_;                      // ranks with a free slot while packing
-  std::vector<double> rank_load_;      // [R]
-  std::vector<uint8_t> has_;           // [R, E] rank holds the expert
-  std::vector<int32_t> ranks_of_;      // [E, R] ranks holding each expert (first cnt_ entries)
-  std::vector<int32_t> ranks_fill_;    // [E]
-  std::vector<double> group_load_;     // [G]
-  std::vector<int32_t> group_order_;   // [G]
-  std::vector<double> node_load_;      // [N]
-  std::vector<int32_t> node_groups_;   // [N]
+  const double move_slack_;                          // PlacementProblem::move_slack
+  const double* load_ = nullptr;                     // [E] load of the layer being placed
+  double eps_ = 0;                                   // comparison tolerance, 1e-12 of the layer's load
+  double average_load_ = 0;                          // load / R, the lower bound of the bottleneck
+  int num_skips_ = 0;                                // ranks Pack set aside because they held the expert
+  bool stay_aware_ = false;                          // moves are priced by the weights they copy (previous given)
+  std::vector<int32_t> cnt_;                         // [E] replicas
+  std::vector<int32_t> greedy_cnt_;                  // [E] replicas after step 1
+  std::vector<int32_t> tournament_tree_;             // storage of the replication's tournament
+  std::vector<int32_t> best_cnt_;                    // [E] replicas of the best start so far
+  std::vector<int32_t> best_slot_;                   // [R, P/R] placement of the best start so far
+  std::vector<double> per_replica_;                  // [E] load / replicas
+  std::vector<int32_t> order_;                       // [E]
+  RadixScratch radix_;                               // for SortByPerReplicaLoad
+  std::vector<int32_t> home_;                        // [E] home node, -1 without groups or nodes
+  std::vector<int32_t> slot_;                        // [R, P/R] expert in each slot
+  std::vector<int32_t> fill_;                        // [R] slots used while packing
+  std::vector<int32_t> skipped_;                     // [R] ranks set aside by PlaceItem
+  std::vector<std::pair<double, int32_t>> by_load_;  // [R] (load, rank) sorted for the swap search
+  PackHeap heap_;                                    // ranks with a free slot while packing
+  std::vector<double> rank_load_;                    // [R]
+  std::vector<uint8_t> has_;                         // [R, E] rank holds the expert
+  std::vector<int32_t> ranks_of_;                    // [E, R] ranks holding each expert (first cnt_ entries)
+  std::vector<int32_t> ranks_fill_;                  // [E]
+  struct MultiReplica {
+    int32_t x, top;  // an expert with >= 2 replicas; its most loaded rank
+    double second;   // the load of its second most loaded rank
+  };
+  std::vector<MultiReplica> multi_;   // [E]
+  std::vector<double> share_plus_;    // [E] load / (replicas + 1) during a re-replication search
+  std::vector<double> share_minus_;   // [E] load / (replicas - 1), 0 for one replica
+  std::vector<double> group_load_;    // [G]
+  std::vector<int32_t> group_order_;  // [G]
+  std::vector<double> node_load_;     // [N]
+  std::vector<int32_t> node_groups_;  // [N]
+  std::vector<double> home_load_;     // [R, N] load a rank's content would serve at home on each node
+  std::vector<int32_t> buckets_;      // [N, N, P] slots (r * P/R + k) on node n homed at node h
+  std::vector<int32_t> bucket_size_;  // [N, N]
   // Previous placement.
   std::vector<int32_t> prev_cnt_;      // [R, E] replicas on each rank before
   std::vector<int32_t> kept_;          // [E] previous replicas kept

@@ -18,23 +18,25 @@ namespace {
 
 // Scratch reused by every layer (no allocation inside the layer loop).
 struct DeepSeekWorkspace {
-  std::vector<int32_t> order;          // [max(G, P/N)] sort order
-  std::vector<double> pack_weight;     // [max(N, R/N)]
-  std::vector<int32_t> pack_items;     // [max(N, R/N)]
-  std::vector<double> group_load;      // [G]
-  std::vector<int32_t> group_pack;     // [G]
-  std::vector<int32_t> group_rank;     // [G]
-  std::vector<int32_t> log2mlog;       // [E] logical → node-major ("mlog") index
-  std::vector<int32_t> mlog2log;       // [E]
-  std::vector<double> mlog_load;       // [E/N] load of the node's experts in mlog order
-  std::vector<double> per_replica;     // [E/N] load / replicas
-  std::vector<int32_t> mlogcnt;        // [E] replicas per mlog index
-  std::vector<int32_t> phy2mlog;       // [P/N]
-  std::vector<int32_t> phyrank;        // [P/N]
-  std::vector<double> phy_load;        // [P/N]
-  std::vector<int32_t> phy_pack;       // [P/N]
+  std::vector<int32_t> order;             // [max(G, P/N)] sort order
+  std::vector<double> pack_weight;        // [max(N, R/N)]
+  std::vector<int32_t> pack_items;        // [max(N, R/N)]
+  std::vector<double> group_load;         // [G]
+  std::vector<int32_t> group_pack;        // [G]
+  std::vector<int32_t> group_rank;        // [G]
+  std::vector<int32_t> log2mlog;          // [E] logical → node-major ("mlog") index
+  std::vector<int32_t> mlog2log;          // [E]
+  std::vector<double> mlog_load;          // [E/N] load of the node's experts in mlog order
+  std::vector<double> per_replica;        // [E/N] load / replicas
+  std::vector<int32_t> mlogcnt;           // [E] replicas per mlog index
+  std::vector<int32_t> phy2mlog;          // [P/N]
+  std::vector<int32_t> phyrank;           // [P/N]
+  std::vector<double> phy_load;           // [P/N]
+  std::vector<int32_t> phy_pack;          // [P/N]
   std::vector<int32_t> phy_rank_in_pack;  // [P/N]
-  PackHeap heap;                       // packs with room
+  PackHeap heap;                          // packs with room
+  std::vector<int32_t> tree;              // tournament storage of the replication
+  RadixScratch radix;                     // sort scratch
 };
 
 // eplb.py balanced_packing for one row. weight: [n]; writes pack_index [n] and rank_in_pack [n].
@@ -50,12 +52,7 @@ void BalancedPacking(const double* weight, int n, int num_packs, int32_t* pack_i
     return;
   }
   int32_t* order = ws.order.data();
-  std::iota(order, order + n, 0);
-  // (descending weight, ascending index) is a strict total order: the same result as a stable sort,
-  // without std::stable_sort's temporary buffer.
-  std::sort(order, order + n, [weight](int32_t a, int32_t b) {
-    return weight[a] > weight[b] || (weight[a] == weight[b] && a < b);
-  });
+  SortIndicesByDescendingKey(weight, n, order, &ws.radix);  // heaviest first, ties by index (stable sort)
   double* pw = ws.pack_weight.data();
   int32_t* pi = ws.pack_items.data();
   std::fill(pw, pw + num_packs, 0.0);
@@ -76,23 +73,27 @@ void BalancedPacking(const double* weight, int n, int num_packs, int32_t* pack_i
 
 // eplb.py replicate_experts for one row: num_log experts with load [num_log] into num_phy slots.
 // Writes phy2log [num_phy], phyrank [num_phy] (replica index of each slot) and logcnt [num_log].
-void ReplicateExperts(const double* load, int num_log, int num_phy, int32_t* phy2log, int32_t* phyrank,
-                      int32_t* logcnt, double* per_replica) {
+// Each step takes the largest load per replica, the lowest index among equal values (torch.max).
+void ReplicateExperts(const double* load, int num_log, int num_phy, int32_t* phy2log, int32_t* phyrank, int32_t* logcnt,
+                      double* per_replica, std::vector<int32_t>* tree) {
   for (int i = 0; i < num_log; ++i) {
     phy2log[i] = i;
     phyrank[i] = 0;
     logcnt[i] = 1;
     per_replica[i] = load[i];
   }
+  auto better = [per_replica](int a, int b) {
+    return per_replica[a] > per_replica[b] || (per_replica[a] == per_replica[b] && a < b);
+  };
+  Tournament<decltype(better)> tournament(better, tree);
+  tournament.Build(num_log);
   for (int i = num_log; i < num_phy; ++i) {
-    int best = 0;
-    for (int j = 1; j < num_log; ++j) {
-      if (per_replica[j] > per_replica[best]) best = j;
-    }
+    const int best = tournament.Best();
     phy2log[i] = best;
     phyrank[i] = logcnt[best];
     ++logcnt[best];
     per_replica[best] = load[best] / logcnt[best];
+    tournament.Update(best);
   }
 }
 
@@ -147,8 +148,8 @@ Placement PlaceDeepSeek(const PlacementProblem& p, int num_groups, int num_nodes
       const int32_t* node_mlog2log = ws.mlog2log.data() + n * experts_per_node;
       int32_t* node_cnt = ws.mlogcnt.data() + n * experts_per_node;
       for (int i = 0; i < experts_per_node; ++i) ws.mlog_load[i] = load[node_mlog2log[i]];
-      ReplicateExperts(ws.mlog_load.data(), experts_per_node, slots_per_node, ws.phy2mlog.data(),
-                       ws.phyrank.data(), node_cnt, ws.per_replica.data());
+      ReplicateExperts(ws.mlog_load.data(), experts_per_node, slots_per_node, ws.phy2mlog.data(), ws.phyrank.data(),
+                       node_cnt, ws.per_replica.data(), &ws.tree);
       // Step 3: the node's physical experts onto its ranks.
       for (int j = 0; j < slots_per_node; ++j) {
         const int m = ws.phy2mlog[j];

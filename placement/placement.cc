@@ -1,10 +1,11 @@
 // Entry point, validation, metrics and move counting shared by every placement algorithm.
+#include "placement/placement.h"
+
 #include <algorithm>
 #include <cmath>
 #include <limits>
 #include <string>
 
-#include "placement/placement.h"
 #include "placement/placement_internal.h"
 #include "runtime/common/check.h"
 
@@ -21,10 +22,10 @@ std::string Str(int64_t v) { return std::to_string(v); }
 Status ValidateProblem(const PlacementProblem& p) {
   if (p.num_layers < 1 || p.num_experts < 1 || p.num_slots < 1 || p.num_ranks < 1 || p.num_nodes < 1 ||
       p.num_groups < 1) {
-    return Status::InvalidArgument("placement needs layers L = " + Str(p.num_layers) + ", experts E = " +
-                                   Str(p.num_experts) + ", slots P = " + Str(p.num_slots) + ", ranks R = " +
-                                   Str(p.num_ranks) + ", nodes N = " + Str(p.num_nodes) + " and groups G = " +
-                                   Str(p.num_groups) + " all >= 1");
+    return Status::InvalidArgument("placement needs layers L = " + Str(p.num_layers) +
+                                   ", experts E = " + Str(p.num_experts) + ", slots P = " + Str(p.num_slots) +
+                                   ", ranks R = " + Str(p.num_ranks) + ", nodes N = " + Str(p.num_nodes) +
+                                   " and groups G = " + Str(p.num_groups) + " all >= 1");
   }
   const int64_t cells = static_cast<int64_t>(p.num_layers) * p.num_experts;
   if (static_cast<int64_t>(p.load.size()) != cells) {
@@ -34,26 +35,25 @@ Status ValidateProblem(const PlacementProblem& p) {
   for (int64_t i = 0; i < cells; ++i) {
     const double v = p.load[i];
     if (!std::isfinite(v) || v < 0) {
-      return Status::InvalidArgument("load of layer " + Str(i / p.num_experts) + ", expert " +
-                                     Str(i % p.num_experts) + " is " + std::to_string(v) +
-                                     "; loads must be finite and >= 0");
+      return Status::InvalidArgument("load of layer " + Str(i / p.num_experts) + ", expert " + Str(i % p.num_experts) +
+                                     " is " + std::to_string(v) + "; loads must be finite and >= 0");
     }
   }
   if (p.num_slots < p.num_experts) {
-    return Status::InvalidArgument("physical slots P = " + Str(p.num_slots) + " must be >= logical experts E = " +
-                                   Str(p.num_experts));
+    return Status::InvalidArgument("physical slots P = " + Str(p.num_slots) +
+                                   " must be >= logical experts E = " + Str(p.num_experts));
   }
   if (p.num_slots % p.num_ranks != 0) {
-    return Status::InvalidArgument("physical slots P = " + Str(p.num_slots) + " must be a multiple of ranks R = " +
-                                   Str(p.num_ranks) + " (equal slots per rank)");
+    return Status::InvalidArgument("physical slots P = " + Str(p.num_slots) +
+                                   " must be a multiple of ranks R = " + Str(p.num_ranks) + " (equal slots per rank)");
   }
   if (p.num_ranks % p.num_nodes != 0) {
-    return Status::InvalidArgument("ranks R = " + Str(p.num_ranks) + " must be a multiple of nodes N = " +
-                                   Str(p.num_nodes) + " (equal ranks per node)");
+    return Status::InvalidArgument("ranks R = " + Str(p.num_ranks) +
+                                   " must be a multiple of nodes N = " + Str(p.num_nodes) + " (equal ranks per node)");
   }
   if (p.num_experts % p.num_groups != 0) {
-    return Status::InvalidArgument("experts E = " + Str(p.num_experts) + " must be a multiple of groups G = " +
-                                   Str(p.num_groups) + " (equal group sizes)");
+    return Status::InvalidArgument("experts E = " + Str(p.num_experts) +
+                                   " must be a multiple of groups G = " + Str(p.num_groups) + " (equal group sizes)");
   }
   return Status::Ok();
 }
@@ -175,28 +175,30 @@ Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algo
       return PlaceDeepSeek(p, 1, 1);
     case PlacementAlgorithm::kDeepSeekHierarchical:
       if (p.num_groups % p.num_nodes != 0) {
-        return Status::InvalidArgument("deepseek-hierarchical packs whole groups onto nodes: groups G = " +
-                                       std::to_string(p.num_groups) + " must be a multiple of nodes N = " +
-                                       std::to_string(p.num_nodes) + " (use deepseek-global or eldr)");
+        return Status::InvalidArgument(
+            "deepseek-hierarchical packs whole groups onto nodes: groups G = " + std::to_string(p.num_groups) +
+            " must be a multiple of nodes N = " + std::to_string(p.num_nodes) + " (use deepseek-global or eldr)");
       }
       return PlaceDeepSeek(p, p.num_groups, p.num_nodes);
     case PlacementAlgorithm::kEldr: {
       const int spr = p.num_slots / p.num_ranks;
       if (spr > p.num_experts) {
-        return Status::InvalidArgument("eldr keeps replicas of one expert on distinct ranks, so slots per rank P/R = " +
-                                       std::to_string(spr) + " must be <= experts E = " +
-                                       std::to_string(p.num_experts));
-      }
-      if (previous != nullptr &&
-          (previous->num_layers != p.num_layers || previous->num_experts != p.num_experts ||
-           previous->num_slots != p.num_slots || previous->num_ranks != p.num_ranks ||
-           previous->phy2log.size() != static_cast<size_t>(p.num_layers) * p.num_slots)) {
         return Status::InvalidArgument(
-            "previous placement is [L = " + std::to_string(previous->num_layers) + ", E = " +
-            std::to_string(previous->num_experts) + ", P = " + std::to_string(previous->num_slots) + ", R = " +
-            std::to_string(previous->num_ranks) + "], the problem is [L = " + std::to_string(p.num_layers) +
-            ", E = " + std::to_string(p.num_experts) + ", P = " + std::to_string(p.num_slots) + ", R = " +
-            std::to_string(p.num_ranks) + "]");
+            "eldr keeps replicas of one expert on distinct ranks, so slots per rank P/R = " + std::to_string(spr) +
+            " must be <= experts E = " + std::to_string(p.num_experts));
+      }
+      if (previous != nullptr && (previous->num_layers != p.num_layers || previous->num_experts != p.num_experts ||
+                                  previous->num_slots != p.num_slots || previous->num_ranks != p.num_ranks ||
+                                  previous->phy2log.size() != static_cast<size_t>(p.num_layers) * p.num_slots)) {
+        return Status::InvalidArgument(
+            "previous placement is [L = " + std::to_string(previous->num_layers) +
+            ", E = " + std::to_string(previous->num_experts) + ", P = " + std::to_string(previous->num_slots) +
+            ", R = " + std::to_string(previous->num_ranks) + "], the problem is [L = " + std::to_string(p.num_layers) +
+            ", E = " + std::to_string(p.num_experts) + ", P = " + std::to_string(p.num_slots) +
+            ", R = " + std::to_string(p.num_ranks) + "]");
+      }
+      if (!std::isfinite(p.move_slack) || p.move_slack < 0) {
+        return Status::InvalidArgument("move slack " + std::to_string(p.move_slack) + " must be finite and >= 0");
       }
       if (previous != nullptr) {
         for (int32_t e : previous->phy2log) {
@@ -269,8 +271,8 @@ double GroupLocality(const Placement& pl, const std::vector<double>& load, int n
 }
 
 MoveStats CountMoves(const Placement& from, const Placement& to, int64_t expert_bytes) {
-  ELDR_CHECK(from.num_layers == to.num_layers && from.num_experts == to.num_experts &&
-                 from.num_slots == to.num_slots && from.num_ranks == to.num_ranks,
+  ELDR_CHECK(from.num_layers == to.num_layers && from.num_experts == to.num_experts && from.num_slots == to.num_slots &&
+                 from.num_ranks == to.num_ranks,
              "placements of different shapes");
   const int L = to.num_layers, E = to.num_experts, P = to.num_slots, R = to.num_ranks;
   const int spr = P / R;
@@ -308,8 +310,8 @@ Result<Placement> PlacementFromPhy2Log(int num_layers, int num_experts, int num_
   }
   const int P = static_cast<int>(phy2log.size() / num_layers);
   if (P % num_ranks != 0) {
-    return Status::InvalidArgument("physical slots P = " + std::to_string(P) + " must be a multiple of ranks R = " +
-                                   std::to_string(num_ranks));
+    return Status::InvalidArgument("physical slots P = " + std::to_string(P) +
+                                   " must be a multiple of ranks R = " + std::to_string(num_ranks));
   }
   Placement pl;
   pl.num_layers = num_layers;
@@ -323,8 +325,7 @@ Result<Placement> PlacementFromPhy2Log(int num_layers, int num_experts, int num_
       const int32_t e = pl.phy2log[static_cast<size_t>(l) * P + s];
       if (e < 0 || e >= num_experts) {
         return Status::InvalidArgument("phy2log[" + std::to_string(l) + ", " + std::to_string(s) + "] = " +
-                                       std::to_string(e) + " is outside [0, E = " + std::to_string(num_experts) +
-                                       ")");
+                                       std::to_string(e) + " is outside [0, E = " + std::to_string(num_experts) + ")");
       }
       ++pl.logcnt[static_cast<size_t>(l) * num_experts + e];
     }

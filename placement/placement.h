@@ -10,17 +10,19 @@
 //    rebalance_experts_hierarchical): pack whole expert groups onto nodes, replicate within each node, then
 //    pack the node's physical experts onto its ranks. Reproduces the README example of that repository.
 //  - kDeepSeekGlobal: the same with one group and one node (eplb.py's global policy).
-//  - kEldr: never puts two replicas of one expert on a rank; balance first (greedy replication, then
-//    heaviest-first packing and bottleneck swaps), then, without raising any layer's bottleneck, swaps
-//    that keep each group on a home node (node-aware, not node-forced) and, given a previous placement,
-//    swaps that keep experts on the rank that already holds their weights (fewer moves).
+//  - kEldr: never puts two replicas of one expert on a rank. Balance first: greedy replication, heaviest-
+//    first packing, then a bottleneck search over swaps and re-replications. Then, without raising any
+//    layer's bottleneck: rank contents moved to the nodes where their groups live and swaps that bring
+//    replicas to their group's home node (node-aware, not node-forced); given a previous placement, a
+//    placement that keeps experts on the ranks that already hold their weights (fewer moves).
+//    eldr_placement.cc describes the steps.
 //
 // Tie rule of the DeepSeek variants (eplb.py uses torch sort/max): (1) "heaviest first" is a stable sort
 // by descending load, so equal loads keep ascending index order; (2) "lightest non-full pack" takes the
 // lowest pack index among equal pack loads; (3) "the expert with the highest load per replica" takes the
-// lowest (node-local) index among equal values, as torch.max does. Loads are compared in double
-// precision (eplb.py converts to float32), so loads equal in float32 but not in double may order
-// differently from eplb.py; integer loads below 2^24 order identically.
+// lowest (node-local) index among equal values, as torch.max does. Loads and shares are compared in
+// double precision (eplb.py converts to float32), so values that tie or nearly tie in float32 can order
+// differently from eplb.py; the README example (integer loads) reproduces exactly.
 //
 // Thread safety: every function is reentrant; nothing is shared between calls.
 #pragma once
@@ -34,13 +36,16 @@
 namespace eldr {
 
 struct PlacementProblem {
-  int num_layers = 0;         // L
-  int num_experts = 0;        // E, logical experts per layer
-  std::vector<double> load;   // [L, E], finite and >= 0, any unit (tokens, fractions of tokens)
-  int num_slots = 0;          // P = E + redundant physical slots per layer; P % R == 0
-  int num_ranks = 0;          // R, EP ranks (GPUs); R % N == 0
-  int num_nodes = 1;          // N, nodes the ranks are spread over (fast links inside a node)
-  int num_groups = 1;         // G, expert groups of E/G consecutive experts; E % G == 0
+  int num_layers = 0;        // L
+  int num_experts = 0;       // E, logical experts per layer
+  std::vector<double> load;  // [L, E], finite and >= 0, any unit (tokens, fractions of tokens)
+  int num_slots = 0;         // P = E + redundant physical slots per layer; P % R == 0
+  int num_ranks = 0;         // R, EP ranks (GPUs); R % N == 0
+  int num_nodes = 1;         // N, nodes the ranks are spread over (fast links inside a node)
+  int num_groups = 1;        // G, expert groups of E/G consecutive experts; E % G == 0
+  // kEldr with a previous placement: each layer's bottleneck (most loaded rank) may exceed the one placed
+  // without the previous placement by this fraction, to move fewer experts. 0 = never trade balance.
+  double move_slack = 0.0;
 };
 
 struct Placement {
@@ -48,10 +53,10 @@ struct Placement {
   int num_experts = 0;
   int num_slots = 0;
   int num_ranks = 0;
-  int max_replicas = 0;            // max over the whole placement of logcnt
-  std::vector<int32_t> phy2log;    // [L, P], logical expert in each physical slot
-  std::vector<int32_t> log2phy;    // [L, E, max_replicas], slots of each expert, -1 padded
-  std::vector<int32_t> logcnt;     // [L, E], replicas of each expert, >= 1, summing to P in a layer
+  int max_replicas = 0;          // max over the whole placement of logcnt
+  std::vector<int32_t> phy2log;  // [L, P], logical expert in each physical slot
+  std::vector<int32_t> log2phy;  // [L, E, max_replicas], slots of each expert, -1 padded
+  std::vector<int32_t> logcnt;   // [L, E], replicas of each expert, >= 1, summing to P in a layer
 
   int slots_per_rank() const { return num_ranks > 0 ? num_slots / num_ranks : 0; }
 };
@@ -67,15 +72,17 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // kDeepSeekHierarchical also G % N != 0; for kEldr also P/R > E (a rank could not avoid holding two
 // replicas of one expert) or a `previous` of another shape.
 // `previous` (optional, kEldr only; the DeepSeek variants follow the public algorithm and ignore it):
-// the placement in service now; among the placements the search finds with the same per-layer bottleneck
-// load, kEldr prefers those that move fewer expert weights (CountMoves). When the load is unchanged and
-// `previous` came from kEldr on the same problem, the result equals `previous` (zero moves).
+// the placement in service now. kEldr then looks for a placement that moves fewer expert weights
+// (CountMoves) while no layer's bottleneck exceeds (1 + move_slack) times the one it reaches without
+// `previous`. When the load is unchanged and `previous` came from kEldr on the same problem, the result
+// equals `previous` (zero moves). InvalidArgument if move_slack is negative or not finite.
 // Layers with zero total load are valid: the DeepSeek variants behave as eplb.py does (every redundant
 // slot goes to expert 0 of the node), kEldr spreads redundant slots over distinct experts.
 // log2phy order: DeepSeek variants list replicas in eplb.py's replica-rank order (the original slot
 // first, then redundant copies in the order they were created); kEldr lists slots in ascending order.
-// Performance: O(L * (E log E + P * R)) plus bounded local search; scratch buffers are allocated once
-// per call, not per layer.
+// Performance: O(L * (E log E + P log R)) plus a bounded local search for kEldr; scratch buffers are
+// allocated once per call, not per layer. 94 layers x 128 experts into 160 slots on 32 ranks: about 2 ms
+// (DeepSeek variants) and 4-5 ms (kEldr) on the 2-core dev VM (bench/placement_bench).
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
 
@@ -88,8 +95,7 @@ double Balancedness(const Placement& placement, const std::vector<double>& load)
 // How much of each group's load is served on one node: Σ_{l,g} max_n served(l, g, n) ÷ Σ_{l,g} load(l, g),
 // where served(l, g, n) is the load of group g's replicas on node n. 1.0 = every group on one node (as
 // kDeepSeekHierarchical guarantees); 1.0 also when the load is zero. REQUIRES: E % G == 0, R % N == 0.
-double GroupLocality(const Placement& placement, const std::vector<double>& load, int num_groups,
-                     int num_nodes);
+double GroupLocality(const Placement& placement, const std::vector<double>& load, int num_groups, int num_nodes);
 
 struct MoveStats {
   int64_t moved_experts = 0;  // expert weights that must be copied onto a rank that does not hold them

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cstring>
 #include <utility>
 #include <vector>
 
@@ -49,9 +50,115 @@ class PackHeap {
 
  private:
   struct Later {
-    bool operator()(const std::pair<double, int>& a, const std::pair<double, int>& b) const { return a > b; }
+    bool operator()(const std::pair<double, int>& a, const std::pair<double, int>& b) const {
+      return (a.first > b.first) | ((a.first == b.first) & (a.second > b.second));  // branch-free
+    }
   };
   std::vector<std::pair<double, int>> heap_;  // (load, pack), a min-heap
+};
+
+// The best of n items under a strict order `better(a, b)` (a beats b), kept in a tournament tree: Build is
+// O(n), Update of one item O(log n), Best O(1). Used by the greedy replication, which asks for the expert
+// with the most load per replica after every change of one expert. `tree` is caller-owned storage, reused
+// across layers.
+template <typename Better>
+class Tournament {
+ public:
+  Tournament(Better better, std::vector<int32_t>* tree) : better_(better), tree_(*tree) {}
+  void Build(int n) {
+    leaves_ = 1;
+    while (leaves_ < n) leaves_ *= 2;
+    tree_.assign(2 * static_cast<size_t>(leaves_), -1);
+    for (int i = 0; i < n; ++i) tree_[leaves_ + i] = i;
+    for (int v = leaves_ - 1; v >= 1; --v) tree_[v] = Winner(tree_[2 * v], tree_[2 * v + 1]);
+  }
+  int Best() const { return tree_[1]; }
+  // Call after item i changed.
+  void Update(int i) {
+    for (int v = (leaves_ + i) / 2; v >= 1; v /= 2) tree_[v] = Winner(tree_[2 * v], tree_[2 * v + 1]);
+  }
+
+ private:
+  int Winner(int a, int b) const {
+    if (a < 0) return b;
+    if (b < 0) return a;
+    return better_(b, a) ? b : a;
+  }
+  Better better_;
+  std::vector<int32_t>& tree_;  // [2 * leaves] item at each node, -1 for padding
+  int leaves_ = 1;
+};
+
+// order[0..n) = indices of `key` [n] by descending key, ascending index among equal keys (a stable sort).
+// REQUIRES: keys >= 0 and not NaN. From 64 items on, an LSD radix sort on the upper half of the IEEE-754
+// bits (monotone for non-negative doubles; bytes all keys share are skipped) and an insertion sort for
+// keys that share it: few data-dependent branches, unlike a comparison sort, which mispredicts on most
+// comparisons. `scratch` is caller-owned storage.
+struct RadixScratch {
+  std::vector<uint64_t> keys, keys_tmp;
+  std::vector<int32_t> idx_tmp;
+};
+inline void SortIndicesByDescendingKey(const double* key, int n, int32_t* order, RadixScratch* scratch) {
+  if (n < 64) {  // eight radix passes cost more than a short comparison sort
+    for (int i = 0; i < n; ++i) order[i] = i;
+    std::sort(order, order + n, [key](int32_t a, int32_t b) { return key[a] > key[b] || (key[a] == key[b] && a < b); });
+    return;
+  }
+  std::vector<uint64_t>& k = scratch->keys;
+  std::vector<uint64_t>& k2 = scratch->keys_tmp;
+  std::vector<int32_t>& i2 = scratch->idx_tmp;
+  k.resize(n);
+  k2.resize(n);
+  i2.resize(n);
+  for (int i = 0; i < n; ++i) {
+    uint64_t bits = 0;
+    if (key[i] > 0) std::memcpy(&bits, &key[i], sizeof bits);
+    k[i] = ~bits;  // ascending ~bits = descending key
+    order[i] = i;
+  }
+  uint64_t* src_k = k.data();
+  uint64_t* dst_k = k2.data();
+  int32_t* src_i = order;
+  int32_t* dst_i = i2.data();
+  // Radix passes on the upper 32 bits only (sign, exponent and the top 20 mantissa bits) ...
+  for (int shift = 32; shift < 64; shift += 8) {
+    int count[257] = {};
+    for (int i = 0; i < n; ++i) ++count[((src_k[i] >> shift) & 0xff) + 1];
+    if (count[((src_k[0] >> shift) & 0xff) + 1] == n) continue;  // every key has this byte
+    for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+    for (int i = 0; i < n; ++i) {
+      const int pos = count[(src_k[i] >> shift) & 0xff]++;
+      dst_k[pos] = src_k[i];
+      dst_i[pos] = src_i[i];
+    }
+    std::swap(src_k, dst_k);
+    std::swap(src_i, dst_i);
+  }
+  // ... then an insertion sort on the full keys, which only has to reorder runs that share those bits
+  // (strictly greater moves, so equal keys keep their index order).
+  for (int i = 1; i < n; ++i) {
+    const uint64_t key_i = src_k[i];
+    if (key_i >= src_k[i - 1]) continue;
+    const int32_t idx_i = src_i[i];
+    int j = i;
+    for (; j > 0 && src_k[j - 1] > key_i; --j) {
+      src_k[j] = src_k[j - 1];
+      src_i[j] = src_i[j - 1];
+    }
+    src_k[j] = key_i;
+    src_i[j] = idx_i;
+  }
+  if (src_i != order) std::copy(src_i, src_i + n, order);
+}
+
+// Strict weak order on (key, index) pairs: by key, then index. Spelled out because C++20's std::pair
+// operator< goes through operator<=> and partial_ordering for double, which is several times slower in the
+// packing loops.
+struct KeyIndexLess {
+  template <typename Pair>
+  bool operator()(const Pair& a, const Pair& b) const {
+    return (a.first < b.first) | ((a.first == b.first) & (a.second < b.second));  // branch-free
+  }
 };
 
 // Minimum-cost perfect matching of an n x n integer cost matrix (Hungarian algorithm with potentials,

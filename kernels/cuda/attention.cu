@@ -150,8 +150,8 @@ void PagedAttentionDecode(const PagedAttentionDecodeParams& p, cudaStream_t stre
   if (p.num_seqs <= 0) return;
   const int64_t blocks = static_cast<int64_t>(p.num_seqs) * p.num_q_heads;
   DecodeKernel<<<static_cast<unsigned>(blocks), kAttentionThreads, 0, stream>>>(
-      p.q, AsBf16(c.k), AsBf16(c.v), p.block_tables, p.context_lens, p.num_q_heads, p.max_blocks_per_seq,
-      c.block_size, c.num_kv_heads, c.head_dim, p.num_q_heads / c.num_kv_heads, p.scale, p.out);
+      p.q, AsBf16(c.k), AsBf16(c.v), p.block_tables, p.context_lens, p.num_q_heads, p.max_blocks_per_seq, c.block_size,
+      c.num_kv_heads, c.head_dim, p.num_q_heads / c.num_kv_heads, p.scale, p.out);
   ELDR_CUDA_CHECK_LAUNCH();
 }
 

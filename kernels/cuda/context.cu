@@ -123,8 +123,8 @@ void GemmNT(cublasHandle_t handle, int n, int m, int k, const Bf16* a, int lda, 
             cudaDataType_t c_type, int ldc, float beta) {
   if (n <= 0 || m <= 0) return;
   const float alpha = 1.f;
-  ELDR_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16BF, lda, b,
-                                 CUDA_R_16BF, ldb, &beta, c, c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
+  ELDR_CUBLAS_CHECK(cublasGemmEx(handle, CUBLAS_OP_T, CUBLAS_OP_N, m, n, k, &alpha, a, CUDA_R_16BF, lda, b, CUDA_R_16BF,
+                                 ldb, &beta, c, c_type, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT));
 }
 
 }  // namespace eldr::kernels::cuda

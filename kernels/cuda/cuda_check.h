@@ -24,22 +24,21 @@ inline std::string DescribeCublasError(cublasStatus_t status, const char* expr) 
 }  // namespace eldr::kernels::cuda
 
 // Evaluates `expr` (a cudaError_t) once; throws eldr::Error unless it is cudaSuccess.
-#define ELDR_CUDA_CHECK(expr)                                                                                 \
-  do {                                                                                                        \
-    const cudaError_t eldr_cuda_err_ = (expr);                                                                \
-    if (eldr_cuda_err_ != cudaSuccess) {                                                                      \
+#define ELDR_CUDA_CHECK(expr)                                                                                   \
+  do {                                                                                                          \
+    const cudaError_t eldr_cuda_err_ = (expr);                                                                  \
+    if (eldr_cuda_err_ != cudaSuccess) {                                                                        \
       throw ::eldr::Error(__FILE__, __LINE__, ::eldr::kernels::cuda::DescribeCudaError(eldr_cuda_err_, #expr)); \
-    }                                                                                                         \
+    }                                                                                                           \
   } while (0)
 
 // Evaluates `expr` (a cublasStatus_t) once; throws eldr::Error unless it is CUBLAS_STATUS_SUCCESS.
-#define ELDR_CUBLAS_CHECK(expr)                                                                        \
-  do {                                                                                                 \
-    const cublasStatus_t eldr_cublas_status_ = (expr);                                                 \
-    if (eldr_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                                \
-      throw ::eldr::Error(__FILE__, __LINE__,                                                          \
-                          ::eldr::kernels::cuda::DescribeCublasError(eldr_cublas_status_, #expr));     \
-    }                                                                                                  \
+#define ELDR_CUBLAS_CHECK(expr)                                                                                        \
+  do {                                                                                                                 \
+    const cublasStatus_t eldr_cublas_status_ = (expr);                                                                 \
+    if (eldr_cublas_status_ != CUBLAS_STATUS_SUCCESS) {                                                                \
+      throw ::eldr::Error(__FILE__, __LINE__, ::eldr::kernels::cuda::DescribeCublasError(eldr_cublas_status_, #expr)); \
+    }                                                                                                                  \
   } while (0)
 
 // After a kernel launch: reports a bad launch configuration at the launch site (execution errors surface at

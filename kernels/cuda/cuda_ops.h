@@ -46,7 +46,9 @@ class Context {
   int device() const;
   // MoeExperts runs its expert GEMMs as one cublasGemmGroupedBatchedEx call per projection when the cuBLAS
   // library has it (12.5 and later) and this is on (default), else as one cublasGemmEx per active expert.
-  // Both give the same results up to fp32 summation order; the switch exists to test and compare them.
+  // Both give the same results up to fp32 summation order; the switch exists to test and compare them. If
+  // cuBLAS answers CUBLAS_STATUS_NOT_SUPPORTED to the grouped call, the context turns it off (grouped_gemm()
+  // then reads false) and says so once on stderr.
   static bool GroupedGemmAvailable();
   void set_grouped_gemm(bool on);
   bool grouped_gemm() const;
@@ -78,9 +80,9 @@ void RmsNorm(const RmsNormParams& p, cudaStream_t stream);
 // Rotary embedding, rotate-half convention (as kernels::ApplyRope), in place. Angles in double precision, so
 // long positions keep their accuracy.
 struct RopeParams {
-  float* q = nullptr;                  // [num_tokens, num_q_heads, head_dim]
-  float* k = nullptr;                  // [num_tokens, num_kv_heads, head_dim]
-  const int32_t* positions = nullptr;  // [num_tokens]
+  float* q = nullptr;                                                   // [num_tokens, num_q_heads, head_dim]
+  float* k = nullptr;                                                   // [num_tokens, num_kv_heads, head_dim]
+  const int32_t* positions = nullptr;                                   // [num_tokens]
   int num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;  // REQUIRES: head_dim even
   float theta = 10000.f;
 };
@@ -88,9 +90,9 @@ void ApplyRope(const RopeParams& p, cudaStream_t stream);
 
 // y = bf16(x) W^T for a bf16 weight W [out_features, in_features]; fp32 output.
 struct LinearParams {
-  const float* x = nullptr;     // [num_tokens, in_features]
-  const Bf16* weight = nullptr; // [out_features, in_features]
-  float* y = nullptr;           // [num_tokens, out_features]
+  const float* x = nullptr;      // [num_tokens, in_features]
+  const Bf16* weight = nullptr;  // [out_features, in_features]
+  float* y = nullptr;            // [num_tokens, out_features]
   int num_tokens = 0, in_features = 0, out_features = 0;
 };
 void Linear(Context& ctx, const LinearParams& p, cudaStream_t stream);
@@ -99,7 +101,7 @@ void Linear(Context& ctx, const LinearParams& p, cudaStream_t stream);
 // renormalised so the k weights sum to 1. The selection compares the logits themselves (softmax is monotonic),
 // so the ids equal the CPU's exactly; weights are fp32.
 struct GateTopKParams {
-  const float* logits = nullptr;  // [num_tokens, num_experts]
+  const float* logits = nullptr;                   // [num_tokens, num_experts]
   int num_tokens = 0, num_experts = 0, top_k = 0;  // REQUIRES: 1 <= top_k <= num_experts <= 2048
   bool renormalize = true;
   int32_t* topk_ids = nullptr;    // [num_tokens, top_k]
@@ -122,30 +124,31 @@ void GroupByExpert(const GroupByExpertParams& p, cudaStream_t stream);
 
 // The gather of the permute step: x_permuted[r] = bf16(x[pairs[r] / top_k]).
 struct PermuteParams {
-  const float* x = nullptr;      // [num_tokens, hidden]
+  const float* x = nullptr;        // [num_tokens, hidden]
   const int32_t* pairs = nullptr;  // [num_pairs]
   int num_pairs = 0, top_k = 0, hidden = 0;
-  Bf16* x_permuted = nullptr;    // [num_pairs, x_permuted_stride]
-  int64_t x_permuted_stride = 0; // elements between rows; 0 means hidden
+  Bf16* x_permuted = nullptr;     // [num_pairs, x_permuted_stride]
+  int64_t x_permuted_stride = 0;  // elements between rows; 0 means hidden
 };
 void Permute(const PermuteParams& p, cudaStream_t stream);
 
 // The weighted combine: out[t] += Σ_j topk_weights[t, j] · y_permuted[pair_rows[t * top_k + j]], summed in
 // fp32 in the order j = 0 .. top_k - 1 (deterministic).
 struct CombineParams {
-  const Bf16* y_permuted = nullptr;  // [num_tokens * top_k, y_permuted_stride]
-  int64_t y_permuted_stride = 0;     // elements between rows; 0 means hidden
-  const int32_t* pair_rows = nullptr;     // [num_tokens * top_k]
-  const float* topk_weights = nullptr;    // [num_tokens, top_k]
+  const Bf16* y_permuted = nullptr;     // [num_tokens * top_k, y_permuted_stride]
+  int64_t y_permuted_stride = 0;        // elements between rows; 0 means hidden
+  const int32_t* pair_rows = nullptr;   // [num_tokens * top_k]
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]
   int num_tokens = 0, top_k = 0, hidden = 0;
-  float* out = nullptr;              // [num_tokens, hidden], accumulated into
+  float* out = nullptr;  // [num_tokens, hidden], accumulated into
 };
 void Combine(const CombineParams& p, cudaStream_t stream);
 
 // The routed experts of one MoE layer: SwiGLU expert e(x) = down_e(silu(gate_e x) * up_e x). Host vectors
 // of device pointers, so experts may live anywhere (one packed tensor, one allocation each); a null pointer
 // marks an expert that is not resident, which must then receive no token. REQUIRES: every pointer 16-byte
-// aligned (cudaMalloc'd, or rows of a packed [num_experts, rows, cols] tensor).
+// aligned (cudaMalloc'd, or slices of a packed [num_experts, rows, cols] tensor whose rows * cols is a
+// multiple of 8), as the grouped cuBLAS call needs.
 struct ExpertWeights {
   std::vector<const Bf16*> gate_proj;  // [num_experts] of [intermediate, hidden]
   std::vector<const Bf16*> up_proj;    // [num_experts] of [intermediate, hidden]
@@ -165,19 +168,19 @@ struct MoeParams {
   const float* topk_weights = nullptr;  // [num_tokens, top_k]
   int num_tokens = 0, top_k = 0;
   const ExpertWeights* experts = nullptr;  // host
-  float* out = nullptr;                 // [num_tokens, hidden], accumulated into
+  float* out = nullptr;                    // [num_tokens, hidden], accumulated into
 };
 void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream);
 
 // One dense SwiGLU MLP (dense layers, shared experts): out[t] += down(silu(gate x) * up x), with bf16 gate
 // and up outputs and an fp32 down projection accumulated into out.
 struct MlpParams {
-  const float* x = nullptr;          // [num_tokens, hidden]
-  const Bf16* gate_proj = nullptr;   // [intermediate, hidden]
-  const Bf16* up_proj = nullptr;     // [intermediate, hidden]
-  const Bf16* down_proj = nullptr;   // [hidden, intermediate]
+  const float* x = nullptr;         // [num_tokens, hidden]
+  const Bf16* gate_proj = nullptr;  // [intermediate, hidden]
+  const Bf16* up_proj = nullptr;    // [intermediate, hidden]
+  const Bf16* down_proj = nullptr;  // [hidden, intermediate]
   int num_tokens = 0, hidden = 0, intermediate = 0;
-  float* out = nullptr;              // [num_tokens, hidden], accumulated into
+  float* out = nullptr;  // [num_tokens, hidden], accumulated into
 };
 void Mlp(Context& ctx, const MlpParams& p, cudaStream_t stream);
 
@@ -205,13 +208,13 @@ void WriteKv(const KvWriteParams& p, cudaStream_t stream);
 // head h reads KV head h / (num_q_heads / num_kv_heads)). One block per (sequence, query head), online
 // softmax in fp32. REQUIRES: head_dim <= 256, num_q_heads a multiple of num_kv_heads.
 struct PagedAttentionDecodeParams {
-  const float* q = nullptr;               // [num_seqs, num_q_heads, head_dim]
+  const float* q = nullptr;  // [num_seqs, num_q_heads, head_dim]
   PagedKv cache;
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   const int32_t* context_lens = nullptr;  // [num_seqs] tokens in the cache, the new one included
   int num_seqs = 0, num_q_heads = 0, max_blocks_per_seq = 0;
   float scale = 1.f;
-  float* out = nullptr;                   // [num_seqs, num_q_heads, head_dim]
+  float* out = nullptr;  // [num_seqs, num_q_heads, head_dim]
 };
 void PagedAttentionDecode(const PagedAttentionDecodeParams& p, cudaStream_t stream);
 
@@ -219,12 +222,12 @@ void PagedAttentionDecode(const PagedAttentionDecodeParams& p, cudaStream_t stre
 // the cached context [0, position] (the new tokens' K/V already written). Same kernel and requirements as
 // PagedAttentionDecode.
 struct PrefillAttentionParams {
-  const float* q = nullptr;              // [num_tokens, num_q_heads, head_dim]
+  const float* q = nullptr;  // [num_tokens, num_q_heads, head_dim]
   PagedKv cache;
   const int32_t* block_table = nullptr;  // [num_table_blocks]
   int start = 0, num_tokens = 0, num_q_heads = 0;
   float scale = 1.f;
-  float* out = nullptr;                  // [num_tokens, num_q_heads, head_dim]
+  float* out = nullptr;  // [num_tokens, num_q_heads, head_dim]
 };
 void PrefillAttention(const PrefillAttentionParams& p, cudaStream_t stream);
 

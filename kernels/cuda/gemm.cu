@@ -19,8 +19,7 @@ __global__ void SwiGluKernel(const __nv_bfloat16* __restrict__ gate, const __nv_
 
 }  // namespace
 
-void LaunchSwiGlu(const Bf16* gate, const Bf16* up, Bf16* h, int rows, int cols, int64_t stride,
-                  cudaStream_t stream) {
+void LaunchSwiGlu(const Bf16* gate, const Bf16* up, Bf16* h, int rows, int cols, int64_t stride, cudaStream_t stream) {
   if (rows <= 0 || cols <= 0) return;
   SwiGluKernel<<<rows, kThreads, 0, stream>>>(AsBf16(gate), AsBf16(up), AsBf16(h), cols, stride);
   ELDR_CUDA_CHECK_LAUNCH();

@@ -2,6 +2,7 @@
 // (one grouped call per projection), combine; and the signature-count accumulation of the prefill hook.
 #include <algorithm>
 #include <climits>
+#include <cstdio>
 #include <vector>
 
 #include "kernels/cuda/internal.cuh"
@@ -167,8 +168,9 @@ __global__ void PermuteKernel(const float* __restrict__ x, const int32_t* __rest
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) x_permuted[r * stride + c] = __float2bfloat16(src[c]);
 }
 
-__global__ void CombineKernel(const __nv_bfloat16* __restrict__ y, int64_t stride, const int32_t* __restrict__ pair_rows,
-                              const float* __restrict__ weights, int top_k, int hidden, float* __restrict__ out) {
+__global__ void CombineKernel(const __nv_bfloat16* __restrict__ y, int64_t stride,
+                              const int32_t* __restrict__ pair_rows, const float* __restrict__ weights, int top_k,
+                              int hidden, float* __restrict__ out) {
   const int64_t t = blockIdx.x;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
     float acc = 0.f;
@@ -188,9 +190,9 @@ __global__ void CombineKernel(const __nv_bfloat16* __restrict__ y, int64_t strid
 // Built on the device before MoeExperts' one synchronisation, so they are complete before cuBLAS starts.
 __global__ void BuildGemmPointersKernel(const int32_t* __restrict__ offsets, int num_experts,
                                         const void* const* __restrict__ weights /* [3][num_experts] */,
-                                        const __nv_bfloat16* xp, __nv_bfloat16* g, __nv_bfloat16* u,
-                                        __nv_bfloat16* h, __nv_bfloat16* y, int64_t h_stride, int64_t i_stride,
-                                        void** gate_up, void** down) {
+                                        const __nv_bfloat16* xp, __nv_bfloat16* g, __nv_bfloat16* u, __nv_bfloat16* h,
+                                        __nv_bfloat16* y, int64_t h_stride, int64_t i_stride, void** gate_up,
+                                        void** down) {
   if (blockIdx.x != 0 || threadIdx.x != 0) return;
   const int cap = 2 * num_experts;
   int a = 0;
@@ -224,7 +226,8 @@ void RunExpertGemms(Context::Impl& impl, const std::vector<ExpertGemm>& problems
                     int ldc, void** arrays, int capacity) {
   if (problems.empty()) return;
   if (!impl.grouped_gemm) {
-    for (const ExpertGemm& q : problems) GemmNT(impl.cublas, q.count, m, k, q.a, lda, q.b, ldb, q.c, CUDA_R_16BF, ldc, 0.f);
+    for (const ExpertGemm& q : problems)
+      GemmNT(impl.cublas, q.count, m, k, q.a, lda, q.b, ldb, q.c, CUDA_R_16BF, ldc, 0.f);
     return;
   }
 #if CUBLAS_VERSION >= 120500
@@ -233,11 +236,19 @@ void RunExpertGemms(Context::Impl& impl, const std::vector<ExpertGemm>& problems
   std::vector<int> ms(num, m), ns(num), ks(num, k), ldas(num, lda), ldbs(num, ldb), ldcs(num, ldc), sizes(num, 1);
   std::vector<float> alphas(num, 1.f), betas(num, 0.f);
   for (int i = 0; i < num; ++i) ns[i] = problems[i].count;
-  ELDR_CUBLAS_CHECK(cublasGemmGroupedBatchedEx(impl.cublas, trans_a.data(), trans_b.data(), ms.data(), ns.data(),
-                                               ks.data(), alphas.data(), arrays, CUDA_R_16BF, ldas.data(),
-                                               arrays + capacity, CUDA_R_16BF, ldbs.data(), betas.data(),
-                                               arrays + 2 * capacity, CUDA_R_16BF, ldcs.data(), num, sizes.data(),
-                                               CUBLAS_COMPUTE_32F));
+  const cublasStatus_t status = cublasGemmGroupedBatchedEx(
+      impl.cublas, trans_a.data(), trans_b.data(), ms.data(), ns.data(), ks.data(), alphas.data(), arrays, CUDA_R_16BF,
+      ldas.data(), arrays + capacity, CUDA_R_16BF, ldbs.data(), betas.data(), arrays + 2 * capacity, CUDA_R_16BF,
+      ldcs.data(), num, sizes.data(), CUBLAS_COMPUTE_32F);
+  if (status == CUBLAS_STATUS_NOT_SUPPORTED) {
+    // The library has the entry point but no kernel for this case (GPU or configuration): run one GEMM per
+    // expert from now on. Visible through Context::grouped_gemm(); the GPU test fails on it.
+    std::fprintf(stderr, "eldr: cublasGemmGroupedBatchedEx is not supported here; using one GEMM per expert\n");
+    impl.grouped_gemm = false;
+    RunExpertGemms(impl, problems, m, k, lda, ldb, ldc, arrays, capacity);
+    return;
+  }
+  ELDR_CUBLAS_CHECK(status);
 #else
   (void)arrays;
   (void)capacity;
@@ -272,7 +283,7 @@ void GateTopK(const GateTopKParams& p, cudaStream_t stream) {
   if (p.num_tokens <= 0) return;
   const size_t shared = sizeof(float) * p.num_experts + sizeof(int) * (p.num_experts + p.top_k);
   GateTopKKernel<<<p.num_tokens, kGateThreads, shared, stream>>>(p.logits, p.num_experts, p.top_k, p.renormalize,
-                                                                  p.topk_ids, p.topk_weights);
+                                                                 p.topk_ids, p.topk_weights);
   ELDR_CUDA_CHECK_LAUNCH();
 }
 
@@ -304,9 +315,9 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
   ELDR_CHECK(p.experts != nullptr, "MoeExperts without expert weights");
   const ExpertWeights& w = *p.experts;
   const int T = p.num_tokens, K = p.top_k, E = w.num_experts, H = w.hidden, I = w.intermediate;
-  ELDR_CHECK(T >= 0 && K >= 1 && E >= 1 && H > 0 && I > 0,
-             "bad MoE shape: tokens " << T << ", top_k " << K << ", experts " << E << ", hidden " << H
-                                      << ", intermediate " << I);
+  ELDR_CHECK(T >= 0 && K >= 1 && E >= 1 && H > 0 && I > 0, "bad MoE shape: tokens " << T << ", top_k " << K
+                                                                                    << ", experts " << E << ", hidden "
+                                                                                    << H << ", intermediate " << I);
   ELDR_CHECK(static_cast<int>(w.gate_proj.size()) == E && static_cast<int>(w.up_proj.size()) == E &&
                  static_cast<int>(w.down_proj.size()) == E,
              "expert weight tables must have num_experts = " << E << " entries");
@@ -343,7 +354,6 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
   void** d_down = ScratchLayout::Get<void*>(base, o_down);
 
   LaunchGroupByExpert(p.topk_ids, T, K, E, d_offsets, d_pairs, d_rows, stream);
-  Permute({p.x, d_pairs, n, K, H, xp, hs}, stream);
   if (grouped) {
     std::vector<const void*> table(3 * static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) {
@@ -352,7 +362,8 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
       table[2 * E + e] = w.down_proj[e];
     }
     // From pageable memory: staged before the call returns, so `table` may go out of scope.
-    ELDR_CUDA_CHECK(cudaMemcpyAsync(d_weights, table.data(), sizeof(void*) * table.size(), cudaMemcpyHostToDevice, stream));
+    ELDR_CUDA_CHECK(
+        cudaMemcpyAsync(d_weights, table.data(), sizeof(void*) * table.size(), cudaMemcpyHostToDevice, stream));
     BuildGemmPointersKernel<<<1, 32, 0, stream>>>(d_offsets, E, d_weights, AsBf16(xp), AsBf16(g), AsBf16(u), AsBf16(h),
                                                   AsBf16(y), hs, is, d_gate_up, d_down);
     ELDR_CUDA_CHECK_LAUNCH();
@@ -360,9 +371,13 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
 
   // The one synchronisation: the per-expert counts size the GEMMs.
   std::vector<int32_t> offsets(E + 1);
-  ELDR_CUDA_CHECK(cudaMemcpyAsync(offsets.data(), d_offsets, sizeof(int32_t) * (E + 1), cudaMemcpyDeviceToHost, stream));
+  ELDR_CUDA_CHECK(
+      cudaMemcpyAsync(offsets.data(), d_offsets, sizeof(int32_t) * (E + 1), cudaMemcpyDeviceToHost, stream));
   ELDR_CUDA_CHECK(cudaStreamSynchronize(stream));
-  ELDR_CHECK(offsets[E] == n, "MoeExperts: " << n - offsets[E] << " of " << n << " expert ids outside [0, " << E << ")");
+  ELDR_CHECK(offsets[E] == n,
+             "MoeExperts: " << n - offsets[E] << " of " << n << " expert ids outside [0, " << E << ")");
+  // Only now is every entry of pairs and pair_rows written (an invalid id leaves holes), so only now gather.
+  Permute({p.x, d_pairs, n, K, H, xp, hs}, stream);
 
   std::vector<ExpertGemm> gate_up, down;
   for (int e = 0; e < E; ++e) {
@@ -383,8 +398,7 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
 }
 
 void AccumulateSignatureCounts(const SignatureCountParams& p, cudaStream_t stream) {
-  ELDR_CHECK(p.num_tokens >= 0 && p.top_k >= 1 && p.block_size >= 1 && p.num_experts >= 1,
-             "bad signature-count shape");
+  ELDR_CHECK(p.num_tokens >= 0 && p.top_k >= 1 && p.block_size >= 1 && p.num_experts >= 1, "bad signature-count shape");
   ELDR_CHECK(p.row_stride >= p.num_experts, "row_stride " << p.row_stride << " < num_experts " << p.num_experts);
   if (p.num_tokens == 0) return;
   const int num_blocks = static_cast<int>(CeilDiv(p.num_tokens, p.block_size));

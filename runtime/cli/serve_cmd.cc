@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <cstdio>
+#include <cstdlib>
 
 #include "runtime/cli/commands.h"
 #include "runtime/comm/transport.h"
@@ -64,8 +65,11 @@ void AddServeCommand(CLI::App& app, Action* action) {
           std::fflush(stderr);
         }
         if (size > 1) {
+          // Leave without MPI_Finalize and with a failure status: mpirun (and srun) then end every other rank,
+          // the hung one included. (MPI_Abort does the same but Open MPI 4.1's mpirun sometimes stays behind.)
           ::usleep(200 * 1000);  // let rank 0's line reach the terminal first
-          MPI_Abort(MPI_COMM_WORLD, 1);
+          std::fflush(nullptr);
+          std::_Exit(1);
         }
         MPI_Finalize();
         return Status(StatusCode::kFailedPrecondition, "");

@@ -174,6 +174,8 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
   } else if (UsesSignature(config.policy)) {
     return Status::InvalidArgument(std::string("routing policy ") + RoutingPolicyName(config.policy) +
                                    " needs a calibration file (centroids, IDF, layer mask)");
+  } else if (config.tau < 0) {
+    r.config_.tau = 0.1;  // no calibration to take it from: DESIGN.md's default (unused by load-only policies)
   }
   if (!(r.config_.tau >= 0) || !std::isfinite(r.config_.tau)) {
     return Status::InvalidArgument("tau must be a finite value >= 0");

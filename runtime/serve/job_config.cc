@@ -90,6 +90,7 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   num("workload", "max_concurrency", &c.max_concurrency);
   num("workload", "seed", &c.workload_seed);
   str("output", "dir", &c.output_dir);
+  if (y["output"] && y["output"]["tokens"]) c.output_tokens = y["output"]["tokens"].as<bool>(false);
   if (y["watchdog_s"]) {
     try {
       c.watchdog_s = y["watchdog_s"].as<double>();

@@ -45,6 +45,7 @@ struct JobConfig {
   int64_t max_concurrency = 0;        // 0: unlimited
   uint64_t workload_seed = 0;
   std::string output_dir = "run";
+  bool output_tokens = false;         // write each request's generated token ids to requests.jsonl
   double watchdog_s = 120;
 
   int world_size() const { return 1 + prefill_ranks + decode_ranks; }

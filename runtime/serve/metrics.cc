@@ -95,7 +95,7 @@ nlohmann::json SummarizeServing(const std::vector<RequestRecord>& records, const
   return j;
 }
 
-nlohmann::json RequestRecordJson(const RequestRecord& r) {
+nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens) {
   nlohmann::json j = {{"id", r.id},           {"domain", r.domain},         {"decoder", r.decoder},
                       {"prompt_len", r.prompt_len}, {"output_len", r.output_len}, {"arrival_s", r.arrival},
                       {"success", r.success}};
@@ -105,6 +105,7 @@ nlohmann::json RequestRecordJson(const RequestRecord& r) {
     if (r.output_len > 1) j["tpot_ms"] = (r.latency() - r.ttft()) / static_cast<double>(r.output_len - 1) * 1000.0;
   }
   if (!r.success) j["error"] = r.error;
+  if (with_tokens) j["tokens"] = r.tokens;
   return j;
 }
 

@@ -19,6 +19,7 @@ struct RequestRecord {
   int64_t output_len = 0;              // tokens generated, the first (from prefill) included
   double arrival = 0;                  // when the request entered the frontend
   std::vector<double> token_times;     // [output_len] when each output token reached the frontend
+  std::vector<int32_t> tokens;         // [output_len] the generated token ids
   bool success = true;
   std::string error;                   // why it failed
   double ttft() const { return token_times.empty() ? 0 : token_times.front() - arrival; }
@@ -46,7 +47,7 @@ nlohmann::json SummarizeServing(const std::vector<RequestRecord>& records, const
 // A one-screen summary of a metrics JSON (vLLM's benchmark printout plus eldr's figures).
 std::string FormatServingSummary(const nlohmann::json& metrics);
 
-// One line of the per-request JSONL.
-nlohmann::json RequestRecordJson(const RequestRecord& r);
+// One line of the per-request JSONL; with_tokens adds the generated token ids.
+nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens = false);
 
 }  // namespace eldr

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -49,6 +50,25 @@ Message WaitMessage(Transport& tr) {
     ++idle;
   }
   return tr.Recv(Transport::kAnySource, Transport::kAnyTag);
+}
+
+// FNV-1a over the KV payload's bytes: the decoder checks that the blocks arrived intact.
+uint64_t Checksum(const std::vector<float>& v) {
+  uint64_t h = 1469598103934665603ULL;
+  const auto* p = reinterpret_cast<const uint8_t*>(v.data());
+  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ULL;
+  return h;
+}
+
+// Fault injection for the watchdog test: ELDR_FAULT_HANG_RANK=r makes rank r stop answering after its first
+// message, as a hung GPU or a deadlocked rank would.
+bool ShouldHang(int rank) {
+  const char* v = std::getenv("ELDR_FAULT_HANG_RANK");
+  return v && std::atoi(v) == rank;
+}
+
+void HangForever() {
+  while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
 
 double Now() {
@@ -190,9 +210,11 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const 
     waiting_route[req] = {alloc->blocks, pre->next_token};
     return true;
   };
+  const bool hang = ShouldHang(tr.rank());
   while (true) {
     Message msg = WaitMessage(tr);
     if (msg.tag == kTagShutdown) return Status::Ok();
+    if (hang) HangForever();
     Wire in_msg(std::move(msg.payload));
     if (msg.tag == kTagPrefill) {
       const int64_t req = in_msg.Get<int64_t>();
@@ -218,6 +240,7 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const 
       Wire kv;
       kv.Put<int64_t>(req).Put<int64_t>(d.prompt_len).Put<int64_t>(d.output_len).Put<int32_t>(d.first_token);
       kv.PutVector(d.kv);
+      kv.Put<uint64_t>(Checksum(d.kv));
       kv.PutVector(c.replay_gates && d.output_len > 1 ? RoutingRows(in.trace, r, r.prompt_len, d.output_len - 1)
                                                       : std::vector<uint16_t>{});
       tr.Send(decoder_rank, kTagKv, kv.bytes().data(), kv.bytes().size());
@@ -235,11 +258,13 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const 
 // ---------------------------------------------------------------- decode rank
 Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
   DecodeWorker worker(w, {c.decode_blocks, c.block_size, c.max_batch});
+  const bool hang = ShouldHang(tr.rank());
   auto handle = [&](Message msg, bool* stop) -> Status {
     if (msg.tag == kTagShutdown) {
       *stop = true;
       return Status::Ok();
     }
+    if (hang) HangForever();
     if (msg.tag != kTagKv) return Status::FailedPrecondition("decode: unexpected message tag " + std::to_string(msg.tag));
     Wire m(std::move(msg.payload));
     DecodeWork d;
@@ -249,8 +274,11 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
     d.output_len = m.Get<int64_t>();
     d.first_token = m.Get<int32_t>();
     d.kv = m.GetVector<float>();
+    const uint64_t checksum = m.Get<uint64_t>();
     d.replay_ids = m.GetVector<uint16_t>();
-    Status st = worker.Submit(std::move(d));
+    Status st = Checksum(d.kv) == checksum
+                    ? worker.Submit(std::move(d))
+                    : Status::Corrupt("KV blocks arrived corrupted (checksum mismatch)");
     if (!st.ok()) {
       Wire f;
       f.Put<int64_t>(req).PutString(st.message());
@@ -373,7 +401,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
     Wire m(std::move(msg.payload));
     if (msg.tag == kTagCounts) {
       const int64_t req = m.Get<int64_t>();
-      m.Get<int32_t>();  // the first token's id; its time is what the client sees
+      records[req].tokens.push_back(m.Get<int32_t>());
       std::vector<float> counts = m.GetVector<float>();
       records[req].token_times.push_back(t);
       --prefill_outstanding[prefill_of[req]];
@@ -390,10 +418,13 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
       }
       for (uint64_t i = 0; i < n; ++i) {
         const int64_t req = m.Get<int64_t>();
-        m.Get<int64_t>();  // token index
-        m.Get<int32_t>();  // token id
+        m.Get<int64_t>();  // token index (tokens of one request arrive in order from its decoder)
+        const int32_t token = m.Get<int32_t>();
         const bool finished = m.Get<uint8_t>() != 0;
-        if (records[req].token_times.size() < static_cast<size_t>(in.output_len[req])) records[req].token_times.push_back(t);
+        if (records[req].token_times.size() < static_cast<size_t>(in.output_len[req])) {
+          records[req].token_times.push_back(t);
+          records[req].tokens.push_back(token);
+        }
         if (finished) finish(req, true, "");
       }
       while (!held.empty() && route(held.front().first, held.front().second)) held.pop_front();
@@ -460,7 +491,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
   if (!watchdog.empty()) j["watchdog"] = watchdog;
   std::filesystem::create_directories(c.output_dir);
   std::string lines;
-  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r)) + "\n";
+  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, c.output_tokens)) + "\n";
   ELDR_RETURN_IF_ERROR(WriteFileAtomic(c.output_dir + "/requests.jsonl", lines));
   ELDR_RETURN_IF_ERROR(WriteJsonFile(c.output_dir + "/metrics.json", j));
   std::printf("%s", FormatServingSummary(j).c_str());

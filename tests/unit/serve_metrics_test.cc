@@ -26,9 +26,9 @@ TEST(Metrics, ServingSummaryByHand) {
   // Request a: arrives 0, tokens at 0.5, 0.7, 1.0 → TTFT 500 ms, TPOT (1.0 − 0.5)/2 = 250 ms, ITLs 200, 300.
   // Request b: arrives 1, tokens at 1.2, 1.3 → TTFT 200 ms, TPOT 100 ms, ITL 100.
   // Request c: failed.
-  RequestRecord a{"a", "x", 0, 10, 3, 0.0, {0.5, 0.7, 1.0}, true, ""};
-  RequestRecord b{"b", "y", 1, 20, 2, 1.0, {1.2, 1.3}, true, ""};
-  RequestRecord c{"c", "y", -1, 5, 0, 0.5, {}, false, "rank 3 died"};
+  RequestRecord a{"a", "x", 0, 10, 3, 0.0, {0.5, 0.7, 1.0}, {1, 2, 3}, true, ""};
+  RequestRecord b{"b", "y", 1, 20, 2, 1.0, {1.2, 1.3}, {4, 5}, true, ""};
+  RequestRecord c{"c", "y", -1, 5, 0, 0.5, {}, {}, false, "rank 3 died"};
   auto j = SummarizeServing({a, b, c}, {});
   EXPECT_EQ(j["completed"], 2);
   EXPECT_EQ(j["failed"], 1);

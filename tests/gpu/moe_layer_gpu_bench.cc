@@ -1,0 +1,212 @@
+// GPU figure of DESIGN.md §1: one MoE layer's decode latency against the number of distinct experts the
+// batch activates, at the Qwen3-30B-A3B layer shape in bf16 (hidden 2048, moe_intermediate 768, 128 experts,
+// top-8), at batch 16 and 64. Cases read BM_MoeLayerDecode/experts:N/batch:B/manual_time.
+//
+// A step is what a decode worker runs for one MoE layer: the router GEMV and top-k (computed, then replaced by
+// the forced routing below), and MoeExperts (grouping, permute, expert GEMMs, SwiGLU, combine, with its one
+// host synchronisation). Time is measured with CUDA events around the step (manual time), so host gaps
+// inside the step count.
+//
+// Forcing exactly N distinct experts at batch B: token t's j-th expert is (t * top_k + j) mod N, distinct
+// within a token (top_k <= N) and covering all N experts (B * top_k >= N for every case here).
+//
+// Counters: weight_TBps = bytes of the N experts' weights (3 * hidden * moe_intermediate bf16 each) / step
+// time; frac_of_4.8TBps = weight_TBps / 4.8 (H200 HBM3e peak). BM_DeviceCopy measures a 1 GiB device-to-device
+// cudaMemcpyAsync; its copy_TBps counts bytes read + written (the STREAM convention). The ratio 128/16 and
+// weight bandwidth / copy bandwidth are computed from the JSON by tests/gpu/run_gpu_checks.sh.
+#include <benchmark/benchmark.h>
+
+#include <cstdio>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "kernels/cuda/cuda_check.h"
+#include "kernels/cuda/cuda_ops.h"
+
+namespace eldr::kernels::cuda {
+namespace {
+
+constexpr int kHidden = 2048, kIntermediate = 768, kExperts = 128, kTopK = 8, kMaxBatch = 64;
+constexpr double kPeakBytesPerSecond = 4.8e12;
+
+// The layer's weights and buffers, built on first use and kept for the process (never freed: the CUDA
+// runtime may be gone by the time static destructors run).
+struct Layer {
+  Context ctx{0};
+  cudaStream_t stream = nullptr;
+  cudaEvent_t start = nullptr, stop = nullptr;
+  Bf16* router = nullptr;   // [num_experts, hidden]
+  Bf16* experts = nullptr;  // [3, num_experts, intermediate * hidden]: gate, up, down
+  ExpertWeights weights;
+  float* x = nullptr;             // [max_batch, hidden]
+  float* out = nullptr;           // [max_batch, hidden]
+  float* logits = nullptr;        // [max_batch, num_experts]
+  int32_t* gate_ids = nullptr;    // [max_batch, top_k]
+  float* gate_weights = nullptr;  // [max_batch, top_k]
+  int32_t* ids = nullptr;         // [max_batch, top_k] the forced routing
+  float* topk_weights = nullptr;  // [max_batch, top_k]
+
+  Layer() {
+    ELDR_CUDA_CHECK(cudaStreamCreate(&stream));
+    ELDR_CUDA_CHECK(cudaEventCreate(&start));
+    ELDR_CUDA_CHECK(cudaEventCreate(&stop));
+    const int64_t per = static_cast<int64_t>(kIntermediate) * kHidden;
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&router), sizeof(Bf16) * kExperts * kHidden));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&experts), sizeof(Bf16) * 3 * kExperts * per));
+    FillUniformBf16(router, static_cast<int64_t>(kExperts) * kHidden, 0.03f, 1, stream);
+    FillUniformBf16(experts, 2 * kExperts * per, 0.038f, 2, stream);                    // gate, up: ~sqrt(3 / hidden)
+    FillUniformBf16(experts + 2 * kExperts * per, kExperts * per, 0.0625f, 3, stream);  // down: ~sqrt(3 / inter)
+    weights.num_experts = kExperts;
+    weights.hidden = kHidden;
+    weights.intermediate = kIntermediate;
+    for (int e = 0; e < kExperts; ++e) {
+      weights.gate_proj.push_back(experts + e * per);
+      weights.up_proj.push_back(experts + (kExperts + e) * per);
+      weights.down_proj.push_back(experts + (2 * kExperts + e) * per);
+    }
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x), sizeof(float) * kMaxBatch * kHidden));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), sizeof(float) * kMaxBatch * kHidden));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&logits), sizeof(float) * kMaxBatch * kExperts));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gate_ids), sizeof(int32_t) * kMaxBatch * kTopK));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gate_weights), sizeof(float) * kMaxBatch * kTopK));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ids), sizeof(int32_t) * kMaxBatch * kTopK));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&topk_weights), sizeof(float) * kMaxBatch * kTopK));
+    std::mt19937_64 rng(4);
+    std::normal_distribution<float> g(0.f, 1.f);
+    std::vector<float> hx(static_cast<size_t>(kMaxBatch) * kHidden);
+    for (float& v : hx) v = g(rng);
+    ELDR_CUDA_CHECK(cudaMemcpy(x, hx.data(), sizeof(float) * hx.size(), cudaMemcpyHostToDevice));
+    ELDR_CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * kMaxBatch * kHidden));
+    ELDR_CUDA_CHECK(cudaStreamSynchronize(stream));
+  }
+
+  // Round-robin routing over the first `num_distinct` experts, equal weights.
+  void ForceRouting(int batch, int num_distinct) {
+    std::vector<int32_t> h_ids(static_cast<size_t>(batch) * kTopK);
+    for (size_t i = 0; i < h_ids.size(); ++i) h_ids[i] = static_cast<int32_t>(i % num_distinct);
+    std::vector<float> h_w(h_ids.size(), 1.f / kTopK);
+    ELDR_CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), sizeof(int32_t) * h_ids.size(), cudaMemcpyHostToDevice));
+    ELDR_CUDA_CHECK(cudaMemcpy(topk_weights, h_w.data(), sizeof(float) * h_w.size(), cudaMemcpyHostToDevice));
+  }
+
+  void Step(int batch) {
+    Linear(ctx, {x, router, logits, batch, kHidden, kExperts}, stream);
+    GateTopK({logits, batch, kExperts, kTopK, true, gate_ids, gate_weights}, stream);
+    MoeExperts(ctx, {x, ids, topk_weights, batch, kTopK, &weights, out}, stream);
+  }
+
+  // Seconds of one call of `run` on the stream, by CUDA events.
+  template <typename Run>
+  double Time(Run run) {
+    ELDR_CUDA_CHECK(cudaEventRecord(start, stream));
+    run();
+    ELDR_CUDA_CHECK(cudaEventRecord(stop, stream));
+    ELDR_CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0.f;
+    ELDR_CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    return ms * 1e-3;
+  }
+};
+
+Layer& GetLayer() {
+  static Layer* layer = new Layer();
+  return *layer;
+}
+
+void RunMoeLayer(benchmark::State& state, bool grouped) {
+  const int num_distinct = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
+  Layer& layer = GetLayer();
+  if (grouped && !Context::GroupedGemmAvailable()) {
+    state.SkipWithError("cuBLAS without cublasGemmGroupedBatchedEx");
+    return;
+  }
+  layer.ctx.set_grouped_gemm(grouped);
+  layer.ForceRouting(batch, num_distinct);
+  for (int i = 0; i < 5; ++i) layer.Step(batch);  // warm-up: cuBLAS heuristics, scratch growth
+  ELDR_CUDA_CHECK(cudaStreamSynchronize(layer.stream));
+  double total = 0;
+  for (auto _ : state) {
+    const double s = layer.Time([&] { layer.Step(batch); });
+    state.SetIterationTime(s);
+    total += s;
+  }
+  const double mean = total / static_cast<double>(state.iterations());
+  const double bytes = static_cast<double>(num_distinct) * 3 * kHidden * kIntermediate * sizeof(Bf16);
+  state.counters["distinct_experts"] = num_distinct;
+  state.counters["grouped_gemm"] = layer.ctx.grouped_gemm() ? 1 : 0;  // 0 if cuBLAS refused the grouped call
+  state.counters["latency_us"] = mean * 1e6;
+  state.counters["expert_weight_MB"] = bytes / 1e6;
+  state.counters["weight_TBps"] = bytes / mean / 1e12;
+  state.counters["frac_of_4.8TBps"] = bytes / mean / kPeakBytesPerSecond;
+}
+
+void BM_MoeLayerDecode(benchmark::State& state) { RunMoeLayer(state, Context::GroupedGemmAvailable()); }
+void BM_MoeLayerDecodeGemmPerExpert(benchmark::State& state) { RunMoeLayer(state, false); }
+
+BENCHMARK(BM_MoeLayerDecode)
+    ->ArgNames({"experts", "batch"})
+    ->ArgsProduct({{16, 32, 64, 128}, {16, 64}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MoeLayerDecodeGemmPerExpert)
+    ->ArgNames({"experts", "batch"})
+    ->ArgsProduct({{16, 32, 64, 128}, {16, 64}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+
+void BM_DeviceCopy(benchmark::State& state) {
+  const size_t bytes = size_t{1} << 30;
+  Layer& layer = GetLayer();
+  static void* src = nullptr;
+  static void* dst = nullptr;
+  if (src == nullptr) {
+    ELDR_CUDA_CHECK(cudaMalloc(&src, bytes));
+    ELDR_CUDA_CHECK(cudaMalloc(&dst, bytes));
+    ELDR_CUDA_CHECK(cudaMemset(src, 1, bytes));
+    ELDR_CUDA_CHECK(cudaMemset(dst, 0, bytes));
+  }
+  auto copy = [&] { ELDR_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, layer.stream)); };
+  for (int i = 0; i < 2; ++i) copy();
+  double total = 0;
+  for (auto _ : state) {
+    const double s = layer.Time(copy);
+    state.SetIterationTime(s);
+    total += s;
+  }
+  const double mean = total / static_cast<double>(state.iterations());
+  state.counters["copy_TBps"] = 2.0 * bytes / mean / 1e12;  // read + write
+  state.counters["frac_of_4.8TBps"] = 2.0 * bytes / mean / kPeakBytesPerSecond;
+}
+BENCHMARK(BM_DeviceCopy)->UseManualTime()->Unit(benchmark::kMillisecond);
+
+}  // namespace
+}  // namespace eldr::kernels::cuda
+
+int main(int argc, char** argv) {
+  using namespace eldr::kernels::cuda;
+  benchmark::Initialize(&argc, argv);
+  if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
+  if (DeviceCount() == 0) {
+    std::fprintf(stderr, "moe_layer_gpu_bench: no CUDA device, nothing to measure\n");
+    return 1;
+  }
+  cudaDeviceProp prop{};
+  ELDR_CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  int runtime = 0, driver = 0;
+  (void)cudaRuntimeGetVersion(&runtime);
+  (void)cudaDriverGetVersion(&driver);
+  benchmark::AddCustomContext("device", prop.name);
+  benchmark::AddCustomContext("cuda_runtime", std::to_string(runtime));
+  benchmark::AddCustomContext("cuda_driver", std::to_string(driver));
+  benchmark::AddCustomContext("cublas", std::to_string(CUBLAS_VERSION));
+  benchmark::AddCustomContext("layer",
+                              "Qwen3-30B-A3B MoE: hidden 2048, moe_intermediate 768, 128 experts, top-8, bf16");
+  benchmark::AddCustomContext("peak_bandwidth", "4.8 TB/s (H200 HBM3e)");
+#ifndef NDEBUG
+  benchmark::AddCustomContext("warning", "assertions on (not a Release build): the numbers mean nothing");
+#endif
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}
