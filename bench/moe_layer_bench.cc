@@ -50,7 +50,6 @@ Layer& SharedLayer() {
   return layer;
 }
 
-double g_copy_gbps = 0;  // measured by BM_Copy, which runs first
 
 void BM_Copy(benchmark::State& state) {
   const size_t n = (1u << 30) / sizeof(float);

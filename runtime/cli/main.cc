@@ -28,6 +28,7 @@ int main(int argc, char** argv) {
   eldr::cli::AddInspectCommand(app, &action);
   eldr::cli::AddRouteCommand(app, &action);
   eldr::cli::AddServeCommand(app, &action);
+  eldr::cli::AddPlaceCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -43,7 +43,7 @@ expect_error() {
 # ---- help and version ----
 run_ok "--version" "$ELDR" --version
 grep -q "^eldr " "$WORK/out.txt" || bad "--version prints the version"
-for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect" "route"; do
+for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect" "route" "serve" "place"; do
   run_ok "help: $sub" $ELDR $sub --help
 done
 
@@ -66,6 +66,31 @@ for p in random round_robin jsq p2c domain locality_top1 eldr; do grep -q "^$p "
 run_ok "route --json, one policy" "$ELDR" route --calib calib.h5 --trace real.h5 --policy eldr --tau 0.2 --json
 $PY -c "import json; j=json.load(open('$WORK/out.txt')); p=j['policies'][0]; assert p['policy']=='eldr' and p['tau']==0.2; assert sum(d['requests'] for d in p['decoders'])==108" \
   && ok "route JSON accounts for every request" || bad "route JSON accounts for every request"
+
+# ---- eldr place on a real expert-load profile ----
+PROFILE="$SRC/bench/data/expert-load-profiles/Qwen3-Coder-30B-A3B-Instruct_expert_scores_summary.json"
+run_ok "place eldr" "$ELDR" place --load "$PROFILE" --algorithm eldr -P 160 -R 16 -N 2 -G 8 --json
+cp "$WORK/out.txt" place_eldr.json
+run_ok "place deepseek-hierarchical" "$ELDR" place --load "$PROFILE" --algorithm deepseek-hierarchical -P 160 -R 16 -N 2 -G 8 --json
+$PY - "$WORK/place_eldr.json" "$WORK/out.txt" <<'PYEOF'
+import json, sys
+e, d = (json.load(open(p)) for p in sys.argv[1:3])
+L, E, P, R = e["num_layers"], e["num_experts"], e["num_slots"], e["num_ranks"]
+assert (L, E, P, R) == (48, 128, 160, 16)
+for layer in range(L):
+    row = e["phy2log"][layer * P:(layer + 1) * P]
+    cnt = e["logcnt"][layer * E:(layer + 1) * E]
+    assert all(0 <= x < E for x in row) and sum(cnt) == P and min(cnt) >= 1
+    for r in range(R):  # eldr: never two replicas of one expert on a rank
+        ranks = row[r * P // R:(r + 1) * P // R]
+        assert len(set(ranks)) == len(ranks)
+assert e["balancedness"] >= d["balancedness"], (e["balancedness"], d["balancedness"])
+PYEOF
+[ $? -eq 0 ] && ok "place: invariants, eldr at least as balanced as hierarchical EPLB" || bad "place invariants"
+run_ok "place with --previous: no moves for the same load" "$ELDR" place --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous place_eldr.json --json
+$PY -c "import json; assert json.load(open('$WORK/out.txt'))['moved_experts'] == 0" && ok "zero moves" || bad "zero moves"
+expect_error "place: slots not divisible by ranks" "P = 150 must be a multiple of ranks R = 16" - "$ELDR" place --load "$PROFILE" -P 150 -R 16
+expect_error "place: missing load file" "nope.json" - "$ELDR" place --load nope.json -P 160 -R 16
 
 # ---- the files as h5py and h5dump see them (names, types, shapes of DESIGN.md §5) ----
 if $PY - "$WORK" <<'PYEOF'
