@@ -15,6 +15,7 @@ namespace eldr::cli {
 void AddServeCommand(CLI::App& app, Action* action) {
   auto config = std::make_shared<std::string>();
   auto quiet = std::make_shared<bool>(false);
+  auto print_ranks = std::make_shared<bool>(false);
   auto policy = std::make_shared<std::string>();
   auto out_dir = std::make_shared<std::string>();
   auto tau = std::make_shared<double>(-1);
@@ -23,11 +24,18 @@ void AddServeCommand(CLI::App& app, Action* action) {
   cmd->add_option("--config,-c", *config, "job config YAML (topology, model, routing, KV cache, workload, output)")
       ->required();
   cmd->add_flag("--quiet", *quiet, "no progress bar");
+  cmd->add_flag("--print-ranks", *print_ranks, "print the world size and the rank → role map, and exit (no MPI)");
   cmd->add_option("--policy", *policy, "override routing.policy");
   cmd->add_option("--tau", *tau, "override routing.tau");
   cmd->add_option("--output-dir", *out_dir, "override output.dir");
   cmd->callback([=] {
     *action = [=]() -> Status {
+      if (*print_ranks) {
+        ELDR_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(*config));
+        std::printf("ranks %d\n", job.world_size());
+        for (int r = 0; r < job.world_size(); ++r) std::printf("rank %d: %s\n", r, job.RoleOf(r).c_str());
+        return Status::Ok();
+      }
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
       int rank = 0, size = 1;

@@ -78,6 +78,13 @@ for policy in random round_robin p2c domain locality_top1; do
     ok "policy $policy"
   else bad "policy $policy" "$(tail -5 pol.log)"; fi
 done
+# The launcher script: the command line from the config, run through gpu-bind (no GPU here: CPU ranks).
+job launch 1 2 jsq ""
+if ELDR="$ELDR" timeout -k 5 120 "$SRC/launch/eldr-launch" launch.yaml --run -- --oversubscribe -x ELDR_NUM_THREADS \
+     >launch.log 2>&1 && grep -q "^# rank 3: decode 1" launch.log && check_complete launch; then
+  ok "launch/eldr-launch --run (mpirun, rank map, gpu-bind)"
+else bad "launch/eldr-launch" "$(tail -3 launch.log)"; fi
+
 # Reproducible routing: the same seed and config give the same decoder for every request. Load-aware policies
 # see the decoders' in-flight counts, which in a live job depend on when completions arrive; one request at a
 # time (max_concurrency 1) makes every load snapshot the same, so the decisions must be identical. random
