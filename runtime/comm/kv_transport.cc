@@ -1,0 +1,59 @@
+#include "runtime/comm/kv_transport.h"
+
+#include <algorithm>
+
+#include "runtime/comm/transport.h"
+
+namespace eldr {
+
+namespace {
+
+constexpr int kKvTag = 77;
+constexpr size_t kMaxChunk = size_t{1} << 30;
+
+class MpiKvTransport : public KvTransport {
+ public:
+  explicit MpiKvTransport(MPI_Comm comm) : comm_(comm) {}
+  const char* name() const override { return "mpi"; }
+  Status Send(int dest, const void* buffer, size_t bytes) override {
+    const auto* p = static_cast<const uint8_t*>(buffer);
+    for (size_t off = 0; off < bytes; off += kMaxChunk) {
+      const int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
+      if (MPI_Send(p + off, n, MPI_BYTE, dest, kKvTag, comm_) != MPI_SUCCESS) {
+        return Status::IoError("MPI_Send of KV to rank " + std::to_string(dest) + " failed");
+      }
+    }
+    return Status::Ok();
+  }
+  Status Recv(int source, void* buffer, size_t bytes) override {
+    auto* p = static_cast<uint8_t*>(buffer);
+    for (size_t off = 0; off < bytes; off += kMaxChunk) {
+      const int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
+      if (MPI_Recv(p + off, n, MPI_BYTE, source, kKvTag, comm_, MPI_STATUS_IGNORE) != MPI_SUCCESS) {
+        return Status::IoError("MPI_Recv of KV from rank " + std::to_string(source) + " failed");
+      }
+    }
+    return Status::Ok();
+  }
+  Status Synchronize() override { return Status::Ok(); }
+
+ private:
+  MPI_Comm comm_;
+};
+
+}  // namespace
+
+Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device);  // kv_transport_nccl.cc
+
+Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
+  if (name == "mpi") return KvTransportKind::kMpi;
+  if (name == "nccl") return KvTransportKind::kNccl;
+  return Status::InvalidArgument("unknown KV transport '" + name + "' (expected mpi or nccl)");
+}
+
+Result<std::unique_ptr<KvTransport>> MakeKvTransport(KvTransportKind kind, MPI_Comm comm, int device) {
+  if (kind == KvTransportKind::kMpi) return std::unique_ptr<KvTransport>(new MpiKvTransport(comm));
+  return MakeNcclKvTransport(comm, device);
+}
+
+}  // namespace eldr
