@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <csignal>
 #include <cstdlib>
 #include <chrono>
 #include <cmath>
@@ -70,6 +71,18 @@ bool ShouldHang(int rank) {
 void HangForever() {
   while (true) std::this_thread::sleep_for(std::chrono::seconds(1));
 }
+
+// ELDR_FAULT_DIE_RANK=r makes rank r exit abruptly after its first message, as a crashed process would.
+void MaybeDie(int rank) {
+  const char* v = std::getenv("ELDR_FAULT_DIE_RANK");
+  if (v && std::atoi(v) == rank) std::_Exit(9);
+}
+
+// When another rank dies, mpirun/srun send SIGTERM to the survivors before killing them. Rank 0 turns it into
+// a flag its loop checks, so it can still write the metrics it has. (A signal handler can only set a flag:
+// this is the one piece of process-wide state, and only rank 0's loop reads it.)
+volatile std::sig_atomic_t g_terminate_requested = 0;
+extern "C" void OnTerminate(int) { g_terminate_requested = 1; }
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -215,6 +228,7 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const 
     Message msg = WaitMessage(tr);
     if (msg.tag == kTagShutdown) return Status::Ok();
     if (hang) HangForever();
+    MaybeDie(tr.rank());
     Wire in_msg(std::move(msg.payload));
     if (msg.tag == kTagPrefill) {
       const int64_t req = in_msg.Get<int64_t>();
@@ -265,6 +279,7 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
       return Status::Ok();
     }
     if (hang) HangForever();
+    MaybeDie(tr.rank());
     if (msg.tag != kTagKv) return Status::FailedPrecondition("decode: unexpected message tag " + std::to_string(msg.tag));
     Wire m(std::move(msg.payload));
     DecodeWork d;
@@ -390,7 +405,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
       ++active;
     }
     if (!tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
-      if (Now() - last_progress > c.watchdog_s) break;  // the watchdog: handled below
+      if (Now() - last_progress > c.watchdog_s || g_terminate_requested) break;  // handled below
       std::this_thread::sleep_for(std::chrono::microseconds(100));
       continue;
     }
@@ -438,8 +453,10 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
   bar.Finish();
   std::string watchdog;
   if (done < N) {
-    // No message for watchdog_s with work outstanding: name the ranks that went silent while holding work.
-    watchdog = "watchdog: no progress for " + Fmt(c.watchdog_s, 0) + " s;";
+    // No message for watchdog_s with work outstanding, or the launcher is ending the job because a rank died:
+    // name the ranks that hold work.
+    watchdog = g_terminate_requested ? std::string("job terminated by the launcher (a rank exited);")
+                                     : "watchdog: no progress for " + Fmt(c.watchdog_s, 0) + " s;";
     for (int p = 0; p < c.prefill_ranks; ++p) {
       if (prefill_outstanding[p] > 0) {
         watchdog += " " + c.RoleOf(1 + p) + " (rank " + std::to_string(1 + p) + ") holds " +
@@ -509,7 +526,10 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   ELDR_ASSIGN_OR_RETURN(JobInputs in, LoadInputs(c));
   ELDR_RETURN_IF_ERROR(CheckShapes(c, mc, in.trace));
   const int rank = tr.rank();
-  if (rank == 0) return RunRouter(c, tr, in, mc, progress);
+  if (rank == 0) {
+    std::signal(SIGTERM, OnTerminate);
+    return RunRouter(c, tr, in, mc, progress);
+  }
   ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
   if (rank <= c.prefill_ranks) return RunPrefill(c, tr, in, w);
   return RunDecode(c, tr, w);

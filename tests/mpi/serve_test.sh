@@ -166,6 +166,19 @@ assert 'rank 3' in m['watchdog']
 "; then ok "hung decode rank: watchdog names it, metrics written with failed counted"
 else bad "hung decode rank" "rc=$rc $(grep -m2 eldr f.err)"; fi
 
+# A decode rank that dies: with the survivors given time before the launcher kills them (what
+# launch/eldr-launch asks mpirun for), rank 0 names the rank and writes the metrics with failed counted.
+rm -rf "$WORK/out-hang"
+ELDR_FAULT_DIE_RANK=3 timeout -k 5 60 "${MPIRUN[@]:4}" --mca odls_base_sigkill_timeout 30 -x ELDR_FAULT_DIE_RANK -np 4 \
+  "$ELDR" serve -c hang.yaml --quiet >f.out 2>f.err
+rc=$?
+if [ "$rc" -ne 0 ] && grep -q "decode 1 (rank 3) holds" f.err && $PY -c "
+import json
+m = json.load(open('$WORK/out-hang/metrics.json'))
+assert m['failed'] > 0 and m['completed'] + m['failed'] == 30, m
+"; then ok "dead decode rank: named, metrics written with failed counted"
+else bad "dead decode rank" "rc=$rc $(grep -m2 eldr f.err)"; fi
+
 echo
 echo "$passed passed, $failed failed"
 [ "$failed" -eq 0 ]
