@@ -110,6 +110,22 @@ Result<File> File::Create(const std::string& path, const std::string& display_na
   return File(Handle(id, H5Fclose), display_name);
 }
 
+Result<File> File::OpenReadWrite(const std::string& path, const std::string& display_name) {
+  SilenceHdf5();
+  if (H5Fis_hdf5(path.c_str()) <= 0) return Status::Corrupt(display_name + ": not an HDF5 file");
+  hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
+  if (id < 0) return Status::IoError(display_name + ": cannot open for writing");
+  return File(Handle(id, H5Fclose), display_name);
+}
+
+Status File::Remove(const std::string& object_path) {
+  if (!Exists(object_path)) return Status::Ok();
+  if (H5Ldelete(file_.get(), object_path.c_str(), H5P_DEFAULT) < 0) {
+    return Status::IoError(name_ + ": cannot remove " + object_path);
+  }
+  return Status::Ok();
+}
+
 Status File::Close() {
   if (!file_.valid()) return Status::Ok();
   hid_t id = file_.get();

@@ -48,6 +48,10 @@ class File {
   // Creates (truncates) `path` for writing. `display_name` is what errors call it (the final name
   // when writing to a temporary).
   static Result<File> Create(const std::string& path, const std::string& display_name);
+  // Opens an existing file for writing (used on a temporary copy, renamed into place when done).
+  static Result<File> OpenReadWrite(const std::string& path, const std::string& display_name);
+  // Removes a group or dataset (and everything below it) if it exists.
+  Status Remove(const std::string& object_path);
 
   const std::string& name() const { return name_; }
   hid_t id() const { return file_.get(); }

@@ -89,6 +89,24 @@ PYEOF
 [ $? -eq 0 ] && ok "place: invariants, eldr at least as balanced as hierarchical EPLB" || bad "place invariants"
 run_ok "place with --previous: no moves for the same load" "$ELDR" place --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous place_eldr.json --json
 $PY -c "import json; assert json.load(open('$WORK/out.txt'))['moved_experts'] == 0" && ok "zero moves" || bad "zero moves"
+run_ok "place per cluster into a calibration" "$ELDR" place --calib calib.h5 --out placed.h5 -P 80 -R 8 --json
+$PY - "$WORK/placed.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+f = h5py.File(sys.argv[1], "r")
+K = f["/clusters"].attrs["K"]
+assert sorted(f["/placement"].keys()) == sorted([f"cluster_{k}" for k in range(K)] + ["global"])
+assert f["/placement"].attrs["algorithm"] == "eldr" and f["/placement"].attrs["num_ranks"] == 8
+for g in f["/placement"].values():
+    p2l, cnt = g["phy2log"][:], g["logcnt"][:]
+    assert p2l.shape == (26, 80) and cnt.shape == (26, 64) and (cnt >= 1).all() and (cnt.sum(axis=1) == 80).all()
+    for layer in p2l:
+        for r in range(8):
+            slots = layer[r * 10:(r + 1) * 10]
+            assert len(set(slots)) == len(slots)  # no expert twice on a rank
+    assert 0 < g.attrs["balancedness"] <= 1
+PYEOF
+[ $? -eq 0 ] && ok "per-cluster placements under /placement (h5py)" || bad "per-cluster placements under /placement"
+run_ok "a placed calibration still loads" "$ELDR" inspect placed.h5
 expect_error "place: slots not divisible by ranks" "P = 150 must be a multiple of ranks R = 16" - "$ELDR" place --load "$PROFILE" -P 150 -R 16
 expect_error "place: missing load file" "nope.json" - "$ELDR" place --load nope.json -P 160 -R 16
 
