@@ -54,8 +54,7 @@ int32_t ArgMax(const float* v, int n) { return static_cast<int32_t>(std::max_ele
 }  // namespace
 
 void Executor::Forward(float* x, int T, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
-                       int replay_stride_tokens, uint16_t* topk_out) {
-  (void)replay_stride_tokens;
+                       uint16_t* topk_out) {
   const ModelConfig& c = w_.config;
   const int H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int E = c.num_experts, K = c.num_experts_per_tok, Lm = c.num_moe_layers();
@@ -197,7 +196,7 @@ Result<PrefillResult> Executor::Prefill(const std::vector<int32_t>& tokens, cons
   mode.start = num_cached_tokens;
   PrefillResult out;
   out.topk_ids.assign(static_cast<size_t>(T) * Lm * K, 0);
-  Forward(x.data(), T, positions.data(), mode, replay, T, out.topk_ids.data());
+  Forward(x.data(), T, positions.data(), mode, replay, out.topk_ids.data());
   out.last_logits.resize(c.vocab_size);
   Logits(x.data() + static_cast<size_t>(T - 1) * H, 1, out.last_logits.data());
   out.next_token = ArgMax(out.last_logits.data(), c.vocab_size);
@@ -236,7 +235,7 @@ Result<DecodeResult> Executor::Decode(const std::vector<DecodeSequence>& batch) 
   mode.batch = &batch;
   DecodeResult out;
   out.topk_ids.assign(static_cast<size_t>(T) * Lm * K, 0);
-  Forward(x.data(), T, positions.data(), mode, nullptr, 1, out.topk_ids.data());
+  Forward(x.data(), T, positions.data(), mode, nullptr, out.topk_ids.data());
   out.logits.resize(static_cast<size_t>(T) * c.vocab_size);
   Logits(x.data(), T, out.logits.data());
   out.next_tokens.resize(T);

@@ -78,7 +78,7 @@ class Executor {
   // attention of the mode; routing goes to topk_out [T, L_moe, k].
   struct Tokens;
   void Forward(float* x, int num_tokens, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
-               int replay_stride_tokens, uint16_t* topk_out);
+               uint16_t* topk_out);
   void Logits(const float* x, int num_tokens, float* logits);
 
   const ModelWeights& w_;

@@ -200,16 +200,11 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const 
       return false;  // wait for blocks
     }
     const int cached = alloc->num_cached_tokens();
+    // A full hit still recomputes the last token (its logits give the first output token).
+    const int from = std::min(cached, static_cast<int>(tokens.size()) - 1);
     std::vector<uint16_t> replay_ids;
     GateReplay replay;
     if (c.replay_gates) {
-      replay_ids = RoutingRows(in.trace, r, cached, r.prompt_len - cached);
-      replay.ids = replay_ids.data();
-    }
-    // A full hit still recomputes the last token (its logits give the first output token).
-    int from = cached;
-    if (from >= static_cast<int>(tokens.size())) from = static_cast<int>(tokens.size()) - 1;
-    if (from != cached) {
       replay_ids = RoutingRows(in.trace, r, from, r.prompt_len - from);
       replay.ids = replay_ids.data();
     }

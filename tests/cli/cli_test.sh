@@ -11,11 +11,7 @@ export ELDR_SRC="$SRC"
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
-passed=0
-failed=0
-
-ok() { passed=$((passed + 1)); echo "ok     $1"; }
-bad() { failed=$((failed + 1)); echo "FAILED $1"; [ -n "${2:-}" ] && echo "       $2"; }
+source "$SRC/tests/lib.sh"
 
 # run_ok NAME CMD... : must exit 0
 run_ok() {
@@ -267,6 +263,4 @@ cp calib.h5 keep.h5; before=$(md5sum < keep.h5)
 expect_error "failed run keeps the old output" "must be in" - "$ELDR" calibrate --trace real.h5 -K 0 --out keep.h5
 [ "$(md5sum < keep.h5)" = "$before" ] && ok "old output intact" || bad "old output intact"
 
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -13,10 +13,7 @@ cd "$WORK"
 export ELDR_NUM_THREADS=1
 MPIRUN=(timeout -k 5 300 mpirun --oversubscribe -x ELDR_NUM_THREADS)
 [ "$(id -u)" = 0 ] && MPIRUN+=(--allow-run-as-root)
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok     $1"; }
-bad() { failed=$((failed + 1)); echo "FAILED $1"; [ -n "${2:-}" ] && echo "       $2"; }
+source "$SRC/tests/lib.sh"
 
 "$ELDR" trace synth --domains 3 --requests 30 --layers 2 --experts 8 --top-k 2 --prompt-len 8:24 --output-len 1:12 \
   --seed 5 --out trace.h5 >/dev/null
@@ -179,6 +176,4 @@ assert m['failed'] > 0 and m['completed'] + m['failed'] == 30, m
 "; then ok "dead decode rank: named, metrics written with failed counted"
 else bad "dead decode rank" "rc=$rc $(grep -m2 eldr f.err)"; fi
 
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish

@@ -18,10 +18,7 @@ trap cleanup EXIT
 eval "$("$SRC/tests/slurm/local_slurm.sh" start "$STATE")" || { echo "FAILED could not start Slurm"; exit 1; }
 cd "$WORK"
 export ELDR_NUM_THREADS=1
-passed=0
-failed=0
-ok() { passed=$((passed + 1)); echo "ok     $1"; }
-bad() { failed=$((failed + 1)); echo "FAILED $1"; [ -n "${2:-}" ] && echo "       $2"; }
+source "$SRC/tests/lib.sh"
 
 "$ELDR" trace synth --domains 3 --requests 30 --layers 2 --experts 8 --top-k 2 --prompt-len 8:24 --output-len 1:12 \
   --seed 5 --out trace.h5 >/dev/null
@@ -60,6 +57,4 @@ SB
 if timeout 180 sbatch --wait job.sbatch >submit.log 2>&1 && complete sbatch && grep -q "rank 0: router" sbatch.log; then
   ok "sbatch → launch/eldr-launch → srun"
 else bad "sbatch" "$(tail -3 submit.log; tail -3 sbatch.log 2>/dev/null)"; fi
-echo
-echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ]
+finish
