@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
+
+#include "runtime/common/atomic_file.h"
+#include "runtime/common/json_util.h"
 
 namespace eldr {
 
@@ -52,7 +56,12 @@ void AddDistribution(nlohmann::json& j, const std::string& name, const std::vect
   j["mean_" + name + "_ms"] = d.mean;
   j["median_" + name + "_ms"] = d.median;
   j["std_" + name + "_ms"] = d.std;
-  for (const auto& [p, v] : d.percentiles) j["p" + PercentileKey(p) + "_" + name + "_ms"] = v;
+  for (const auto& [p, v] : d.percentiles) {
+    std::string key = "p";
+    key += PercentileKey(p);
+    key += "_" + name + "_ms";
+    j[key] = v;
+  }
 }
 
 }  // namespace
@@ -145,6 +154,49 @@ std::string FormatServingSummary(const nlohmann::json& j) {
   }
   s += "==================================================\n";
   return s;
+}
+
+nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const std::vector<RequestRecord>& records,
+                          const std::vector<DecoderStats>& decoders, const RoutingStats& routing) {
+  nlohmann::json j = SummarizeServing(records, {});
+  j["policy"] = RoutingPolicyName(c.policy);
+  j["tau"] = routing.tau;
+  j["num_prompts"] = static_cast<int64_t>(records.size());
+  j["request_rate"] = std::isinf(c.request_rate) ? nlohmann::json("inf") : nlohmann::json(c.request_rate);
+  j["burstiness"] = c.burstiness;
+  j["max_concurrency"] = c.max_concurrency;
+  double steps = 0, distinct = 0, batch = 0;
+  nlohmann::json dec = nlohmann::json::array();
+  for (const DecoderStats& d : decoders) {
+    steps += static_cast<double>(d.steps);
+    distinct += d.distinct_sum;
+    batch += d.batch_sum;
+    dec.push_back({{"rank", d.rank},
+                   {"requests", d.requests},
+                   {"steps", d.steps},
+                   {"mean_batch", d.steps ? d.batch_sum / static_cast<double>(d.steps) : 0.0},
+                   {"mean_distinct_experts_per_step", d.steps ? d.distinct_sum / static_cast<double>(d.steps) : 0.0}});
+  }
+  j["mean_distinct_experts_per_step"] = steps > 0 ? distinct / steps : 0.0;
+  j["distinct_experts_per_token"] = batch > 0 ? distinct / batch : 0.0;
+  j["mean_band_size"] = routing.band_n ? static_cast<double>(routing.band_sum) / static_cast<double>(routing.band_n) : 0.0;
+  j["fallbacks"] = routing.fallbacks;
+  j["decoders"] = dec;
+  j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}};
+  j["model"] = model;
+  j["trace"] = c.trace;
+  return j;
+}
+
+Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
+                       bool with_tokens) {
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return Status::IoError(dir + ": cannot create the output directory: " + ec.message());
+  std::string lines;
+  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, with_tokens)) + "\n";
+  ELDR_RETURN_IF_ERROR(WriteFileAtomic(dir + "/requests.jsonl", lines));
+  return WriteJsonFile(dir + "/metrics.json", metrics);
 }
 
 }  // namespace eldr

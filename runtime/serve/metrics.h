@@ -8,6 +8,9 @@
 #include <string>
 #include <vector>
 
+#include "runtime/common/status.h"
+#include "runtime/serve/job_config.h"
+
 namespace eldr {
 
 // One request as the frontend saw it. Times in seconds from the start of the run.
@@ -49,5 +52,30 @@ std::string FormatServingSummary(const nlohmann::json& metrics);
 
 // One line of the per-request JSONL; with_tokens adds the generated token ids.
 nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens = false);
+
+// What a job observed per decoder and at the router, beyond the per-request records.
+struct DecoderStats {
+  int rank = -1;              // the decode rank (serve) or decoder index (simulate)
+  int64_t requests = 0;       // routed to it
+  int64_t steps = 0;          // decode steps that ran (batch > 0)
+  double batch_sum = 0;       // Σ batch over those steps
+  double distinct_sum = 0;    // Σ distinct experts (over MoE layers) over those steps
+};
+struct RoutingStats {
+  double tau = 0;             // the band width in effect
+  int64_t band_sum = 0, band_n = 0;  // band sizes of signature-routed requests
+  int64_t fallbacks = 0;
+};
+
+// The job's metrics JSON: SummarizeServing's vLLM keys plus policy, tau, workload parameters, topology,
+// mean_distinct_experts_per_step, distinct_experts_per_token, mean_band_size, fallbacks and per-decoder
+// {rank, requests, steps, mean_batch, mean_distinct_experts_per_step}. `eldr serve` and `eldr simulate` both
+// write it, so every table and plot works on either.
+nlohmann::json JobMetrics(const JobConfig& config, const std::string& model, const std::vector<RequestRecord>& records,
+                          const std::vector<DecoderStats>& decoders, const RoutingStats& routing);
+
+// Writes <dir>/requests.jsonl and <dir>/metrics.json, each atomically.
+Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
+                       bool with_tokens);
 
 }  // namespace eldr

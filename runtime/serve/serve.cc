@@ -9,8 +9,6 @@
 #include <cmath>
 #include <cstdio>
 #include <deque>
-#include <filesystem>
-#include <fstream>
 #include <functional>
 #include <map>
 #include <random>
@@ -88,71 +86,6 @@ double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
 
-// Everything every rank derives from the config in the same way.
-struct JobInputs {
-  Trace trace;
-  std::vector<int32_t> order;    // request i of the workload → trace request order[i]
-  std::vector<int64_t> output_len;  // per workload request: output tokens incl. prefill's
-};
-
-Result<JobInputs> LoadInputs(const JobConfig& c) {
-  JobInputs in;
-  ELDR_ASSIGN_OR_RETURN(in.trace, ReadTrace(c.trace));
-  if (in.trace.requests.empty()) return Status::InvalidArgument(c.trace + ": the trace has no requests");
-  const int64_t n = c.num_requests > 0 ? c.num_requests : static_cast<int64_t>(in.trace.requests.size());
-  std::mt19937_64 rng(c.workload_seed);
-  std::vector<int32_t> perm;
-  for (int64_t i = 0; i < n; ++i) {
-    if (perm.empty()) {
-      perm.resize(in.trace.requests.size());
-      for (size_t j = 0; j < perm.size(); ++j) perm[j] = static_cast<int32_t>(j);
-      for (size_t j = perm.size(); j > 1; --j) std::swap(perm[j - 1], perm[rng() % j]);
-    }
-    in.order.push_back(perm.back());
-    perm.pop_back();
-    const TraceRequest& r = in.trace.requests[in.order.back()];
-    in.output_len.push_back(c.output_len > 0 ? c.output_len : std::max<int64_t>(1, r.decode_len()));
-  }
-  for (int32_t r : in.order) {
-    if (in.trace.requests[r].prompt_len < 1) {
-      return Status::InvalidArgument(c.trace + ": request '" + in.trace.requests[r].id + "' has no prompt tokens");
-    }
-  }
-  return in;
-}
-
-// Deterministic prompt token ids of a trace request: seeded by its id, within its domain's token range.
-std::vector<int32_t> PromptTokens(const TraceRequest& r, const std::vector<std::string>& domains, int vocab) {
-  uint64_t h = 1469598103934665603ULL;
-  for (char ch : r.id) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ULL;
-  std::mt19937_64 rng(h);
-  const int num_domains = std::max<int>(1, static_cast<int>(domains.size()));
-  int d = 0;
-  for (int i = 0; i < static_cast<int>(domains.size()); ++i) {
-    if (domains[i] == r.domain) d = i;
-  }
-  const int64_t lo = static_cast<int64_t>(vocab) * d / num_domains, hi = static_cast<int64_t>(vocab) * (d + 1) / num_domains;
-  std::vector<int32_t> t(r.prompt_len);
-  for (auto& x : t) x = static_cast<int32_t>(lo + static_cast<int64_t>(rng() % static_cast<uint64_t>(std::max<int64_t>(1, hi - lo))));
-  return t;
-}
-
-// Rows [first, first + n) of a request's routing, wrapping over its decode tokens past the end.
-std::vector<uint16_t> RoutingRows(const Trace& t, const TraceRequest& r, int64_t first, int64_t n) {
-  const size_t stride = t.token_stride();
-  std::vector<uint16_t> out(static_cast<size_t>(n) * stride);
-  for (int64_t i = 0; i < n; ++i) {
-    int64_t row = first + i;
-    if (row >= r.num_tokens) {
-      const int64_t decode = std::max<int64_t>(1, r.decode_len());
-      row = r.prompt_len + (row - r.prompt_len) % decode;
-      if (row >= r.num_tokens) row = r.num_tokens - 1;
-    }
-    std::copy_n(t.token_ids(r.offset + row), stride, out.begin() + static_cast<size_t>(i) * stride);
-  }
-  return out;
-}
-
 Result<ModelWeights> LoadWeights(const JobConfig& c, const ModelConfig& mc, int num_domains) {
   if (c.weights == "synthetic") {
     SyntheticWeightOptions o;
@@ -173,7 +106,7 @@ Status CheckShapes(const JobConfig& c, const ModelConfig& mc, const Trace& t) {
 }
 
 // ---------------------------------------------------------------- prefill rank
-Status RunPrefill(const JobConfig& c, Transport& tr, const JobInputs& in, const ModelWeights& w) {
+Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelWeights& w) {
   const ModelConfig& mc = w.config;
   const std::vector<std::string> domains = in.trace.Domains();
   Executor ex(w, c.prefill_blocks, c.block_size);
@@ -318,7 +251,7 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
 }
 
 // ---------------------------------------------------------------- rank 0: frontend + router
-Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const ModelConfig& mc, bool progress) {
+Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, bool progress) {
   const int64_t N = static_cast<int64_t>(in.order.size());
   std::unique_ptr<Calibration> calib;
   if (!c.calibration.empty()) {
@@ -342,7 +275,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
   std::vector<RequestRecord> records(N);
   for (int64_t i = 0; i < N; ++i) {
     const TraceRequest& r = in.trace.requests[in.order[i]];
-    records[i].id = r.id + (N > static_cast<int64_t>(in.trace.requests.size()) ? "#" + std::to_string(i) : "");
+    records[i].id = in.ReportId(i);
     records[i].domain = r.domain;
     records[i].prompt_len = r.prompt_len;
   }
@@ -473,39 +406,13 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
     }
   }
   // Metrics JSON (vLLM keys + eldr's), per-request JSONL, summary.
-  nlohmann::json j = SummarizeServing(records, {});
-  j["policy"] = RoutingPolicyName(c.policy);
-  j["tau"] = router.tau();
-  j["num_prompts"] = N;
-  j["request_rate"] = std::isinf(c.request_rate) ? nlohmann::json("inf") : nlohmann::json(c.request_rate);
-  j["burstiness"] = c.burstiness;
-  j["max_concurrency"] = c.max_concurrency;
-  double steps = 0, distinct = 0, batch = 0;
-  nlohmann::json dec = nlohmann::json::array();
+  std::vector<DecoderStats> stats(c.decode_ranks);
   for (int d = 0; d < c.decode_ranks; ++d) {
-    steps += static_cast<double>(decoder_steps[d]);
-    distinct += decoder_distinct[d];
-    batch += decoder_batch[d];
-    dec.push_back({{"rank", 1 + c.prefill_ranks + d},
-                   {"requests", decoder_requests[d]},
-                   {"steps", decoder_steps[d]},
-                   {"mean_batch", decoder_steps[d] ? decoder_batch[d] / decoder_steps[d] : 0.0},
-                   {"mean_distinct_experts_per_step", decoder_steps[d] ? decoder_distinct[d] / decoder_steps[d] : 0.0}});
+    stats[d] = {1 + c.prefill_ranks + d, decoder_requests[d], decoder_steps[d], decoder_batch[d], decoder_distinct[d]};
   }
-  j["mean_distinct_experts_per_step"] = steps > 0 ? distinct / steps : 0.0;
-  j["distinct_experts_per_token"] = batch > 0 ? distinct / batch : 0.0;
-  j["mean_band_size"] = band_n ? static_cast<double>(band_sum) / band_n : 0.0;
-  j["fallbacks"] = fallbacks;
-  j["decoders"] = dec;
-  j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}};
-  j["model"] = mc.name;
-  j["trace"] = c.trace;
+  nlohmann::json j = JobMetrics(c, mc.name, records, stats, {router.tau(), band_sum, band_n, fallbacks});
   if (!watchdog.empty()) j["watchdog"] = watchdog;
-  std::filesystem::create_directories(c.output_dir);
-  std::string lines;
-  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, c.output_tokens)) + "\n";
-  ELDR_RETURN_IF_ERROR(WriteFileAtomic(c.output_dir + "/requests.jsonl", lines));
-  ELDR_RETURN_IF_ERROR(WriteJsonFile(c.output_dir + "/metrics.json", j));
+  ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, j, records, c.output_tokens));
   std::printf("%s", FormatServingSummary(j).c_str());
   std::fflush(stdout);
   for (int r = 1; r < tr.size(); ++r) tr.Send(r, kTagShutdown, nullptr, 0);
@@ -518,7 +425,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobInputs& in, const M
 Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   ELDR_RETURN_IF_ERROR(CheckWorldSize(c, tr.size()));
   ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(c.model_config));
-  ELDR_ASSIGN_OR_RETURN(JobInputs in, LoadInputs(c));
+  ELDR_ASSIGN_OR_RETURN(JobRequests in, LoadJobRequests(c));
   ELDR_RETURN_IF_ERROR(CheckShapes(c, mc, in.trace));
   const int rank = tr.rank();
   if (rank == 0) {

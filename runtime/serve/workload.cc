@@ -1,5 +1,6 @@
 #include "runtime/serve/workload.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -15,6 +16,70 @@ Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& o) {
   std::gamma_distribution<double> gap(o.burstiness, 1.0 / (o.request_rate * o.burstiness));
   for (int64_t i = 1; i < o.num_requests; ++i) t[i] = t[i - 1] + gap(rng);
   return t;
+}
+
+std::string JobRequests::ReportId(int64_t i) const {
+  const std::string& id = request(i).id;
+  return size() > static_cast<int64_t>(trace.requests.size()) ? id + "#" + std::to_string(i) : id;
+}
+
+Result<JobRequests> LoadJobRequests(const JobConfig& c) {
+  JobRequests in;
+  ELDR_ASSIGN_OR_RETURN(in.trace, ReadTrace(c.trace));
+  if (in.trace.requests.empty()) return Status::InvalidArgument(c.trace + ": the trace has no requests");
+  const int64_t n = c.num_requests > 0 ? c.num_requests : static_cast<int64_t>(in.trace.requests.size());
+  std::mt19937_64 rng(c.workload_seed);
+  std::vector<int32_t> perm;
+  in.order.reserve(n);
+  in.output_len.reserve(n);
+  for (int64_t i = 0; i < n; ++i) {
+    if (perm.empty()) {
+      perm.resize(in.trace.requests.size());
+      for (size_t j = 0; j < perm.size(); ++j) perm[j] = static_cast<int32_t>(j);
+      for (size_t j = perm.size(); j > 1; --j) std::swap(perm[j - 1], perm[rng() % j]);
+    }
+    in.order.push_back(perm.back());
+    perm.pop_back();
+    const TraceRequest& r = in.trace.requests[in.order.back()];
+    in.output_len.push_back(c.output_len > 0 ? c.output_len : std::max<int64_t>(1, r.decode_len()));
+  }
+  for (int32_t i : in.order) {
+    const TraceRequest& r = in.trace.requests[i];
+    if (r.prompt_len < 1) return Status::InvalidArgument(c.trace + ": request '" + r.id + "' has no prompt tokens");
+  }
+  return in;
+}
+
+std::vector<int32_t> PromptTokens(const TraceRequest& r, const std::vector<std::string>& domains, int vocab) {
+  uint64_t h = 1469598103934665603ULL;
+  for (char ch : r.id) h = (h ^ static_cast<uint8_t>(ch)) * 1099511628211ULL;
+  std::mt19937_64 rng(h);
+  const int num_domains = std::max<int>(1, static_cast<int>(domains.size()));
+  int d = 0;
+  for (int i = 0; i < static_cast<int>(domains.size()); ++i) {
+    if (domains[i] == r.domain) d = i;
+  }
+  const int64_t lo = static_cast<int64_t>(vocab) * d / num_domains;
+  const int64_t hi = static_cast<int64_t>(vocab) * (d + 1) / num_domains;
+  const uint64_t span = static_cast<uint64_t>(std::max<int64_t>(1, hi - lo));
+  std::vector<int32_t> t(r.prompt_len);
+  for (auto& x : t) x = static_cast<int32_t>(lo + static_cast<int64_t>(rng() % span));
+  return t;
+}
+
+std::vector<uint16_t> RoutingRows(const Trace& t, const TraceRequest& r, int64_t first, int64_t n) {
+  const size_t stride = t.token_stride();
+  std::vector<uint16_t> out(static_cast<size_t>(n) * stride);
+  for (int64_t i = 0; i < n; ++i) {
+    int64_t row = first + i;
+    if (row >= r.num_tokens) {
+      const int64_t decode = std::max<int64_t>(1, r.decode_len());
+      row = r.prompt_len + (row - r.prompt_len) % decode;
+      if (row >= r.num_tokens) row = r.num_tokens - 1;
+    }
+    std::copy_n(t.token_ids(r.offset + row), stride, out.begin() + static_cast<size_t>(i) * stride);
+  }
+  return out;
 }
 
 }  // namespace eldr

@@ -1,13 +1,20 @@
-// Request arrivals with the semantics of vLLM's benchmark_serving: request_rate = inf sends everything at
-// once; otherwise inter-arrival gaps are Gamma(shape = burstiness, scale = 1 / (rate · burstiness)), so
-// burstiness 1 is a Poisson process and smaller values are burstier (the gaps' squared coefficient of
-// variation is 1 / burstiness). Seeded and deterministic.
+// The workload of a job (DESIGN.md §2): which trace requests are sent, in what order, with how many output
+// tokens, at what times, and what each prompt's token ids are. `eldr serve` and `eldr simulate` derive it
+// from the job config in the same way, so both see the same requests.
+//
+// Arrivals follow vLLM's benchmark_serving: request_rate = inf sends everything at once; otherwise
+// inter-arrival gaps are Gamma(shape = burstiness, scale = 1 / (rate · burstiness)), so burstiness 1 is a
+// Poisson process and smaller values are burstier (the gaps' squared coefficient of variation is
+// 1 / burstiness). Seeded and deterministic.
 #pragma once
 
 #include <cstdint>
+#include <string>
 #include <vector>
 
 #include "runtime/common/status.h"
+#include "runtime/serve/job_config.h"
+#include "runtime/trace/trace.h"
 
 namespace eldr {
 
@@ -21,5 +28,32 @@ struct ArrivalOptions {
 // Arrival times in seconds, non-decreasing, the first at 0. InvalidArgument for a rate <= 0, burstiness <= 0
 // or a negative count.
 Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& options);
+
+// The requests of a job. Workload request i is trace request order[i]: the trace's requests in a seeded
+// random order (workload.seed), cycling through fresh permutations when num_requests exceeds the trace.
+struct JobRequests {
+  Trace trace;
+  std::vector<int32_t> order;        // [N] workload request → trace request
+  std::vector<int64_t> output_len;   // [N] output tokens incl. prefill's: workload.output_len, else the
+                                     //     trace's decode length (at least 1)
+  int64_t size() const { return static_cast<int64_t>(order.size()); }
+  const TraceRequest& request(int64_t i) const { return trace.requests[order[i]]; }
+  // The id reported for workload request i: the trace id, with "#i" when requests repeat.
+  std::string ReportId(int64_t i) const;
+};
+
+// Reads the job's trace and draws its requests. InvalidArgument (naming the trace) for an empty trace or a
+// request without prompt tokens.
+Result<JobRequests> LoadJobRequests(const JobConfig& config);
+
+// Prompt token ids of a trace request. A routing trace records routing, not text, so the ids are drawn
+// deterministically (seeded by the request id) from its domain's slice of the vocabulary ([vocab·d/M,
+// vocab·(d+1)/M) for domain d of the M sorted domain labels); a repeated request therefore shares its whole
+// prompt with its earlier copies (prefix-cache hits).
+std::vector<int32_t> PromptTokens(const TraceRequest& r, const std::vector<std::string>& domains, int vocab);
+
+// Routing rows [first, first + n) of a request ([n, L_moe, top_k]); rows past the end of the trace wrap over
+// its decode tokens (a fixed output_len longer than the recorded output).
+std::vector<uint16_t> RoutingRows(const Trace& t, const TraceRequest& r, int64_t first, int64_t n);
 
 }  // namespace eldr
