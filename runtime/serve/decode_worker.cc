@@ -7,7 +7,9 @@ namespace eldr {
 DecodeWorker::DecodeWorker(const ModelWeights& weights, const DecodeWorkerOptions& options)
     : options_(options),
       executor_(weights, options.num_blocks, options.block_size),
-      blocks_(options.num_blocks, options.block_size) {}
+      blocks_(options.num_blocks, options.block_size) {
+  executor_.set_expert_backend(options.expert_backend);
+}
 
 int DecodeWorker::BlocksFor(const DecodeWork& w) const {
   // Positions 0 .. prompt_len + output_len − 2 are written (the last output token is never an input).
@@ -75,6 +77,7 @@ Result<StepReport> DecodeWorker::Step() {
     const int32_t input = s.work.forced_tokens.empty() ? s.last_token : s.work.forced_tokens[step];
     batch[i].token = input;
     batch[i].position = static_cast<int32_t>(s.work.prompt_len + step);
+    rep.context_tokens += batch[i].position + 1;
     batch[i].block_table = &s.table;
     if (!s.work.replay_ids.empty()) {
       replays[i].ids = s.work.replay_ids.data() + step * per_token;

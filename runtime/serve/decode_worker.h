@@ -38,6 +38,7 @@ struct TokenEvent {
 struct StepReport {
   int batch = 0;                         // sequences in the step (0: nothing ran)
   int64_t distinct_experts = 0;          // Σ over MoE layers of |∪ top-k| (DESIGN.md §3)
+  int64_t context_tokens = 0;            // Σ over the batch of the tokens attended (position + 1)
   std::vector<int32_t> distinct_per_layer;
   std::vector<TokenEvent> tokens;
 };
@@ -46,6 +47,9 @@ struct DecodeWorkerOptions {
   int num_blocks = 1024;
   int block_size = BlockManager::kDefaultBlockSize;
   int max_batch = 64;
+  // The routed experts of the decode steps (an EP group's leader passes its dispatching backend); nullptr:
+  // computed in this process. REQUIRES: outlives the worker.
+  ExpertBackend* expert_backend = nullptr;
 };
 
 class DecodeWorker {

@@ -176,13 +176,19 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
                    {"steps", d.steps},
                    {"mean_batch", d.steps ? d.batch_sum / static_cast<double>(d.steps) : 0.0},
                    {"mean_distinct_experts_per_step", d.steps ? d.distinct_sum / static_cast<double>(d.steps) : 0.0}});
+    if (d.ep_size >= 1) dec.back()["ep_size"] = d.ep_size;
+    if (d.ep_size > 1) {
+      dec.back()["mean_rank_load"] = d.mean_rank_load;
+      dec.back()["mean_balancedness"] = d.mean_balancedness;
+      dec.back()["p1_balancedness"] = d.p1_balancedness;
+    }
   }
   j["mean_distinct_experts_per_step"] = steps > 0 ? distinct / steps : 0.0;
   j["distinct_experts_per_token"] = batch > 0 ? distinct / batch : 0.0;
   j["mean_band_size"] = routing.band_n ? static_cast<double>(routing.band_sum) / static_cast<double>(routing.band_n) : 0.0;
   j["fallbacks"] = routing.fallbacks;
   j["decoders"] = dec;
-  j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}};
+  j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}, {"ep_size", c.ep_size}};
   j["model"] = model;
   j["trace"] = c.trace;
   return j;
@@ -197,6 +203,22 @@ Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, co
   for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, with_tokens)) + "\n";
   ELDR_RETURN_IF_ERROR(WriteFileAtomic(dir + "/requests.jsonl", lines));
   return WriteJsonFile(dir + "/metrics.json", metrics);
+}
+
+Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps) {
+  std::string lines;
+  for (const StepRecord& s : steps) {
+    nlohmann::json j = {{"kind", s.kind}, {"worker", s.worker}, {"time", s.time}, {"seconds", s.seconds}};
+    if (s.kind == "decode") {
+      j["batch"] = s.batch;
+      j["distinct_experts"] = s.distinct_experts;
+      j["context_tokens"] = s.tokens;
+    } else {
+      j["prompt_tokens"] = s.tokens;
+    }
+    lines += DumpJsonLine(j) + "\n";
+  }
+  return WriteFileAtomic(path, lines);
 }
 
 }  // namespace eldr

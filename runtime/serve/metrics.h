@@ -60,6 +60,13 @@ struct DecoderStats {
   int64_t steps = 0;          // decode steps that ran (batch > 0)
   double batch_sum = 0;       // Σ batch over those steps
   double distinct_sum = 0;    // Σ distinct experts (over MoE layers) over those steps
+  // Expert parallelism (decode.ep_size). 0: not recorded, nothing printed; 1: only "ep_size" is printed. The
+  // load of EP rank i in a step is the number of token·expert activations computed on it, summed over the MoE
+  // layers; a step's balancedness is DESIGN.md §3's Σ_layers mean-over-ranks ÷ Σ_layers max-over-ranks.
+  int ep_size = 0;
+  std::vector<double> mean_rank_load;  // [ep_size] mean over the steps
+  double mean_balancedness = 0;        // mean over the steps of the per-step balancedness
+  double p1_balancedness = 0;          // its 1st percentile (numpy's linear interpolation)
 };
 struct RoutingStats {
   double tau = 0;             // the band width in effect
@@ -69,10 +76,24 @@ struct RoutingStats {
 
 // The job's metrics JSON: SummarizeServing's vLLM keys plus policy, tau, workload parameters, topology,
 // mean_distinct_experts_per_step, distinct_experts_per_token, mean_band_size, fallbacks and per-decoder
-// {rank, requests, steps, mean_batch, mean_distinct_experts_per_step}. `eldr serve` and `eldr simulate` both
+// {rank, requests, steps, mean_batch, mean_distinct_experts_per_step, and with ep_size set: ep_size, and when it
+// is > 1 mean_rank_load, mean_balancedness, p1_balancedness}. `eldr serve` and `eldr simulate` both
 // write it, so every table and plot works on either.
 nlohmann::json JobMetrics(const JobConfig& config, const std::string& model, const std::vector<RequestRecord>& records,
                           const std::vector<DecoderStats>& decoders, const RoutingStats& routing);
+
+// One prefill or decode step as a worker timed it: the data `eldr simulate --fit` fits its cost model to.
+struct StepRecord {
+  std::string kind;          // "prefill" or "decode"
+  int worker = 0;            // prefill rank index or decoder index
+  double time = 0;           // when rank 0 heard of it (s from the start)
+  double seconds = 0;        // the worker's wall time for the step
+  int64_t batch = 0;         // decode: sequences in the step; prefill: 1
+  int64_t distinct_experts = 0;  // decode: Σ over MoE layers of distinct experts
+  int64_t tokens = 0;        // decode: context tokens attended; prefill: prompt tokens computed
+};
+// Writes one JSON line per step, atomically.
+Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps);
 
 // Writes <dir>/requests.jsonl and <dir>/metrics.json, each atomically.
 Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,

@@ -141,12 +141,15 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, cons
       replay_ids = RoutingRows(in.trace, r, from, r.prompt_len - from);
       replay.ids = replay_ids.data();
     }
+    const double prefill_start = Now();
     auto pre = ex.Prefill(tokens, alloc->blocks, from, c.replay_gates ? &replay : nullptr, from == cached ? &sig : nullptr);
     if (!pre.ok()) return pre.status();
+    const double prefill_seconds = Now() - prefill_start;
     std::vector<float> counts(sig.row_size());
     sig.SumCounts(alloc->blocks, nullptr, counts.data());
     Wire m;
     m.Put<int64_t>(req).Put<int32_t>(pre->next_token).PutVector(counts);
+    m.Put<double>(prefill_seconds).Put<int64_t>(static_cast<int64_t>(tokens.size()) - from);
     tr.Send(0, kTagCounts, m.bytes().data(), m.bytes().size());
     waiting_route[req] = {alloc->blocks, pre->next_token};
     return true;
@@ -239,9 +242,12 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
       ELDR_RETURN_IF_ERROR(handle(WaitMessage(tr), &stop));
       continue;
     }
+    const double step_start = Now();
     ELDR_ASSIGN_OR_RETURN(StepReport rep, worker.Step());
+    const double step_seconds = Now() - step_start;
     Wire m;
-    m.Put<int32_t>(rep.batch).Put<int64_t>(rep.distinct_experts).Put<uint64_t>(rep.tokens.size());
+    m.Put<int32_t>(rep.batch).Put<int64_t>(rep.distinct_experts).Put<int64_t>(rep.context_tokens);
+    m.Put<double>(step_seconds).Put<uint64_t>(rep.tokens.size());
     for (const auto& t : rep.tokens) {
       m.Put<int64_t>(std::stoll(t.id)).Put<int64_t>(t.index).Put<int32_t>(t.token).Put<uint8_t>(t.finished ? 1 : 0);
     }
@@ -284,6 +290,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
   std::vector<int64_t> decoder_requests(c.decode_ranks, 0), decoder_steps(c.decode_ranks, 0);
   std::vector<double> decoder_distinct(c.decode_ranks, 0), decoder_batch(c.decode_ranks, 0);
   std::deque<std::pair<int64_t, std::vector<float>>> held;  // routed later: every decoder at its cap
+  std::vector<StepRecord> step_log;  // every prefill and decode step, for `eldr simulate --fit`
   std::vector<double> last_heard(tr.size(), 0);
   int64_t next = 0, active = 0, done = 0, band_sum = 0, band_n = 0, fallbacks = 0;
   ProgressBar bar("serving " + std::string(RoutingPolicyName(c.policy)), N, progress);
@@ -346,6 +353,9 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
       const int64_t req = m.Get<int64_t>();
       records[req].tokens.push_back(m.Get<int32_t>());
       std::vector<float> counts = m.GetVector<float>();
+      const double seconds = m.Get<double>();
+      const int64_t computed = m.Get<int64_t>();
+      step_log.push_back({"prefill", prefill_of[req], t, seconds, 1, 0, computed});
       records[req].token_times.push_back(t);
       --prefill_outstanding[prefill_of[req]];
       if (!held.empty() || !route(req, counts)) held.emplace_back(req, std::move(counts));
@@ -353,7 +363,10 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
       const int decoder = msg.source - 1 - c.prefill_ranks;
       const int32_t batch = m.Get<int32_t>();
       const int64_t distinct = m.Get<int64_t>();
+      const int64_t context = m.Get<int64_t>();
+      const double seconds = m.Get<double>();
       const uint64_t n = m.Get<uint64_t>();
+      if (batch > 0) step_log.push_back({"decode", decoder, t, seconds, batch, distinct, context});
       if (batch > 0) {
         ++decoder_steps[decoder];
         decoder_distinct[decoder] += static_cast<double>(distinct);
@@ -413,6 +426,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
   nlohmann::json j = JobMetrics(c, mc.name, records, stats, {router.tau(), band_sum, band_n, fallbacks});
   if (!watchdog.empty()) j["watchdog"] = watchdog;
   ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, j, records, c.output_tokens));
+  ELDR_RETURN_IF_ERROR(WriteStepLog(c.output_dir + "/steps.jsonl", step_log));
   std::printf("%s", FormatServingSummary(j).c_str());
   std::fflush(stdout);
   for (int r = 1; r < tr.size(); ++r) tr.Send(r, kTagShutdown, nullptr, 0);
