@@ -18,6 +18,7 @@ void AddInspectCommand(CLI::App& app, Action* action);
 void AddRouteCommand(CLI::App& app, Action* action);
 void AddServeCommand(CLI::App& app, Action* action);
 void AddPlaceCommand(CLI::App& app, Action* action);
+void AddSimulateCommand(CLI::App& app, Action* action);
 
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);

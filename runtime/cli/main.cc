@@ -29,6 +29,7 @@ int main(int argc, char** argv) {
   eldr::cli::AddRouteCommand(app, &action);
   eldr::cli::AddServeCommand(app, &action);
   eldr::cli::AddPlaceCommand(app, &action);
+  eldr::cli::AddSimulateCommand(app, &action);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -150,7 +150,10 @@ Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& config, const Synth
   std::normal_distribution<float> g(0.f, 1.f);
   for (auto& v : u) {
     double n2 = 0;
-    for (auto& x : v) n2 += static_cast<double>(x = g(rng)) * x;
+    for (auto& x : v) {
+      x = g(rng);
+      n2 += static_cast<double>(x) * x;
+    }
     for (auto& x : v) x /= static_cast<float>(std::sqrt(n2 / H));  // RMS 1
   }
   const double residual_damp = 1.0 / std::sqrt(2.0 * config.num_hidden_layers);

@@ -48,8 +48,8 @@ Result<JobRequests> LoadJobRequests(const JobConfig& config);
 
 // Prompt token ids of a trace request. A routing trace records routing, not text, so the ids are drawn
 // deterministically (seeded by the request id) from its domain's slice of the vocabulary ([vocab·d/M,
-// vocab·(d+1)/M) for domain d of the M sorted domain labels); a repeated request therefore shares its whole
-// prompt with its earlier copies (prefix-cache hits).
+// vocab·(d+1)/M) for domain d of the M domain labels); a repeated request therefore shares its whole
+// prompt with its earlier copies (prefix-cache hits). Domains are numbered in Trace::Domains() order.
 std::vector<int32_t> PromptTokens(const TraceRequest& r, const std::vector<std::string>& domains, int vocab);
 
 // Routing rows [first, first + n) of a request ([n, L_moe, top_k]); rows past the end of the trace wrap over

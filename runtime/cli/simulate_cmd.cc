@@ -1,0 +1,205 @@
+// eldr simulate: the serving job as a discrete-event simulation (runtime/sim), and the fit / derivation of
+// its cost model.
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <memory>
+
+#include "runtime/calib/calibration.h"
+#include "runtime/cli/commands.h"
+#include "runtime/common/atomic_file.h"
+#include "runtime/common/json_util.h"
+#include "runtime/serve/job_config.h"
+#include "runtime/serve/metrics.h"
+#include "runtime/serve/workload.h"
+#include "runtime/sim/cost_model.h"
+#include "runtime/sim/simulator.h"
+
+namespace eldr::cli {
+
+namespace {
+
+struct SimulateArgs {
+  std::string config, calib, trace, policy, cost_model, output_dir, model;
+  std::vector<std::string> fit;
+  std::string derive, out;
+  int decoders = 0, prefill = 0, max_batch = 0;
+  int64_t num_requests = -1, output_len = -1, max_concurrency = -1, admission_cap = -1, decode_blocks = 0;
+  double tau = -1, rate = 0, burstiness = 0, bandwidth = 0;
+  uint64_t seed = 0;
+  bool seed_set = false, json = false, quiet = false, no_output = false;
+};
+
+nlohmann::json CostModelJson(const CostModel& m) {
+  return {{"name", m.name},
+          {"source", m.source},
+          {"decode", {{"a", m.decode_a}, {"b", m.decode_b}, {"c", m.decode_c}, {"d", m.decode_d}}},
+          {"prefill", {{"a", m.prefill_a}, {"b", m.prefill_b}}},
+          {"kv_transfer", {{"latency_s", m.kv_latency}, {"bandwidth_Bps", m.kv_bandwidth}}},
+          {"control_latency_s", m.control_latency}};
+}
+
+Status WriteOrPrint(const std::string& out, const std::string& text) {
+  if (out.empty()) {
+    std::printf("%s", text.c_str());
+    return Status::Ok();
+  }
+  ELDR_RETURN_IF_ERROR(WriteFileAtomic(out, text));
+  std::fprintf(stderr, "wrote %s\n", out.c_str());
+  return Status::Ok();
+}
+
+Status RunFit(const SimulateArgs& a) {
+  if (a.model.empty()) return Status::InvalidArgument("--fit needs --model (the model config the steps ran)");
+  ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(a.model));
+  ELDR_ASSIGN_OR_RETURN(FitReport r, FitCostModel(a.fit, mc));
+  // Step logs time the compute only; hops on this machine's MPI with polling receivers take ~0.1 ms.
+  if (r.model.control_latency == 0) r.model.control_latency = 1e-4;
+  if (r.model.kv_latency == 0) r.model.kv_latency = 1e-4;
+  if (r.model.kv_bandwidth == 0) r.model.kv_bandwidth = 5e9;
+  r.model.name = "fit-" + mc.name;
+  std::fprintf(stderr, "%s", r.Summary().c_str());
+  if (a.json) {
+    nlohmann::json j = CostModelJson(r.model);
+    j["decode_r2"] = r.decode_r2;
+    j["prefill_r2"] = r.prefill_r2;
+    j["decode_samples"] = r.decode_samples;
+    j["prefill_samples"] = r.prefill_samples;
+    j["decode_median_rel_error"] = r.decode_median_rel_error;
+    return WriteOrPrint(a.out, DumpJson(j) + "\n");
+  }
+  return WriteOrPrint(a.out, CostModelYaml(r.model));
+}
+
+Status RunDerive(const SimulateArgs& a) {
+  if (a.model.empty()) return Status::InvalidArgument("--derive needs --model (a model config YAML)");
+  ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(a.model));
+  DeviceSpec dev;
+  if (a.derive != "h200" && a.derive != "H200") {
+    return Status::InvalidArgument("--derive knows h200; give other devices with --bandwidth (bytes/s)");
+  }
+  if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;
+  const CostModel m = DeriveCostModel(mc, dev);
+  std::fprintf(stderr, "%s\n", m.source.c_str());
+  return WriteOrPrint(a.out, a.json ? DumpJson(CostModelJson(m)) + "\n" : CostModelYaml(m));
+}
+
+Status RunSimulation(const SimulateArgs& a) {
+  if (a.config.empty()) return Status::InvalidArgument("--config is required (the job config of eldr serve)");
+  ELDR_ASSIGN_OR_RETURN(JobConfig c, LoadJobConfig(a.config));
+  if (!a.calib.empty()) c.calibration = a.calib;
+  if (!a.trace.empty()) c.trace = a.trace;
+  if (a.decoders > 0) c.decode_ranks = a.decoders;
+  if (a.prefill > 0) c.prefill_ranks = a.prefill;
+  if (a.max_batch > 0) c.max_batch = a.max_batch;
+  if (a.decode_blocks > 0) c.decode_blocks = static_cast<int>(a.decode_blocks);
+  if (!a.policy.empty()) {
+    ELDR_ASSIGN_OR_RETURN(c.policy, ParseRoutingPolicy(a.policy));
+  }
+  if (a.tau >= 0) c.tau = a.tau;
+  if (a.rate > 0) c.request_rate = a.rate;
+  if (a.burstiness > 0) c.burstiness = a.burstiness;
+  if (a.num_requests >= 0) c.num_requests = a.num_requests;
+  if (a.output_len >= 0) c.output_len = a.output_len;
+  if (a.max_concurrency >= 0) c.max_concurrency = a.max_concurrency;
+  if (a.admission_cap >= 0) c.admission_cap = a.admission_cap;
+  if (a.seed_set) c.workload_seed = a.seed;
+  if (!a.output_dir.empty()) c.output_dir = a.output_dir;
+  if (UsesSignature(c.policy) && c.calibration.empty()) {
+    return Status::InvalidArgument(std::string("policy ") + RoutingPolicyName(c.policy) +
+                                   " needs a calibration (routing.calibration or --calib)");
+  }
+  CostModel cost;
+  if (!a.cost_model.empty()) {
+    ELDR_ASSIGN_OR_RETURN(cost, LoadCostModel(a.cost_model));
+  } else {
+    ELDR_ASSIGN_OR_RETURN(cost, LoadJobCostModel(a.config));
+  }
+  ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(c.model_config));
+  ELDR_ASSIGN_OR_RETURN(JobRequests in, LoadJobRequests(c));
+  std::unique_ptr<Calibration> calib;
+  if (!c.calibration.empty() && UsesSignature(c.policy)) {
+    ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c.calibration));
+    calib = std::make_unique<Calibration>(std::move(cal));
+  }
+  if (!a.no_output) {  // fail before the run, not after it
+    std::error_code ec;
+    std::filesystem::create_directories(c.output_dir, ec);
+    if (ec) return Status::IoError(c.output_dir + ": cannot create the output directory: " + ec.message());
+    ELDR_RETURN_IF_ERROR(AtomicOutput(c.output_dir + "/metrics.json").CheckWritable());
+  }
+  const auto start = std::chrono::steady_clock::now();
+  ELDR_ASSIGN_OR_RETURN(SimulationResult r, Simulate(c, in, mc, calib.get(), cost, !a.quiet && !a.json));
+  const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  nlohmann::json j = JobMetrics(c, mc.name, r.records, r.decoders, r.routing);
+  j["simulated"] = true;
+  j["simulated_seconds"] = r.simulated_seconds;
+  j["events"] = r.events;
+  j["wall_seconds"] = wall;
+  j["max_batch"] = c.max_batch;
+  j["cost_model"] = CostModelJson(cost);
+  if (!a.no_output) ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, j, r.records, false));
+  if (a.json) {
+    std::printf("%s\n", DumpJson(j).c_str());
+  } else {
+    std::printf("%s", FormatServingSummary(j).c_str());
+    std::printf("simulated %s of serving in %.2f s (%lld events); cost model: %s\n",
+                (Fmt(r.simulated_seconds, 1) + " s").c_str(), wall, static_cast<long long>(r.events),
+                cost.source.c_str());
+    if (!a.no_output) std::printf("wrote %s/metrics.json and requests.jsonl\n", c.output_dir.c_str());
+  }
+  return Status::Ok();
+}
+
+}  // namespace
+
+void AddSimulateCommand(CLI::App& app, Action* action) {
+  auto a = std::make_shared<SimulateArgs>();
+  auto* cmd = app.add_subcommand(
+      "simulate",
+      "Simulate an eldr serve job at any scale (discrete events; the real router, prefix and signature caches and "
+      "decoder admission; step times from a cost model). Also: --fit a cost model to measured steps, --derive one "
+      "for a GPU.");
+  cmd->add_option("--config,-c", a->config, "job config YAML, the same as eldr serve's; its simulate: section gives "
+                                            "the cost model (cost_model: FILE and/or inline keys)");
+  cmd->add_option("--calib", a->calib, "override routing.calibration");
+  cmd->add_option("--trace", a->trace, "override workload.trace (a real or synthetic routing trace)");
+  cmd->add_option("--decoders,-K", a->decoders, "override topology.decode_ranks");
+  cmd->add_option("--prefill", a->prefill, "override topology.prefill_ranks");
+  cmd->add_option("--policy", a->policy, "override routing.policy (random, round_robin, jsq, p2c, domain, "
+                                         "locality_top1, eldr)");
+  cmd->add_option("--tau", a->tau, "override routing.tau");
+  cmd->add_option("--rate", a->rate, "override workload.request_rate (requests/s)");
+  cmd->add_option("--burstiness", a->burstiness, "override workload.burstiness");
+  cmd->add_option("--num-requests,-n", a->num_requests, "override workload.num_requests (cycles through the trace)");
+  cmd->add_option("--output-len", a->output_len, "override workload.output_len (0: the trace's)");
+  cmd->add_option("--max-concurrency", a->max_concurrency, "override workload.max_concurrency");
+  cmd->add_option("--max-batch", a->max_batch, "override decode.max_batch");
+  cmd->add_option("--decode-blocks", a->decode_blocks, "override kv_cache.decode_blocks");
+  cmd->add_option("--admission-cap", a->admission_cap, "override routing.admission_cap");
+  cmd->add_option_function<uint64_t>("--seed", [a](uint64_t s) { a->seed = s; a->seed_set = true; },
+                                     "override workload.seed");
+  cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)");
+  cmd->add_option("--output-dir", a->output_dir, "override output.dir");
+  cmd->add_flag("--no-output", a->no_output, "write no files (print only)");
+  cmd->add_flag("--json", a->json, "print the metrics JSON to stdout (no table, no progress bar)");
+  cmd->add_flag("--quiet", a->quiet, "no progress bar");
+  cmd->add_option("--fit", a->fit, "fit a cost model to these files: steps.jsonl of eldr serve runs and/or "
+                                   "moe_layer_bench --benchmark_format=json output")
+      ->expected(1, -1);
+  cmd->add_option("--derive", a->derive, "derive a bandwidth-bound cost model for a device: h200");
+  cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)");
+  cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML");
+  cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)");
+  cmd->callback([=] {
+    *action = [=]() -> Status {
+      if (!a->fit.empty()) return RunFit(*a);
+      if (!a->derive.empty()) return RunDerive(*a);
+      return RunSimulation(*a);
+    };
+  });
+}
+
+}  // namespace eldr::cli

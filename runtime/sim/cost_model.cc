@@ -1,0 +1,379 @@
+#include "runtime/sim/cost_model.h"
+
+#include <yaml-cpp/yaml.h>
+
+#include <Eigen/Dense>
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <regex>
+#include <sstream>
+
+#include "runtime/common/json_util.h"
+
+namespace eldr {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Every coefficient and where it lives in the YAML.
+struct Key {
+  const char* section;
+  const char* name;
+  double CostModel::*field;
+};
+const Key kKeys[] = {
+    {"decode", "a", &CostModel::decode_a},          {"decode", "b", &CostModel::decode_b},
+    {"decode", "c", &CostModel::decode_c},          {"decode", "d", &CostModel::decode_d},
+    {"prefill", "a", &CostModel::prefill_a},        {"prefill", "b", &CostModel::prefill_b},
+    {"kv_transfer", "latency_s", &CostModel::kv_latency}, {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth},
+    {"", "control_latency_s", &CostModel::control_latency},
+};
+
+// Applies the keys present in `y` to `m`.
+Status ApplyYaml(const YAML::Node& y, const std::string& where, CostModel* m) {
+  if (y["name"]) m->name = y["name"].as<std::string>("");
+  if (y["source"]) m->source = y["source"].as<std::string>("");
+  for (const Key& k : kKeys) {
+    const YAML::Node n = *k.section ? (y[k.section] ? y[k.section][k.name] : YAML::Node(YAML::NodeType::Undefined))
+                                    : y[k.name];
+    if (!n.IsDefined() || n.IsNull()) continue;
+    double v = 0;
+    try {
+      v = n.as<double>();
+    } catch (const YAML::Exception&) {
+      v = std::numeric_limits<double>::quiet_NaN();
+    }
+    if (!std::isfinite(v) || v < 0) {
+      return Status::InvalidArgument(where + ":" + std::to_string(n.Mark().line + 1) + ": " +
+                                     (*k.section ? std::string(k.section) + "." : std::string()) + k.name +
+                                     " must be a number >= 0");
+    }
+    m->*k.field = v;
+  }
+  return Status::Ok();
+}
+
+Result<YAML::Node> ParseYaml(const std::string& path) {
+  if (!fs::exists(path)) return Status::NotFound(path + ": no such file");
+  try {
+    YAML::Node y = YAML::LoadFile(path);
+    if (!y.IsMap()) return Status::InvalidArgument(path + ": expected a YAML mapping");
+    return y;
+  } catch (const YAML::Exception& e) {
+    return Status::InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  }
+}
+
+int64_t DtypeBytes(const ModelConfig& m) { return m.torch_dtype == "bfloat16" ? 2 : 4; }
+
+// K and V of one token over all attention layers.
+double KvBytesPerToken(const ModelConfig& m) {
+  return 2.0 * m.num_hidden_layers * m.num_key_value_heads * m.head_dim * static_cast<double>(DtypeBytes(m));
+}
+
+// Solves unconstrained least squares on the given columns; the others are 0.
+std::vector<double> SubsetLeastSquares(const std::vector<double>& x, const std::vector<double>& y, int cols,
+                                       unsigned mask) {
+  const int rows = static_cast<int>(y.size());
+  std::vector<int> use;
+  for (int j = 0; j < cols; ++j) {
+    if (mask & (1u << j)) use.push_back(j);
+  }
+  std::vector<double> beta(cols, 0.0);
+  if (use.empty()) return beta;
+  Eigen::MatrixXd A(rows, static_cast<int>(use.size()));
+  Eigen::VectorXd b(rows);
+  for (int i = 0; i < rows; ++i) {
+    for (size_t j = 0; j < use.size(); ++j) A(i, static_cast<int>(j)) = x[static_cast<size_t>(i) * cols + use[j]];
+    b(i) = y[i];
+  }
+  const Eigen::VectorXd s = A.completeOrthogonalDecomposition().solve(b);
+  for (size_t j = 0; j < use.size(); ++j) beta[use[j]] = s(static_cast<int>(j));
+  return beta;
+}
+
+double SquaredResidual(const std::vector<double>& x, const std::vector<double>& y, int cols,
+                       const std::vector<double>& beta) {
+  double ss = 0;
+  for (size_t i = 0; i < y.size(); ++i) {
+    double p = 0;
+    for (int j = 0; j < cols; ++j) p += x[i * cols + j] * beta[j];
+    ss += (p - y[i]) * (p - y[i]);
+  }
+  return ss;
+}
+
+double RSquared(const std::vector<double>& x, const std::vector<double>& y, int cols, const std::vector<double>& beta) {
+  double mean = 0;
+  for (double v : y) mean += v;
+  mean /= std::max<size_t>(1, y.size());
+  double tot = 0;
+  for (double v : y) tot += (v - mean) * (v - mean);
+  return tot > 0 ? 1.0 - SquaredResidual(x, y, cols, beta) / tot : 1.0;
+}
+
+// Samples for the fit.
+struct Samples {
+  std::vector<double> decode_x, decode_y;    // [n, 4] (1, distinct, batch, context), seconds
+  std::vector<double> prefill_x, prefill_y;  // [n, 2] (1, tokens)
+  // From moe_layer_bench: per-layer (1, distinct, batch) → seconds, and the read bandwidth.
+  std::vector<double> layer_x, layer_y;
+  double read_bandwidth = 0;
+};
+
+Status ReadStepLog(const std::string& path, Samples* s) {
+  std::ifstream in(path);
+  if (!in) return Status::IoError(path + ": cannot open");
+  std::string line;
+  int64_t n = 0;
+  while (std::getline(in, line)) {
+    ++n;
+    if (line.empty()) continue;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+      const std::string kind = j.at("kind").get<std::string>();
+      const double seconds = j.at("seconds").get<double>();
+      if (!(seconds >= 0) || !std::isfinite(seconds)) throw std::runtime_error("seconds must be >= 0");
+      if (kind == "decode") {
+        s->decode_x.insert(s->decode_x.end(), {1.0, j.at("distinct_experts").get<double>(), j.at("batch").get<double>(),
+                                               j.at("context_tokens").get<double>()});
+        s->decode_y.push_back(seconds);
+      } else if (kind == "prefill") {
+        s->prefill_x.insert(s->prefill_x.end(), {1.0, j.at("prompt_tokens").get<double>()});
+        s->prefill_y.push_back(seconds);
+      } else {
+        throw std::runtime_error("kind must be prefill or decode, got '" + kind + "'");
+      }
+    } catch (const std::exception& e) {
+      return Status::InvalidArgument(path + ":" + std::to_string(n) + ": not a step record: " + e.what());
+    }
+  }
+  return Status::Ok();
+}
+
+double ToSeconds(double value, const std::string& unit) {
+  if (unit == "ns") return value * 1e-9;
+  if (unit == "us") return value * 1e-6;
+  if (unit == "ms") return value * 1e-3;
+  return value;
+}
+
+Status ReadBenchJson(const std::string& path, const nlohmann::json& j, Samples* s) {
+  if (!j.contains("benchmarks") || !j["benchmarks"].is_array()) {
+    return Status::InvalidArgument(path + ": not Google Benchmark JSON (no 'benchmarks' array)");
+  }
+  const std::regex moe(R"(^BM_MoeLayer/(\d+)/(\d+)(/.*)?$)");
+  for (const auto& b : j["benchmarks"]) {
+    const std::string name = b.value("name", "");
+    if (b.value("run_type", "iteration") != "iteration") continue;  // repetitions' aggregates: use the runs
+    std::smatch m;
+    if (std::regex_match(name, m, moe)) {
+      const double seconds = ToSeconds(b.value("real_time", 0.0), b.value("time_unit", "ns"));
+      s->layer_x.insert(s->layer_x.end(), {1.0, std::stod(m[1]), std::stod(m[2])});
+      s->layer_y.push_back(seconds);
+    } else if (name.rfind("BM_Read", 0) == 0 && b.contains("GBps")) {
+      s->read_bandwidth = std::max(s->read_bandwidth, b["GBps"].get<double>() * 1e9);
+    }
+  }
+  if (s->layer_y.empty()) return Status::InvalidArgument(path + ": no BM_MoeLayer/<distinct>/<batch> results in it");
+  return Status::Ok();
+}
+
+}  // namespace
+
+std::vector<double> NonNegativeLeastSquares(const std::vector<double>& x, const std::vector<double>& y, int cols) {
+  // Exact for small problems: the NNLS optimum is the unconstrained optimum on its support, so try every
+  // support and keep the best feasible one.
+  std::vector<double> best(cols, 0.0);
+  double best_ss = SquaredResidual(x, y, cols, best);
+  for (unsigned mask = 1; mask < (1u << cols); ++mask) {
+    std::vector<double> beta = SubsetLeastSquares(x, y, cols, mask);
+    if (std::any_of(beta.begin(), beta.end(), [](double v) { return v < 0; })) continue;
+    const double ss = SquaredResidual(x, y, cols, beta);
+    if (ss < best_ss * (1 - 1e-12)) {
+      best_ss = ss;
+      best = beta;
+    }
+  }
+  return best;
+}
+
+Result<CostModel> LoadCostModel(const std::string& path) {
+  ELDR_ASSIGN_OR_RETURN(YAML::Node y, ParseYaml(path));
+  CostModel m;
+  m.name = fs::path(path).stem().string();
+  m.source = "given (" + path + ")";
+  ELDR_RETURN_IF_ERROR(ApplyYaml(y, path, &m));
+  return m;
+}
+
+Result<CostModel> LoadJobCostModel(const std::string& job_path) {
+  ELDR_ASSIGN_OR_RETURN(YAML::Node y, ParseYaml(job_path));
+  YAML::Node sim = y["simulate"];
+  if (!sim || !sim.IsMap()) {
+    return Status::NotFound(job_path + ": no 'simulate:' section (give one with a cost_model, or pass --cost-model)");
+  }
+  CostModel m;
+  if (sim["cost_model"]) {
+    std::string file = sim["cost_model"].as<std::string>("");
+    if (!fs::path(file).is_absolute()) {
+      const fs::path near = fs::path(job_path).parent_path() / file;
+      if (fs::exists(near)) file = near.lexically_normal().string();
+    }
+    ELDR_ASSIGN_OR_RETURN(m, LoadCostModel(file));
+  } else {
+    m.name = "inline";
+    m.source = "given (" + job_path + " simulate:)";
+  }
+  ELDR_RETURN_IF_ERROR(ApplyYaml(sim, job_path, &m));
+  return m;
+}
+
+std::string CostModelYaml(const CostModel& m) {
+  std::ostringstream o;
+  o.precision(6);
+  o << "# eldr simulate cost model. decode step t = a + b*distinct_experts + c*batch + d*context_tokens;\n"
+    << "# prefill t = a + b*computed_prompt_tokens; KV transfer t = latency_s + bytes/bandwidth_Bps. Seconds.\n"
+    << "name: " << m.name << "\n"
+    << "source: \"" << m.source << "\"\n"
+    << "decode: {a: " << m.decode_a << ", b: " << m.decode_b << ", c: " << m.decode_c << ", d: " << m.decode_d << "}\n"
+    << "prefill: {a: " << m.prefill_a << ", b: " << m.prefill_b << "}\n"
+    << "kv_transfer: {latency_s: " << m.kv_latency << ", bandwidth_Bps: " << m.kv_bandwidth << "}\n"
+    << "control_latency_s: " << m.control_latency << "\n";
+  return o.str();
+}
+
+CostModel DeriveCostModel(const ModelConfig& mc, const DeviceSpec& dev) {
+  const double bytes = static_cast<double>(DtypeBytes(mc));
+  const double H = mc.hidden_size, D = mc.head_dim;
+  const double attn = H * (mc.num_attention_heads * D) * 2 + H * (mc.num_key_value_heads * D) * 2;
+  const double shared = static_cast<double>(mc.n_shared_experts) * 3 * H * mc.moe_intermediate_size;
+  const double gate = static_cast<double>(mc.num_experts) * H;
+  const double dense_mlp = 3 * H * mc.intermediate_size;
+  // Weights every decode step reads whatever the batch: attention, shared experts, gates, dense layers, the
+  // LM head (the embedding is a gather, not a read of the table).
+  const double fixed_params = mc.num_hidden_layers * attn + mc.num_moe_layers() * (shared + gate) +
+                              mc.first_k_dense_replace * dense_mlp + static_cast<double>(mc.vocab_size) * H;
+  const double active_params = fixed_params + static_cast<double>(mc.num_moe_layers()) * mc.num_experts_per_tok * 3 * H *
+                                                  mc.moe_intermediate_size;
+  CostModel m;
+  m.name = dev.name + "-" + mc.name;
+  m.decode_a = fixed_params * bytes / dev.memory_bandwidth + dev.step_overhead;
+  m.decode_b = static_cast<double>(mc.expert_bytes()) / dev.memory_bandwidth;
+  m.decode_c = 2.0 * active_params / (dev.peak_flops * dev.mfu);
+  m.decode_d = KvBytesPerToken(mc) / dev.memory_bandwidth;
+  m.prefill_a = m.decode_a;
+  m.prefill_b = 2.0 * active_params / (dev.peak_flops * dev.mfu);
+  m.kv_latency = dev.link_latency;
+  m.kv_bandwidth = dev.link_bandwidth;
+  m.control_latency = dev.control_latency;
+  std::ostringstream s;
+  s << "derived: " << mc.name << " " << mc.torch_dtype << " on " << dev.name << " ("
+    << Fmt(dev.memory_bandwidth / 1e12, 2) << " TB/s, " << Fmt(dev.peak_flops / 1e12, 0) << " TFLOP/s x mfu "
+    << Fmt(dev.mfu, 2) << "); expert " << Fmt(static_cast<double>(mc.expert_bytes()) / 1e6, 2)
+    << " MB, fixed weights " << Fmt(fixed_params * bytes / 1e9, 2) << " GB, KV " << Fmt(KvBytesPerToken(mc) / 1e3, 1)
+    << " KB/token; not measured";
+  m.source = s.str();
+  return m;
+}
+
+std::string FitReport::Summary() const {
+  std::ostringstream o;
+  o << "fit: " << decode_samples << " decode steps (R^2 " << Fmt(decode_r2, 3) << ", median relative error "
+    << Fmt(100 * decode_median_rel_error, 1) << "%), " << prefill_samples << " prefills (R^2 " << Fmt(prefill_r2, 3)
+    << ")\n"
+    << "decode step = " << Fmt(model.decode_a * 1e3, 4) << " ms + " << Fmt(model.decode_b * 1e6, 3)
+    << " us/distinct expert + " << Fmt(model.decode_c * 1e6, 3) << " us/sequence + " << Fmt(model.decode_d * 1e9, 3)
+    << " ns/context token\n"
+    << "prefill = " << Fmt(model.prefill_a * 1e3, 4) << " ms + " << Fmt(model.prefill_b * 1e6, 3) << " us/token\n";
+  return o.str();
+}
+
+Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& mc) {
+  if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
+  Samples s;
+  for (const std::string& f : files) {
+    std::ifstream in(f);
+    if (!in) return Status::NotFound(f + ": no such file");
+    std::string first;
+    in >> std::ws;
+    std::getline(in, first);
+    in.close();
+    nlohmann::json j;
+    bool whole = false;
+    if (!first.empty() && first[0] == '{' && first.find("\"kind\"") == std::string::npos) {
+      std::ifstream all(f);
+      try {
+        j = nlohmann::json::parse(all);
+        whole = true;
+      } catch (const std::exception&) {
+        whole = false;
+      }
+    }
+    if (whole) {
+      ELDR_RETURN_IF_ERROR(ReadBenchJson(f, j, &s));
+    } else {
+      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s));
+    }
+  }
+  FitReport r;
+  CostModel& m = r.model;
+  m.name = "fit";
+  m.source = "fit to";
+  for (const auto& f : files) m.source += " " + f;
+  if (!s.decode_y.empty()) {
+    if (s.decode_y.size() < 8) return Status::InvalidArgument("too few decode steps to fit (" + std::to_string(s.decode_y.size()) + ", need 8)");
+    const std::vector<double> beta = NonNegativeLeastSquares(s.decode_x, s.decode_y, 4);
+    m.decode_a = beta[0];
+    m.decode_b = beta[1];
+    m.decode_c = beta[2];
+    m.decode_d = beta[3];
+    r.decode_samples = static_cast<int>(s.decode_y.size());
+    r.decode_r2 = RSquared(s.decode_x, s.decode_y, 4, beta);
+    std::vector<double> rel;
+    for (size_t i = 0; i < s.decode_y.size(); ++i) {
+      if (s.decode_y[i] <= 0) continue;
+      const double p = m.DecodeStep(s.decode_x[i * 4 + 1], s.decode_x[i * 4 + 2], s.decode_x[i * 4 + 3]);
+      rel.push_back(std::abs(p - s.decode_y[i]) / s.decode_y[i]);
+    }
+    if (!rel.empty()) {
+      std::nth_element(rel.begin(), rel.begin() + rel.size() / 2, rel.end());
+      r.decode_median_rel_error = rel[rel.size() / 2];
+    }
+  } else if (!s.layer_y.empty()) {
+    if (s.layer_y.size() < 3) return Status::InvalidArgument("too few BM_MoeLayer results to fit (need 3)");
+    // Per-layer t = a' + b'·distinct + c'·batch; a step runs every MoE layer: a = L·a', b = b' (distinct is
+    // already summed over layers), c = L·c'; d: the KV of a context token read at the measured bandwidth.
+    const std::vector<double> beta = NonNegativeLeastSquares(s.layer_x, s.layer_y, 3);
+    const double L = mc.num_moe_layers();
+    m.decode_a = L * beta[0];
+    m.decode_b = beta[1];
+    m.decode_c = L * beta[2];
+    m.decode_d = s.read_bandwidth > 0 ? KvBytesPerToken(mc) / s.read_bandwidth : 0.0;
+    r.decode_samples = static_cast<int>(s.layer_y.size());
+    r.decode_r2 = RSquared(s.layer_x, s.layer_y, 3, beta);
+    // No prefill measurements in the bench: a prompt token costs what a batch token costs.
+    m.prefill_a = m.decode_a;
+    m.prefill_b = m.decode_c;
+    m.source += " (BM_MoeLayer per layer x " + std::to_string(mc.num_moe_layers()) + " MoE layers of " + mc.name +
+                "; prefill assumed = per-token decode compute)";
+  } else {
+    return Status::InvalidArgument("no decode steps or BM_MoeLayer results in the input");
+  }
+  if (!s.prefill_y.empty()) {
+    const std::vector<double> beta = NonNegativeLeastSquares(s.prefill_x, s.prefill_y, 2);
+    m.prefill_a = beta[0];
+    m.prefill_b = beta[1];
+    r.prefill_samples = static_cast<int>(s.prefill_y.size());
+    r.prefill_r2 = RSquared(s.prefill_x, s.prefill_y, 2, beta);
+  }
+  return r;
+}
+
+}  // namespace eldr

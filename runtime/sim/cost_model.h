@@ -1,0 +1,92 @@
+// The simulator's cost model (DESIGN.md §4 sim/): how long a prefill, a decode step and a KV transfer take.
+//
+//   decode step   t = a + b·distinct_experts + c·batch_tokens + d·context_tokens
+//   prefill       t = a + b·computed_prompt_tokens
+//   KV transfer   t = latency + bytes / bandwidth       (bytes: the prompt's K and V in the model's dtype)
+//   control       every message to or from the router adds control_latency
+//
+// distinct_experts is Σ over MoE layers of the experts the step's batch activates (DESIGN.md §3), the
+// quantity the routing policy changes: a decode step streams each distinct expert's weights once.
+//
+// Where a model comes from:
+//  - FitCostModel: least squares (non-negative coefficients) to measured steps — the steps.jsonl that
+//    `eldr serve` writes (every prefill and decode step, timed on its rank), or the JSON of
+//    `bench/moe_layer_bench --benchmark_format=json` (BM_MoeLayer/<distinct>/<batch> gives a, b, c per
+//    MoE layer, scaled by the model's MoE layer count; d from the measured read bandwidth BM_Read and the
+//    model's KV bytes per token).
+//  - DeriveCostModel: from the model's bytes and a device's memory bandwidth and peak FLOP/s (a decode
+//    step is bandwidth-bound: every distinct expert's weights, the dense weights and the KV are read once).
+//  - YAML: configs/costs/*.yaml, or the `simulate:` section of a job config (inline keys override the
+//    `cost_model:` file they name).
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "runtime/common/status.h"
+#include "runtime/model/model_config.h"
+
+namespace eldr {
+
+struct CostModel {
+  std::string name;
+  std::string source;               // how the numbers were obtained (fit, derived, given)
+  double decode_a = 0;              // s per step
+  double decode_b = 0;              // s per distinct expert (summed over MoE layers)
+  double decode_c = 0;              // s per sequence in the batch
+  double decode_d = 0;              // s per context token attended
+  double prefill_a = 0;             // s per prefill
+  double prefill_b = 0;             // s per computed prompt token
+  double kv_latency = 0;            // s per KV transfer
+  double kv_bandwidth = 0;          // bytes/s (0: transfers take kv_latency only)
+  double control_latency = 0;       // s per router message hop
+
+  double DecodeStep(double distinct, double batch, double context) const {
+    return decode_a + decode_b * distinct + decode_c * batch + decode_d * context;
+  }
+  double Prefill(double tokens) const { return prefill_a + prefill_b * tokens; }
+  double KvTransfer(double bytes) const { return kv_latency + (kv_bandwidth > 0 ? bytes / kv_bandwidth : 0.0); }
+};
+
+// Reads a cost model YAML (configs/costs/*.yaml). Errors name the file and key.
+Result<CostModel> LoadCostModel(const std::string& path);
+// The cost model of a job config's `simulate:` section: its `cost_model:` file (relative to the config)
+// with the section's inline keys on top. NotFound when the section is missing.
+Result<CostModel> LoadJobCostModel(const std::string& job_config_path);
+// YAML text of a cost model (what LoadCostModel reads), with a comment header.
+std::string CostModelYaml(const CostModel& m);
+
+// Hardware figures for DeriveCostModel.
+struct DeviceSpec {
+  std::string name = "H200";
+  double memory_bandwidth = 4.8e12;  // bytes/s (H200 SXM: 4.8 TB/s HBM3e)
+  double peak_flops = 989e12;        // dense bf16 FLOP/s (H200 SXM)
+  double mfu = 0.4;                  // achieved fraction of peak in prefill GEMMs
+  double step_overhead = 30e-6;      // s per decode step (launches with CUDA graphs, sampling, scheduling)
+  double link_bandwidth = 50e9;      // bytes/s for KV transfers (NVLink/IB per GPU pair; 50 GB/s ≈ 400 Gb/s IB)
+  double link_latency = 20e-6;       // s per KV transfer
+  double control_latency = 50e-6;    // s per router message (host-side MPI)
+};
+// A bandwidth-bound decode model: a = (dense weights + shared experts)/BW + overhead, b = expert bytes/BW,
+// c = 2·active params/(peak·mfu) (the batch's compute, small), d = KV bytes per token/BW; prefill from FLOPs.
+// Dtype: the model config's torch_dtype.
+CostModel DeriveCostModel(const ModelConfig& model, const DeviceSpec& device);
+
+struct FitReport {
+  CostModel model;
+  int decode_samples = 0, prefill_samples = 0;
+  double decode_r2 = 0, prefill_r2 = 0;
+  double decode_median_rel_error = 0;  // median |predicted − measured| / measured over the decode samples
+  std::string Summary() const;
+};
+// Fits from `eldr serve` steps.jsonl files and/or moe_layer_bench JSON files (told apart by content).
+// `model` gives the MoE layer count and KV bytes needed to scale bench figures. Coefficients are
+// non-negative (a coefficient the data would make negative is fixed at 0 and the rest refitted).
+// InvalidArgument naming the file and line for malformed input, or when there are too few samples.
+Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model);
+
+// Non-negative least squares for small problems (columns ≤ 8): min ‖Xβ − y‖ with β ≥ 0, by fixing
+// negative coefficients at zero and refitting the rest. X is row-major [rows, cols]. Exposed for tests.
+std::vector<double> NonNegativeLeastSquares(const std::vector<double>& x, const std::vector<double>& y, int cols);
+
+}  // namespace eldr

@@ -1,0 +1,434 @@
+#include "runtime/sim/simulator.h"
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <queue>
+
+#include "runtime/common/progress.h"
+#include "runtime/kvcache/block_manager.h"
+#include "runtime/kvcache/prefill_signature.h"
+#include "runtime/kvcache/signature_cache.h"
+#include "runtime/router/router.h"
+
+namespace eldr {
+
+namespace {
+
+enum class EventKind : uint8_t {
+  kArrival,          // a = -, b = request: the workload's next arrival is due
+  kPrefillEnqueue,   // a = prefill rank, b = request
+  kPrefillDone,      // a = prefill rank, b = request
+  kCountsAtRouter,   // b = request: first token and counts reach the router
+  kFailedAtRouter,   // b = request
+  kRouteAtPrefill,   // a = decoder, b = request
+  kKvAtDecoder,      // a = decoder, b = request
+  kStepStart,        // a = decoder: admission and one step, after every other event of the same instant
+  kStepDone,         // a = decoder
+  kDoneAtRouter,     // a = decoder, b = request
+};
+
+struct Event {
+  double time;
+  uint64_t seq;
+  EventKind kind;
+  int32_t a;
+  int64_t b;
+  bool operator>(const Event& o) const {
+    if (time != o.time) return time > o.time;
+    const bool late = kind == EventKind::kStepStart, other_late = o.kind == EventKind::kStepStart;
+    if (late != other_late) return late;  // a decoder polls every message that has arrived, then steps
+    return seq > o.seq;
+  }
+};
+
+// The decode routing of the trace as per-layer expert bitmasks: row j of a request's decode rows is
+// masks[(first_row[r] + j)·L·W + ℓ·W + w]. A request without decode rows uses its last prompt row (as
+// serve's RoutingRows does).
+struct DecodeMasks {
+  int L = 0, W = 0;
+  std::vector<int64_t> first_row;  // [trace requests]
+  std::vector<int32_t> num_rows;   // [trace requests]
+  std::vector<uint64_t> masks;
+
+  static DecodeMasks Build(const Trace& t) {
+    DecodeMasks m;
+    m.L = t.shape.num_layers;
+    m.W = (t.shape.num_experts + 63) / 64;
+    const int k = t.shape.top_k;
+    int64_t rows = 0;
+    for (const auto& r : t.requests) rows += std::max<int64_t>(1, r.decode_len());
+    m.masks.assign(static_cast<size_t>(rows) * m.L * m.W, 0);
+    int64_t next = 0;
+    for (const auto& r : t.requests) {
+      m.first_row.push_back(next);
+      const int64_t n = std::max<int64_t>(1, r.decode_len());
+      m.num_rows.push_back(static_cast<int32_t>(n));
+      for (int64_t j = 0; j < n; ++j) {
+        const int64_t row = r.decode_len() > 0 ? r.prompt_len + j : r.num_tokens - 1;
+        const uint16_t* ids = t.token_ids(r.offset + row);
+        uint64_t* out = m.masks.data() + static_cast<size_t>(next + j) * m.L * m.W;
+        for (int l = 0; l < m.L; ++l) {
+          for (int s = 0; s < k; ++s) {
+            const int e = ids[l * k + s];
+            out[l * m.W + e / 64] |= uint64_t{1} << (e % 64);
+          }
+        }
+      }
+      next += n;
+    }
+    return m;
+  }
+  // The masks of decode step `step` (0-based) of trace request r.
+  const uint64_t* Row(int32_t r, int64_t step) const {
+    return masks.data() + static_cast<size_t>(first_row[r] + step % num_rows[r]) * L * W;
+  }
+};
+
+struct Sequence {
+  int64_t request;
+  std::vector<BlockId> blocks;
+  int64_t produced = 1;  // output tokens so far, prefill's included
+};
+
+struct Decoder {
+  std::deque<int64_t> queue;
+  std::vector<Sequence> running;
+  bool stepping = false;  // a step is running or about to start
+  BlockManager blocks;
+  explicit Decoder(int num_blocks, int block_size) : blocks(num_blocks, block_size) {}
+};
+
+struct PrefillRank {
+  std::deque<int64_t> queue;
+  bool busy = false;
+  int64_t outstanding = 0;  // sent by the router, first token not yet back
+  BlockManager blocks;
+  SignatureCache signatures;
+  PrefillRank(int num_blocks, int block_size, int L, int E)
+      : blocks(num_blocks, block_size), signatures(num_blocks, L, E, block_size) {
+    AttachSignatureCache(blocks, signatures);
+  }
+};
+
+class Simulation {
+ public:
+  Simulation(const JobConfig& c, const JobRequests& in, const ModelConfig& mc, const CostModel& cost, Router router)
+      : c_(c), in_(in), mc_(mc), cost_(cost), router_(std::move(router)), N_(in.size()) {}
+
+  Result<SimulationResult> Run(const Calibration* calib, bool progress) {
+    ELDR_ASSIGN_OR_RETURN(arrivals_, ArrivalTimes({N_, c_.request_rate, c_.burstiness, c_.workload_seed}));
+    masks_ = DecodeMasks::Build(in_.trace);
+    domains_ = in_.trace.Domains();
+    const int L = in_.trace.shape.num_layers, E = in_.trace.shape.num_experts;
+    if (UsesSignature(c_.policy) && calib) {
+      count_mask_ = calib->signature.layer_mask;
+    } else {
+      count_mask_.assign(L, 0);  // load-only policies need no counts
+    }
+    kv_bytes_per_token_ = 2.0 * mc_.num_hidden_layers * mc_.num_key_value_heads * mc_.head_dim *
+                          (mc_.torch_dtype == "bfloat16" ? 2.0 : 4.0);
+    for (int p = 0; p < c_.prefill_ranks; ++p) prefill_.emplace_back(c_.prefill_blocks, c_.block_size, L, E);
+    for (int d = 0; d < c_.decode_ranks; ++d) decoders_.emplace_back(c_.decode_blocks, c_.block_size);
+    result_.records.resize(N_);
+    result_.decoders.resize(c_.decode_ranks);
+    for (int d = 0; d < c_.decode_ranks; ++d) result_.decoders[d].rank = 1 + c_.prefill_ranks + d;
+    for (int64_t i = 0; i < N_; ++i) {
+      RequestRecord& r = result_.records[i];
+      r.id = in_.ReportId(i);
+      r.domain = in_.request(i).domain;
+      r.prompt_len = in_.request(i).prompt_len;
+      r.token_times.reserve(static_cast<size_t>(in_.output_len[i]));
+    }
+    prefill_of_.assign(N_, -1);
+    counts_.resize(N_);
+    allocations_.resize(N_);
+    step_acc_.assign(static_cast<size_t>(masks_.L) * masks_.W, 0);
+
+    ProgressBar bar("simulating " + std::string(RoutingPolicyName(c_.policy)), N_, progress);
+    if (N_ > 0) Push(arrivals_[0], EventKind::kArrival, 0, 0);
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      now_ = e.time;
+      ++result_.events;
+      ELDR_RETURN_IF_ERROR(Handle(e));
+      if ((done_ & 255) == 0 || done_ == N_) bar.Update(done_);
+    }
+    bar.Finish();
+    if (done_ != N_) {
+      return Status::FailedPrecondition("internal: simulation ended with " + std::to_string(N_ - done_) + " of " + std::to_string(N_) +
+                              " requests unaccounted for");
+    }
+    result_.simulated_seconds = now_;
+    result_.routing.tau = router_.tau();
+    return std::move(result_);
+  }
+
+ private:
+  void Push(double t, EventKind kind, int32_t a, int64_t b) { events_.push({t, seq_++, kind, a, b}); }
+
+  Status Handle(const Event& e) {
+    switch (e.kind) {
+      case EventKind::kArrival:
+        arrival_due_ = e.b + 1;
+        SendArrivals();
+        if (arrival_due_ < N_) Push(arrivals_[arrival_due_], EventKind::kArrival, 0, arrival_due_);
+        return Status::Ok();
+      case EventKind::kPrefillEnqueue:
+        prefill_[e.a].queue.push_back(e.b);
+        return StartPrefill(e.a);
+      case EventKind::kPrefillDone:
+        return PrefillDone(e.a, e.b);
+      case EventKind::kCountsAtRouter:
+        CountsAtRouter(e.b);
+        return Status::Ok();
+      case EventKind::kFailedAtRouter:
+        Finish(e.b, false);
+        return Status::Ok();
+      case EventKind::kRouteAtPrefill:
+        return RouteAtPrefill(e.a, e.b);
+      case EventKind::kKvAtDecoder:
+        KvAtDecoder(e.a, e.b);
+        return Status::Ok();
+      case EventKind::kStepStart:
+        StartStep(e.a);
+        return Status::Ok();
+      case EventKind::kStepDone:
+        StepDone(e.a);
+        return Status::Ok();
+      case EventKind::kDoneAtRouter:
+        router_.Complete(e.a);
+        Finish(e.b, true);
+        return Status::Ok();
+    }
+    return Status::Ok();
+  }
+
+  // Frontend: sends the requests that are due, within max_concurrency, to the least-outstanding prefill rank.
+  void SendArrivals() {
+    while (next_ < arrival_due_ && (c_.max_concurrency == 0 || active_ < c_.max_concurrency)) {
+      int p = 0;
+      for (int q = 1; q < c_.prefill_ranks; ++q) {
+        if (prefill_[q].outstanding < prefill_[p].outstanding) p = q;
+      }
+      result_.records[next_].arrival = now_;
+      prefill_of_[next_] = p;
+      ++prefill_[p].outstanding;
+      Push(now_ + cost_.control_latency, EventKind::kPrefillEnqueue, p, next_);
+      ++next_;
+      ++active_;
+    }
+  }
+
+  Status StartPrefill(int p) {
+    PrefillRank& pr = prefill_[p];
+    if (pr.busy || pr.queue.empty()) return Status::Ok();
+    const int64_t i = pr.queue.front();
+    const TraceRequest& r = in_.request(i);
+    const std::vector<int32_t> tokens = PromptTokens(r, domains_, mc_.vocab_size);
+    auto alloc = PrefillPrompt(pr.blocks, pr.signatures, tokens, in_.trace.token_ids(r.offset), masks_.L,
+                               in_.trace.shape.top_k, &count_mask_);
+    if (!alloc.ok()) {
+      const int64_t need = (r.prompt_len + c_.block_size - 1) / c_.block_size;
+      if (need <= c_.prefill_blocks) return Status::Ok();  // waits, head of line, for shipped requests' blocks
+      pr.queue.pop_front();
+      --pr.outstanding;
+      result_.records[i].error = "prefill " + std::to_string(p) + ": prompt of " + std::to_string(r.prompt_len) +
+                                 " tokens exceeds the prefill KV cache";
+      Push(now_ + cost_.control_latency, EventKind::kFailedAtRouter, p, i);
+      return StartPrefill(p);
+    }
+    pr.queue.pop_front();
+    const int cached = alloc->allocation.num_cached_tokens();
+    const int64_t from = std::min<int64_t>(cached, r.prompt_len - 1);  // a full hit recomputes the last token
+    allocations_[i] = std::move(alloc->allocation.blocks);
+    counts_[i] = std::move(alloc->counts);
+    pr.busy = true;
+    Push(now_ + cost_.Prefill(static_cast<double>(r.prompt_len - from)), EventKind::kPrefillDone, p, i);
+    return Status::Ok();
+  }
+
+  Status PrefillDone(int p, int64_t i) {
+    prefill_[p].busy = false;
+    Push(now_ + cost_.control_latency, EventKind::kCountsAtRouter, p, i);
+    return StartPrefill(p);
+  }
+
+  void CountsAtRouter(int64_t i) {
+    RequestRecord& rec = result_.records[i];
+    rec.token_times.push_back(now_);
+    --prefill_[prefill_of_[i]].outstanding;
+    if (!held_.empty() || !Route(i)) held_.push_back(i);
+  }
+
+  bool Route(int64_t i) {
+    const RoutingDecision d = router_.Route(counts_[i].data(), nullptr, result_.records[i].domain);
+    if (d.decoder < 0) return false;
+    router_.Dispatch(d.decoder);
+    if (UsesSignature(c_.policy)) {
+      result_.routing.band_sum += d.band_size;
+      ++result_.routing.band_n;
+    }
+    result_.routing.fallbacks += d.fallback ? 1 : 0;
+    result_.records[i].decoder = d.decoder;
+    ++result_.decoders[d.decoder].requests;
+    std::vector<float>().swap(counts_[i]);
+    Push(now_ + cost_.control_latency, EventKind::kRouteAtPrefill, d.decoder, i);
+    return true;
+  }
+
+  Status RouteAtPrefill(int d, int64_t i) {
+    const int p = prefill_of_[i];
+    const double bytes = kv_bytes_per_token_ * static_cast<double>(in_.request(i).prompt_len);
+    Push(now_ + cost_.KvTransfer(bytes), EventKind::kKvAtDecoder, d, i);
+    prefill_[p].blocks.Free(allocations_[i]);
+    std::vector<BlockId>().swap(allocations_[i]);
+    return StartPrefill(p);  // a prompt waiting for blocks may fit now
+  }
+
+  int ContextBlocks(int64_t i) const {
+    const int64_t tokens = in_.request(i).prompt_len + in_.output_len[i];
+    return static_cast<int>((tokens + c_.block_size - 1) / c_.block_size);
+  }
+
+  void KvAtDecoder(int d, int64_t i) {
+    if (ContextBlocks(i) > c_.decode_blocks) {
+      result_.records[i].error = "decode " + std::to_string(d) + ": context of " +
+                                 std::to_string(in_.request(i).prompt_len + in_.output_len[i]) +
+                                 " tokens exceeds the decode KV cache";
+      router_.Complete(d);
+      Push(now_ + cost_.control_latency, EventKind::kFailedAtRouter, d, i);
+      return;
+    }
+    decoders_[d].queue.push_back(i);
+    if (!decoders_[d].stepping) {
+      decoders_[d].stepping = true;
+      Push(now_, EventKind::kStepStart, d, 0);
+    }
+  }
+
+  // Admission and one decode step (DecodeWorker::Step).
+  void StartStep(int d) {
+    Decoder& dec = decoders_[d];
+    while (!dec.queue.empty() && static_cast<int>(dec.running.size()) < c_.max_batch) {
+      const int64_t i = dec.queue.front();
+      const int need = ContextBlocks(i);
+      if (!dec.blocks.CanAllocate(need)) break;
+      dec.queue.pop_front();
+      auto blocks = dec.blocks.AllocateBlocks(need);
+      if (in_.output_len[i] <= 1) {  // prefill's token was the only one
+        dec.blocks.Free(*blocks);
+        Push(now_ + cost_.control_latency, EventKind::kDoneAtRouter, d, i);
+        continue;
+      }
+      dec.running.push_back({i, std::move(*blocks), 1});
+    }
+    if (dec.running.empty()) {
+      dec.stepping = false;
+      return;
+    }
+    std::fill(step_acc_.begin(), step_acc_.end(), 0);
+    const size_t row = step_acc_.size();
+    int64_t context = 0;
+    for (const Sequence& s : dec.running) {
+      const uint64_t* m = masks_.Row(in_.order[s.request], s.produced - 1);
+      for (size_t x = 0; x < row; ++x) step_acc_[x] |= m[x];
+      context += in_.request(s.request).prompt_len + s.produced;
+    }
+    int64_t distinct = 0;
+    for (uint64_t w : step_acc_) distinct += std::popcount(w);
+    DecoderStats& st = result_.decoders[d];
+    ++st.steps;
+    st.batch_sum += static_cast<double>(dec.running.size());
+    st.distinct_sum += static_cast<double>(distinct);
+    dec.stepping = true;
+    Push(now_ + cost_.DecodeStep(static_cast<double>(distinct), static_cast<double>(dec.running.size()),
+                                 static_cast<double>(context)),
+         EventKind::kStepDone, d, 0);
+  }
+
+  void StepDone(int d) {
+    Decoder& dec = decoders_[d];
+    const double at_frontend = now_ + cost_.control_latency;
+    size_t kept = 0;
+    for (size_t x = 0; x < dec.running.size(); ++x) {
+      Sequence& s = dec.running[x];
+      RequestRecord& rec = result_.records[s.request];
+      rec.token_times.push_back(at_frontend);
+      if (++s.produced >= in_.output_len[s.request]) {
+        dec.blocks.Free(s.blocks);
+        Push(at_frontend, EventKind::kDoneAtRouter, d, s.request);
+      } else {
+        if (kept != x) dec.running[kept] = std::move(s);
+        ++kept;
+      }
+    }
+    dec.running.resize(kept);
+    Push(now_, EventKind::kStepStart, d, 0);
+  }
+
+  void Finish(int64_t i, bool ok) {
+    RequestRecord& rec = result_.records[i];
+    rec.success = ok;
+    rec.output_len = static_cast<int64_t>(rec.token_times.size());
+    --active_;
+    ++done_;
+    while (!held_.empty() && Route(held_.front())) held_.pop_front();
+    SendArrivals();
+  }
+
+  const JobConfig& c_;
+  const JobRequests& in_;
+  const ModelConfig& mc_;
+  const CostModel& cost_;
+  Router router_;
+  const int64_t N_;
+
+  std::vector<double> arrivals_;
+  DecodeMasks masks_;
+  std::vector<std::string> domains_;
+  std::vector<uint8_t> count_mask_;
+  double kv_bytes_per_token_ = 0;
+  std::deque<PrefillRank> prefill_;  // a deque: its elements never move (the block manager's eviction
+                                     // callback points at the rank's signature cache)
+  std::vector<Decoder> decoders_;
+  std::vector<int> prefill_of_;
+  std::vector<std::vector<float>> counts_;        // per request, between prefill and routing
+  std::vector<std::vector<BlockId>> allocations_; // per request, its prefill blocks until the KV ships
+  std::deque<int64_t> held_;                      // routed later: every decoder at its cap
+  std::vector<uint64_t> step_acc_;
+
+  std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
+  uint64_t seq_ = 0;
+  double now_ = 0;
+  int64_t next_ = 0, arrival_due_ = 0, active_ = 0, done_ = 0;
+  SimulationResult result_;
+};
+
+}  // namespace
+
+Result<SimulationResult> Simulate(const JobConfig& c, const JobRequests& in, const ModelConfig& mc,
+                                  const Calibration* calib, const CostModel& cost, bool progress) {
+  if (!mc.trace_shape().SameAs(in.trace.shape)) {
+    return Status::FailedPrecondition(c.trace + ": routing shape " + in.trace.shape.ToString() +
+                                      " differs from the model " + c.model_config + " (" +
+                                      mc.trace_shape().ToString() + ")");
+  }
+  RouterConfig rc;
+  rc.policy = c.policy;
+  rc.num_decoders = c.decode_ranks;
+  rc.tau = c.tau;
+  rc.admission_cap = c.admission_cap;
+  rc.seed = c.routing_seed;
+  rc.job_shape = mc.trace_shape();
+  for (const auto& r : in.trace.requests) rc.domains.push_back(r.domain);
+  auto router = Router::Create(rc, calib);
+  if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
+  Simulation sim(c, in, mc, cost, std::move(router).value());
+  return sim.Run(calib, progress);
+}
+
+}  // namespace eldr

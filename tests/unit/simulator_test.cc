@@ -1,0 +1,373 @@
+// The simulator (runtime/sim): hand-computed timelines, distinct experts from the batch's real routing,
+// queueing and admission, accounting invariants, determinism, routing identical to an independent
+// nearest-centroid computation, and the cost-model fit against known coefficients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <fstream>
+#include <numeric>
+#include <set>
+
+#include "runtime/calib/calibrate.h"
+#include "runtime/serve/workload.h"
+#include "runtime/signature/signature.h"
+#include "runtime/sim/cost_model.h"
+#include "runtime/sim/simulator.h"
+#include "runtime/trace/synth.h"
+
+namespace eldr {
+namespace {
+
+ModelConfig Tiny() { return LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/tiny.yaml").value(); }
+
+// A trace of the tiny model's shape (L=2, E=8, k=2) from explicit rows: each request's rows are
+// {prompt rows..., decode rows...}; a row is [L][k] expert ids.
+using Row = std::vector<std::vector<uint16_t>>;
+struct Req {
+  std::string id, domain;
+  std::vector<Row> prompt, decode;
+};
+Trace MakeTrace(const std::vector<Req>& reqs) {
+  Trace t;
+  t.shape = {"tiny", 2, 8, 2};
+  int64_t offset = 0;
+  for (const Req& r : reqs) {
+    TraceRequest tr;
+    tr.id = r.id;
+    tr.domain = r.domain;
+    tr.prompt_len = static_cast<int64_t>(r.prompt.size());
+    tr.num_tokens = tr.prompt_len + static_cast<int64_t>(r.decode.size());
+    tr.offset = offset;
+    offset += tr.num_tokens;
+    t.requests.push_back(tr);
+    for (const auto* rows : {&r.prompt, &r.decode}) {
+      for (const Row& row : *rows) {
+        for (const auto& layer : row) t.topk_ids.insert(t.topk_ids.end(), layer.begin(), layer.end());
+      }
+    }
+  }
+  EXPECT_TRUE(ValidateTrace(t, "test").ok());
+  return t;
+}
+
+JobRequests InOrder(Trace t, std::vector<int64_t> output_len) {
+  JobRequests in;
+  in.trace = std::move(t);
+  for (size_t i = 0; i < output_len.size(); ++i) in.order.push_back(static_cast<int32_t>(i % in.trace.requests.size()));
+  in.output_len = std::move(output_len);
+  return in;
+}
+
+JobConfig Job(RoutingPolicy policy, int decoders, int max_batch = 8) {
+  JobConfig c;
+  c.path = "test.yaml";
+  c.prefill_ranks = 1;
+  c.decode_ranks = decoders;
+  c.policy = policy;
+  c.block_size = 4;
+  c.prefill_blocks = 256;
+  c.decode_blocks = 256;
+  c.max_batch = max_batch;
+  c.request_rate = std::numeric_limits<double>::infinity();
+  return c;
+}
+
+TEST(Simulator, OneRequestTimelineByHand) {
+  // Prompt 3 tokens, 4 output tokens (3 decode steps). Every cost term used once, each a distinct power of 2
+  // so a wrong term shows.
+  Row r0 = {{0, 1}, {2, 3}}, r1 = {{0, 2}, {4, 5}};
+  const Trace t = MakeTrace({{"a", "x", {r0, r0, r0}, {r0, r1, r0}}});
+  CostModel m;
+  m.control_latency = 1e-3;
+  m.prefill_a = 2e-3;
+  m.prefill_b = 4e-3;      // × 3 computed tokens
+  m.kv_latency = 8e-3;
+  m.kv_bandwidth = 384e3;  // tiny: 2 (K,V)·3 layers·2 heads·8 dims·4 B = 384 B/token → 3 tokens = 3 ms
+  m.decode_a = 16e-3;
+  m.decode_b = 1e-3;       // × distinct (Σ over 2 layers)
+  m.decode_c = 32e-3;      // × batch 1
+  m.decode_d = 1e-4;       // × context tokens
+  auto r = Simulate(Job(RoutingPolicy::kRoundRobin, 1), InOrder(t, {4}), Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const RequestRecord& rec = r->records[0];
+  ASSERT_TRUE(rec.success);
+  ASSERT_EQ(rec.token_times.size(), 4u);
+  const double ttft = 1e-3 + 2e-3 + 4e-3 * 3 + 1e-3;  // to prefill, prefill, back to the router
+  EXPECT_NEAR(rec.token_times[0], ttft, 1e-12);
+  // Route → prefill (control), KV (8 ms + 3 ms), then step j at context 3 + j + 1 with the row of step j:
+  // rows r0, r1, r0 have 2+2 distinct experts each (a single sequence).
+  double t_dec = ttft + 1e-3 + 8e-3 + 3e-3;
+  for (int j = 0; j < 3; ++j) {
+    t_dec += 16e-3 + 1e-3 * 4 + 32e-3 + 1e-4 * (3 + j + 1);
+    EXPECT_NEAR(rec.token_times[j + 1], t_dec + 1e-3, 1e-12) << "token " << j + 1;
+  }
+  EXPECT_EQ(r->decoders[0].steps, 3);
+  EXPECT_DOUBLE_EQ(r->decoders[0].distinct_sum, 12);
+}
+
+TEST(Simulator, DistinctExpertsAreTheBatchUnion) {
+  // Two requests batched on one decoder: their decode rows overlap in some experts. Step 1: a's row {0,1}|{2,3},
+  // b's row {1,4}|{3,5} → layer 0 {0,1,4} (3), layer 1 {2,3,5} (3) → 6. Step 2: b alone (a has 2 outputs).
+  Row p = {{6, 7}, {6, 7}};
+  Row a1 = {{0, 1}, {2, 3}}, b1 = {{1, 4}, {3, 5}}, b2 = {{0, 4}, {2, 3}};
+  const Trace t = MakeTrace({{"a", "x", {p}, {a1}}, {"b", "x", {p}, {b1, b2}}});
+  CostModel m;
+  m.decode_a = 1e-3;
+  auto r = Simulate(Job(RoutingPolicy::kRoundRobin, 1), InOrder(t, {2, 3}), Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  // All costs but decode_a are 0, so both requests reach the decoder at t = 0 and share step 1.
+  EXPECT_EQ(r->decoders[0].steps, 2);
+  EXPECT_DOUBLE_EQ(r->decoders[0].distinct_sum, 6 + 4);
+  EXPECT_DOUBLE_EQ(r->decoders[0].batch_sum, 2 + 1);
+}
+
+TEST(Simulator, MaxBatchQueuesAndNothingIsDropped) {
+  // max_batch 1: request b waits for a's 5 steps, then runs its own 5.
+  Row p = {{0, 1}, {0, 1}};
+  const Trace t = MakeTrace({{"a", "x", {p}, {p, p, p, p, p}}, {"b", "x", {p}, {p, p, p, p, p}}});
+  CostModel m;
+  m.decode_a = 1.0;
+  auto r = Simulate(Job(RoutingPolicy::kJsq, 1, /*max_batch=*/1), InOrder(t, {6, 6}), Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ(r->records[0].token_times.back(), 5.0);
+  EXPECT_DOUBLE_EQ(r->records[1].token_times[1], 6.0);
+  EXPECT_DOUBLE_EQ(r->records[1].token_times.back(), 10.0);
+  EXPECT_EQ(r->decoders[0].steps, 10);
+}
+
+TEST(Simulator, KvCapacityQueuesAContextThatDoesNotFitYet) {
+  // 4 decode blocks of 4 tokens; each request needs (1 + 7) / 4 = 2 blocks... three requests need 6: the third
+  // waits for a completion even though max_batch allows it.
+  Row p = {{0, 1}, {0, 1}};
+  std::vector<Row> dec(6, p);
+  const Trace t = MakeTrace({{"a", "x", {p}, dec}, {"b", "x", {p}, dec}, {"c", "x", {p}, dec}});
+  CostModel m;
+  m.decode_a = 1.0;
+  JobConfig c = Job(RoutingPolicy::kJsq, 1);
+  c.decode_blocks = 4;
+  auto r = Simulate(c, InOrder(t, {7, 7, 7}), Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ(r->records[1].token_times.back(), 6.0);
+  EXPECT_DOUBLE_EQ(r->records[2].token_times[1], 7.0);  // admitted after a and b freed their blocks at t = 6
+}
+
+TEST(Simulator, ContextLargerThanTheCacheFailsAndIsCounted) {
+  Row p = {{0, 1}, {0, 1}};
+  const Trace t = MakeTrace({{"a", "x", {p}, {p}}, {"big", "x", {p}, std::vector<Row>(40, p)}});
+  CostModel m;
+  m.decode_a = 1e-3;
+  JobConfig c = Job(RoutingPolicy::kJsq, 1);
+  c.decode_blocks = 4;
+  auto r = Simulate(c, InOrder(t, {2, 41}), Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_TRUE(r->records[0].success);
+  EXPECT_FALSE(r->records[1].success);
+  EXPECT_NE(r->records[1].error.find("exceeds the decode KV cache"), std::string::npos);
+  const auto j = SummarizeServing(r->records, {});
+  EXPECT_EQ(j["completed"], 1);
+  EXPECT_EQ(j["failed"], 1);
+}
+
+struct Synth {
+  Trace trace;
+  Calibration calib;
+};
+Synth MakeSynth(int K) {
+  SynthOptions o;
+  o.num_domains = 3;
+  o.num_requests = 120;
+  o.num_layers = 2;
+  o.num_experts = 8;
+  o.top_k = 2;
+  o.prompt_len_min = 6;
+  o.prompt_len_max = 20;
+  o.output_len_min = 3;
+  o.output_len_max = 12;
+  o.model = "tiny";
+  Synth s;
+  s.trace = SynthesizeTrace(o).value();
+  CalibrateOptions co;
+  co.num_decoders = K;
+  co.seed = 1;
+  s.calib = Calibrate(s.trace, co, nullptr).value();
+  return s;
+}
+
+TEST(Simulator, EveryRequestIsAccountedForUnderEveryPolicy) {
+  const Synth s = MakeSynth(3);
+  CostModel m;
+  m.decode_a = 2e-3;
+  m.decode_b = 1e-4;
+  m.prefill_a = 1e-3;
+  m.prefill_b = 1e-5;
+  m.control_latency = 1e-4;
+  for (RoutingPolicy p : AllRoutingPolicies()) {
+    JobConfig c = Job(p, 3, 4);
+    c.request_rate = 200;
+    c.admission_cap = 6;  // exercises holding at the router
+    JobRequests in = InOrder(s.trace, std::vector<int64_t>(300, 0));
+    for (int64_t i = 0; i < in.size(); ++i) in.output_len[i] = std::max<int64_t>(1, in.request(i).decode_len());
+    auto r = Simulate(c, in, Tiny(), &s.calib, m, false);
+    ASSERT_TRUE(r.ok()) << RoutingPolicyName(p) << ": " << r.status().ToString();
+    int64_t routed = 0;
+    for (const auto& d : r->decoders) routed += d.requests;
+    EXPECT_EQ(routed, 300) << RoutingPolicyName(p);
+    for (int64_t i = 0; i < in.size(); ++i) {
+      const RequestRecord& rec = r->records[i];
+      ASSERT_TRUE(rec.success) << RoutingPolicyName(p) << " request " << i;
+      ASSERT_EQ(rec.output_len, in.output_len[i]);
+      ASSERT_GE(rec.token_times.front(), rec.arrival);
+      ASSERT_TRUE(std::is_sorted(rec.token_times.begin(), rec.token_times.end()));
+    }
+    // The same inputs give the same result.
+    auto again = Simulate(c, in, Tiny(), &s.calib, m, false);
+    ASSERT_TRUE(again.ok());
+    for (int64_t i = 0; i < in.size(); ++i) {
+      ASSERT_EQ(again->records[i].decoder, r->records[i].decoder);
+      ASSERT_EQ(again->records[i].token_times, r->records[i].token_times);
+    }
+  }
+}
+
+TEST(Simulator, LocalityRoutingEqualsNearestCentroidOfTheFullPromptCounts) {
+  // τ = 0 and no cap: each request goes to argmin_k (1 − s·μ_k) of its signature, computed here from the
+  // whole prompt's routing — independent of the prefix cache the simulator assembles counts from (the
+  // workload repeats requests, so there are full and partial hits).
+  const Synth s = MakeSynth(3);
+  CostModel m;
+  m.decode_a = 1e-3;
+  JobConfig c = Job(RoutingPolicy::kLocalityTop1, 3);
+  c.request_rate = 100;
+  JobRequests in = InOrder(s.trace, std::vector<int64_t>(360, 4));
+  auto r = Simulate(c, in, Tiny(), &s.calib, m, false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  const SignatureParams& sp = s.calib.signature;
+  const int L = 2, E = 8, D = sp.dim();
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TraceRequest& tr = in.request(i);
+    std::vector<float> counts(L * E, 0.f), sig(D);
+    for (int64_t row = 0; row < tr.prompt_len; ++row) {
+      const uint16_t* ids = s.trace.token_ids(tr.offset + row);
+      for (int l = 0; l < L; ++l) {
+        for (int k = 0; k < 2; ++k) counts[l * E + ids[l * 2 + k]] += 1;
+      }
+    }
+    ComputeSignature(sp, counts.data(), nullptr, sig.data());
+    int best = 0;
+    double best_d = 1e300;
+    for (int k = 0; k < 3; ++k) {
+      double dot = 0;
+      for (int x = 0; x < D; ++x) dot += static_cast<double>(sig[x]) * s.calib.centroids[static_cast<size_t>(k) * D + x];
+      if (1 - dot < best_d - 1e-9) {
+        best_d = 1 - dot;
+        best = k;
+      }
+    }
+    ASSERT_EQ(r->records[i].decoder, best) << "request " << i;
+  }
+}
+
+TEST(Simulator, RoundRobinAndTheDecoderCount) {
+  const Synth s = MakeSynth(3);
+  CostModel m;
+  m.decode_a = 1e-3;
+  JobConfig c = Job(RoutingPolicy::kRoundRobin, 5);
+  JobRequests in = InOrder(s.trace, std::vector<int64_t>(50, 3));
+  auto r = Simulate(c, in, Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok());
+  // One prefill rank, equal prefill times: requests reach the router in order, so request i → i mod 5.
+  for (int64_t i = 0; i < 50; ++i) EXPECT_EQ(r->records[i].decoder, i % 5);
+}
+
+TEST(Simulator, SignaturePolicyWithoutCalibrationIsAnError) {
+  const Synth s = MakeSynth(3);
+  auto r = Simulate(Job(RoutingPolicy::kEldr, 3), InOrder(s.trace, {3}), Tiny(), nullptr, CostModel{}, false);
+  EXPECT_FALSE(r.ok());
+}
+
+TEST(CostModel, NonNegativeLeastSquaresRecoversKnownCoefficients) {
+  std::vector<double> x, y;
+  for (int i = 0; i < 50; ++i) {
+    const double d = i % 7, b = (i * 3) % 11, ctx = (i * 13) % 17;
+    x.insert(x.end(), {1.0, d, b, ctx});
+    y.push_back(0.5 + 2 * d + 3 * b + 0.25 * ctx);
+  }
+  const auto beta = NonNegativeLeastSquares(x, y, 4);
+  EXPECT_NEAR(beta[0], 0.5, 1e-9);
+  EXPECT_NEAR(beta[1], 2, 1e-9);
+  EXPECT_NEAR(beta[2], 3, 1e-9);
+  EXPECT_NEAR(beta[3], 0.25, 1e-9);
+}
+
+TEST(CostModel, NegativeCoefficientIsClampedAndTheRestIsTheBestFit) {
+  // y = 1 + 2·x1 − 0.5·x2: the best fit with β2 ≥ 0 has β2 = 0 and (β0, β1) from the 2-column fit, which
+  // brute force over a grid cannot beat.
+  std::vector<double> x, y;
+  for (int i = 0; i < 40; ++i) {
+    const double a = i % 5, b = (i * 7) % 9;
+    x.insert(x.end(), {1.0, a, b});
+    y.push_back(1 + 2 * a - 0.5 * b);
+  }
+  const auto beta = NonNegativeLeastSquares(x, y, 3);
+  for (double v : beta) EXPECT_GE(v, 0);
+  auto ss = [&](const std::vector<double>& bt) {
+    double s = 0;
+    for (size_t i = 0; i < y.size(); ++i) {
+      const double p = x[i * 3] * bt[0] + x[i * 3 + 1] * bt[1] + x[i * 3 + 2] * bt[2];
+      s += (p - y[i]) * (p - y[i]);
+    }
+    return s;
+  };
+  const double best = ss(beta);
+  for (double b0 = 0; b0 <= 4; b0 += 0.05) {
+    for (double b1 = 0; b1 <= 4; b1 += 0.05) {
+      for (double b2 = 0; b2 <= 1; b2 += 0.05) EXPECT_GE(ss({b0, b1, b2}), best - 1e-9);
+    }
+  }
+}
+
+TEST(CostModel, FitFromAStepLog) {
+  const std::string path = ::testing::TempDir() + "/steps.jsonl";
+  {
+    std::ofstream o(path);
+    for (int i = 0; i < 40; ++i) {
+      const int distinct = 10 + i % 9, batch = 1 + i % 5, context = 100 + 37 * i;
+      const double s = 1e-3 + 2e-5 * distinct + 3e-4 * batch + 1e-7 * context;
+      o << R"({"kind":"decode","worker":0,"time":0,"seconds":)" << s << R"(,"batch":)" << batch
+        << R"(,"distinct_experts":)" << distinct << R"(,"context_tokens":)" << context << "}\n";
+      o << R"({"kind":"prefill","worker":0,"time":0,"seconds":)" << 2e-3 + 1e-5 * (i + 1) << R"(,"prompt_tokens":)"
+        << i + 1 << "}\n";
+    }
+  }
+  auto r = FitCostModel({path}, Tiny());
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_NEAR(r->model.decode_a, 1e-3, 1e-9);
+  EXPECT_NEAR(r->model.decode_b, 2e-5, 1e-10);
+  EXPECT_NEAR(r->model.decode_c, 3e-4, 1e-9);
+  EXPECT_NEAR(r->model.decode_d, 1e-7, 1e-12);
+  EXPECT_NEAR(r->model.prefill_a, 2e-3, 1e-9);
+  EXPECT_NEAR(r->model.prefill_b, 1e-5, 1e-10);
+  EXPECT_GT(r->decode_r2, 0.999999);
+  // A malformed line is named.
+  {
+    std::ofstream o(path, std::ios::app);
+    o << "{\"kind\":\"decode\",\"seconds\":\"x\"}\n";
+  }
+  auto bad = FitCostModel({path}, Tiny());
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("steps.jsonl:81"), std::string::npos) << bad.status().message();
+}
+
+TEST(CostModel, DerivedH200ModelIsBandwidthBound) {
+  const ModelConfig q = LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/qwen3-30b-a3b.yaml").value();
+  const CostModel m = DeriveCostModel(q, DeviceSpec{});
+  // One bf16 expert of Qwen3-30B-A3B: 3·2048·768·2 B = 9.437 MB, at 4.8 TB/s = 1.966 µs.
+  EXPECT_NEAR(m.decode_b, 3.0 * 2048 * 768 * 2 / 4.8e12, 1e-12);
+  // KV per token: 2·48 layers·4 heads·128·2 B = 98304 B → 20.48 ns.
+  EXPECT_NEAR(m.decode_d, 98304 / 4.8e12, 1e-15);
+  // 128 distinct experts in each of 48 layers cost 12 ms; 16 per layer 1.5 ms.
+  EXPECT_NEAR(m.decode_b * 128 * 48, 12.08e-3, 0.01e-3);
+}
+
+}  // namespace
+}  // namespace eldr
