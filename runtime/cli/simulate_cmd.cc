@@ -27,7 +27,7 @@ struct SimulateArgs {
   std::string derive, out;
   int decoders = 0, prefill = 0, max_batch = 0;
   int64_t num_requests = -1, output_len = -1, max_concurrency = -1, admission_cap = -1, decode_blocks = 0;
-  double tau = -1, rate = 0, burstiness = 0, bandwidth = 0;
+  double tau = -1, rate = 0, burstiness = 0, bandwidth = 0, cores = 0;
   uint64_t seed = 0;
   bool seed_set = false, json = false, quiet = false, no_output = false;
 };
@@ -38,7 +38,8 @@ nlohmann::json CostModelJson(const CostModel& m) {
           {"decode", {{"a", m.decode_a}, {"b", m.decode_b}, {"c", m.decode_c}, {"d", m.decode_d}}},
           {"prefill", {{"a", m.prefill_a}, {"b", m.prefill_b}}},
           {"kv_transfer", {{"latency_s", m.kv_latency}, {"bandwidth_Bps", m.kv_bandwidth}}},
-          {"control_latency_s", m.control_latency}};
+          {"control_latency_s", m.control_latency},
+          {"cores", m.cores}};
 }
 
 Status WriteOrPrint(const std::string& out, const std::string& text) {
@@ -54,7 +55,7 @@ Status WriteOrPrint(const std::string& out, const std::string& text) {
 Status RunFit(const SimulateArgs& a) {
   if (a.model.empty()) return Status::InvalidArgument("--fit needs --model (the model config the steps ran)");
   ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(a.model));
-  ELDR_ASSIGN_OR_RETURN(FitReport r, FitCostModel(a.fit, mc));
+  ELDR_ASSIGN_OR_RETURN(FitReport r, FitCostModel(a.fit, mc, a.cores));
   // Step logs time the compute only; hops on this machine's MPI with polling receivers take ~0.1 ms.
   if (r.model.control_latency == 0) r.model.control_latency = 1e-4;
   if (r.model.kv_latency == 0) r.model.kv_latency = 1e-4;
@@ -191,6 +192,8 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       ->expected(1, -1);
   cmd->add_option("--derive", a->derive, "derive a bandwidth-bound cost model for a device: h200");
   cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)");
+  cmd->add_option("--cores", a->cores, "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
+                                       "rank); the fit removes the sharing and the model simulates it");
   cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML");
   cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)");
   cmd->callback([=] {

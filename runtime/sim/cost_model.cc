@@ -32,6 +32,7 @@ const Key kKeys[] = {
     {"prefill", "a", &CostModel::prefill_a},        {"prefill", "b", &CostModel::prefill_b},
     {"kv_transfer", "latency_s", &CostModel::kv_latency}, {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth},
     {"", "control_latency_s", &CostModel::control_latency},
+    {"", "cores", &CostModel::cores},
 };
 
 // Applies the keys present in `y` to `m`.
@@ -126,11 +127,41 @@ struct Samples {
   double read_bandwidth = 0;
 };
 
-Status ReadStepLog(const std::string& path, Samples* s) {
+// The mean number of steps in progress during each step (itself included), from the [start, end] intervals
+// of one log: c(t) is piecewise constant between interval edges; I(t) = ∫ c is tabulated at the edges.
+std::vector<double> MeanConcurrency(const std::vector<std::pair<double, double>>& spans) {
+  std::vector<std::pair<double, int>> edges;
+  for (const auto& [a, b] : spans) {
+    edges.emplace_back(a, +1);
+    edges.emplace_back(b, -1);
+  }
+  std::sort(edges.begin(), edges.end());
+  std::vector<double> at(edges.size()), integral(edges.size());
+  std::vector<int> level(edges.size());
+  int lvl = 0;
+  for (size_t i = 0; i < edges.size(); ++i) {
+    at[i] = edges[i].first;
+    integral[i] = i == 0 ? 0.0 : integral[i - 1] + lvl * (at[i] - at[i - 1]);
+    lvl += edges[i].second;
+    level[i] = lvl;  // c(t) just after edge i
+  }
+  auto I = [&](double t) {
+    const size_t k = static_cast<size_t>(std::upper_bound(at.begin(), at.end(), t) - at.begin());
+    if (k == 0) return 0.0;
+    return integral[k - 1] + level[k - 1] * (t - at[k - 1]);
+  };
+  std::vector<double> out;
+  out.reserve(spans.size());
+  for (const auto& [a, b] : spans) out.push_back(b > a ? std::max(1.0, (I(b) - I(a)) / (b - a)) : 1.0);
+  return out;
+}
+
+Status ReadStepLog(const std::string& path, Samples* s, double cores) {
   std::ifstream in(path);
   if (!in) return Status::IoError(path + ": cannot open");
   std::string line;
   int64_t n = 0;
+  std::vector<std::pair<double, double>> decode_spans, prefill_spans;
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
@@ -140,18 +171,31 @@ Status ReadStepLog(const std::string& path, Samples* s) {
       const std::string kind = j.at("kind").get<std::string>();
       const double seconds = j.at("seconds").get<double>();
       if (!(seconds >= 0) || !std::isfinite(seconds)) throw std::runtime_error("seconds must be >= 0");
+      const double end = j.value("time", 0.0);
       if (kind == "decode") {
         s->decode_x.insert(s->decode_x.end(), {1.0, j.at("distinct_experts").get<double>(), j.at("batch").get<double>(),
                                                j.at("context_tokens").get<double>()});
         s->decode_y.push_back(seconds);
+        decode_spans.emplace_back(end - seconds, end);
       } else if (kind == "prefill") {
         s->prefill_x.insert(s->prefill_x.end(), {1.0, j.at("prompt_tokens").get<double>()});
         s->prefill_y.push_back(seconds);
+        prefill_spans.emplace_back(end - seconds, end);
       } else {
         throw std::runtime_error("kind must be prefill or decode, got '" + kind + "'");
       }
     } catch (const std::exception& e) {
       return Status::InvalidArgument(path + ":" + std::to_string(n) + ": not a step record: " + e.what());
+    }
+  }
+  if (cores > 0) {  // undo the sharing of `cores` cores among the steps in progress
+    std::vector<std::pair<double, double>> spans = decode_spans;
+    spans.insert(spans.end(), prefill_spans.begin(), prefill_spans.end());
+    const std::vector<double> conc = MeanConcurrency(spans);
+    const size_t d0 = s->decode_y.size() - decode_spans.size(), p0 = s->prefill_y.size() - prefill_spans.size();
+    for (size_t i = 0; i < decode_spans.size(); ++i) s->decode_y[d0 + i] /= std::max(1.0, conc[i] / cores);
+    for (size_t i = 0; i < prefill_spans.size(); ++i) {
+      s->prefill_y[p0 + i] /= std::max(1.0, conc[decode_spans.size() + i] / cores);
     }
   }
   return Status::Ok();
@@ -246,6 +290,7 @@ std::string CostModelYaml(const CostModel& m) {
     << "prefill: {a: " << m.prefill_a << ", b: " << m.prefill_b << "}\n"
     << "kv_transfer: {latency_s: " << m.kv_latency << ", bandwidth_Bps: " << m.kv_bandwidth << "}\n"
     << "control_latency_s: " << m.control_latency << "\n";
+  if (m.cores > 0) o << "cores: " << m.cores << "   # workers share this many CPU cores\n";
   return o.str();
 }
 
@@ -295,7 +340,8 @@ std::string FitReport::Summary() const {
   return o.str();
 }
 
-Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& mc) {
+Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& mc, double cores) {
+  if (cores < 0) return Status::InvalidArgument("--cores must be >= 0");
   if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
   Samples s;
   for (const std::string& f : files) {
@@ -319,11 +365,12 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     if (whole) {
       ELDR_RETURN_IF_ERROR(ReadBenchJson(f, j, &s));
     } else {
-      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s));
+      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s, cores));
     }
   }
   FitReport r;
   CostModel& m = r.model;
+  m.cores = cores;
   m.name = "fit";
   m.source = "fit to";
   for (const auto& f : files) m.source += " " + f;

@@ -4,6 +4,9 @@
 //   prefill       t = a + b·computed_prompt_tokens
 //   KV transfer   t = latency + bytes / bandwidth       (bytes: the prompt's K and V in the model's dtype)
 //   control       every message to or from the router adds control_latency
+//   cores         0 (default): every worker computes on its own device (a GPU per rank). N > 0: the workers
+//                 share N CPU cores (`eldr serve` on one machine with more ranks than cores): a step or
+//                 prefill that starts while n workers compute takes max(1, n / N) times as long.
 //
 // distinct_experts is Σ over MoE layers of the experts the step's batch activates (DESIGN.md §3), the
 // quantity the routing policy changes: a decode step streams each distinct expert's weights once.
@@ -40,6 +43,7 @@ struct CostModel {
   double kv_latency = 0;            // s per KV transfer
   double kv_bandwidth = 0;          // bytes/s (0: transfers take kv_latency only)
   double control_latency = 0;       // s per router message hop
+  double cores = 0;                 // shared CPU cores (0: a device per worker)
 
   double DecodeStep(double distinct, double batch, double context) const {
     return decode_a + decode_b * distinct + decode_c * batch + decode_d * context;
@@ -82,8 +86,11 @@ struct FitReport {
 // Fits from `eldr serve` steps.jsonl files and/or moe_layer_bench JSON files (told apart by content).
 // `model` gives the MoE layer count and KV bytes needed to scale bench figures. Coefficients are
 // non-negative (a coefficient the data would make negative is fixed at 0 and the rest refitted).
+// cores > 0: the steps ran on that many shared cores; each step's time is divided by its slowdown
+// max(1, n / cores), n = the mean number of workers computing during it (from the log's step intervals,
+// per file), so the fitted coefficients are those of an unshared core, and the model records `cores`.
 // InvalidArgument naming the file and line for malformed input, or when there are too few samples.
-Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model);
+Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model, double cores = 0);
 
 // Non-negative least squares for small problems (columns ≤ 8): min ‖Xβ − y‖ with β ≥ 0, by fixing
 // negative coefficients at zero and refitting the rest. X is row-major [rows, cols]. Exposed for tests.

@@ -170,6 +170,13 @@ class Simulation {
  private:
   void Push(double t, EventKind kind, int32_t a, int64_t b) { events_.push({t, seq_++, kind, a, b}); }
 
+  // A prefill or decode step starts: one more worker computing. Returns its slowdown when the workers share
+  // cost_.cores CPU cores (fixed at the start of the work: an approximation of processor sharing).
+  double StartWork() {
+    ++computing_;
+    return cost_.cores > 0 ? std::max(1.0, computing_ / cost_.cores) : 1.0;
+  }
+
   Status Handle(const Event& e) {
     switch (e.kind) {
       case EventKind::kArrival:
@@ -247,12 +254,13 @@ class Simulation {
     allocations_[i] = std::move(alloc->allocation.blocks);
     counts_[i] = std::move(alloc->counts);
     pr.busy = true;
-    Push(now_ + cost_.Prefill(static_cast<double>(r.prompt_len - from)), EventKind::kPrefillDone, p, i);
+    Push(now_ + cost_.Prefill(static_cast<double>(r.prompt_len - from)) * StartWork(), EventKind::kPrefillDone, p, i);
     return Status::Ok();
   }
 
   Status PrefillDone(int p, int64_t i) {
     prefill_[p].busy = false;
+    --computing_;
     Push(now_ + cost_.control_latency, EventKind::kCountsAtRouter, p, i);
     return StartPrefill(p);
   }
@@ -346,11 +354,12 @@ class Simulation {
     st.distinct_sum += static_cast<double>(distinct);
     dec.stepping = true;
     Push(now_ + cost_.DecodeStep(static_cast<double>(distinct), static_cast<double>(dec.running.size()),
-                                 static_cast<double>(context)),
+                                 static_cast<double>(context)) * StartWork(),
          EventKind::kStepDone, d, 0);
   }
 
   void StepDone(int d) {
+    --computing_;
     Decoder& dec = decoders_[d];
     const double at_frontend = now_ + cost_.control_latency;
     size_t kept = 0;
@@ -405,6 +414,7 @@ class Simulation {
   uint64_t seq_ = 0;
   double now_ = 0;
   int64_t next_ = 0, arrival_due_ = 0, active_ = 0, done_ = 0;
+  int computing_ = 0;  // workers in a prefill or a decode step now
   SimulationResult result_;
 };
 

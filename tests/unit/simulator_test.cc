@@ -358,6 +358,50 @@ TEST(CostModel, FitFromAStepLog) {
   EXPECT_NE(bad.status().message().find("steps.jsonl:81"), std::string::npos) << bad.status().message();
 }
 
+TEST(Simulator, SharedCoresSlowConcurrentWork) {
+  // cores = 1: two decoders start a step at t = 0; the first runs alone (×1), the second while two compute (×2).
+  Row p = {{0, 1}, {0, 1}};
+  const Trace t = MakeTrace({{"a", "x", {p}, {p}}, {"b", "x", {p}, {p}}});
+  CostModel m;
+  m.decode_a = 1.0;
+  m.cores = 1;
+  auto r = Simulate(Job(RoutingPolicy::kRoundRobin, 2), InOrder(t, {2, 2}), Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok());
+  EXPECT_DOUBLE_EQ(r->records[0].token_times[1], 1.0);
+  EXPECT_DOUBLE_EQ(r->records[1].token_times[1], 2.0);
+  m.cores = 0;  // a device per worker
+  r = Simulate(Job(RoutingPolicy::kRoundRobin, 2), InOrder(t, {2, 2}), Tiny(), nullptr, m, false);
+  EXPECT_DOUBLE_EQ(r->records[1].token_times[1], 1.0);
+}
+
+TEST(CostModel, FitRemovesCoreSharing) {
+  // Pairs of identical decode steps run side by side on 1 core: each was measured at twice its own time.
+  const std::string path = ::testing::TempDir() + "/shared_steps.jsonl";
+  {
+    std::ofstream o(path);
+    double t = 0;
+    for (int i = 0; i < 30; ++i) {
+      const int distinct = 8 + i % 5, batch = 1 + i % 3, context = 40 + 9 * i;
+      const double own = 1e-3 + 2e-5 * distinct + 3e-4 * batch + 1e-7 * context;
+      for (int w = 0; w < 2; ++w) {
+        o << R"({"kind":"decode","worker":)" << w << R"(,"time":)" << t + 2 * own << R"(,"seconds":)" << 2 * own
+          << R"(,"batch":)" << batch << R"(,"distinct_experts":)" << distinct << R"(,"context_tokens":)" << context
+          << "}\n";
+      }
+      t += 2 * own + 0.5;  // idle gap between pairs
+    }
+  }
+  auto shared = FitCostModel({path}, Tiny(), 1.0);
+  ASSERT_TRUE(shared.ok()) << shared.status().ToString();
+  EXPECT_NEAR(shared->model.decode_a, 1e-3, 1e-8);
+  EXPECT_NEAR(shared->model.decode_b, 2e-5, 1e-9);
+  EXPECT_NEAR(shared->model.decode_c, 3e-4, 1e-8);
+  EXPECT_EQ(shared->model.cores, 1.0);
+  auto unshared = FitCostModel({path}, Tiny(), 0.0);  // without the correction: twice the coefficients
+  ASSERT_TRUE(unshared.ok());
+  EXPECT_NEAR(unshared->model.decode_a, 2e-3, 1e-8);
+}
+
 TEST(CostModel, DerivedH200ModelIsBandwidthBound) {
   const ModelConfig q = LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/qwen3-30b-a3b.yaml").value();
   const CostModel m = DeriveCostModel(q, DeviceSpec{});

@@ -1,0 +1,141 @@
+#!/usr/bin/env bash
+# End-to-end tests of `eldr simulate`: the metrics JSON and per-request JSONL of a job config, determinism,
+# the cost-model fit from serve step logs and from moe_layer_bench JSON, the shipped derived H200 models,
+# scale (512 decoders), and bad input (one line on stderr, non-zero exit, no output file).
+# Usage: simulate_test.sh /path/to/eldr /path/to/source
+set -u
+ELDR="$1"
+SRC="$2"
+PY=/usr/bin/python3
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+source "$SRC/tests/lib.sh"
+
+"$ELDR" simulate --help | grep -q -- "--fit" && ok "simulate --help" || bad "simulate --help"
+
+# A tiny-model job: 3 domains, 3 decoders, an inline cost model.
+"$ELDR" trace synth --domains 3 --requests 90 --layers 2 --experts 8 --top-k 2 --prompt-len 8:24 --output-len 4:12 \
+  --seed 2 --out trace.h5 >/dev/null
+"$ELDR" calibrate --trace trace.h5 -K 3 --out cal3.h5 --quiet
+cat > job.yaml <<YAML
+topology: {prefill_ranks: 1, decode_ranks: 3}
+model: {config: $SRC/configs/models/tiny.yaml, weights: synthetic, gate: replay}
+routing: {policy: eldr, tau: 0.1, calibration: cal3.h5}
+kv_cache: {block_size: 4, prefill_blocks: 256, decode_blocks: 256}
+decode: {max_batch: 8}
+workload: {trace: trace.h5, num_requests: 300, request_rate: 50, seed: 1}
+output: {dir: run}
+simulate:
+  decode: {a: 2.0e-3, b: 1.0e-4, c: 1.0e-5, d: 1.0e-7}
+  prefill: {a: 1.0e-3, b: 1.0e-5}
+  kv_transfer: {latency_s: 1.0e-4, bandwidth_Bps: 1.0e9}
+  control_latency_s: 5.0e-5
+YAML
+run_ok "simulate the job" "$ELDR" simulate -c job.yaml --quiet
+$PY - <<'PY' && ok "metrics.json: vLLM keys, every request completed, per-decoder figures" || bad "metrics.json content"
+import json
+m = json.load(open("run/metrics.json"))
+need = ["completed", "failed", "request_throughput", "output_throughput", "mean_ttft_ms", "median_ttft_ms",
+        "p99_ttft_ms", "mean_tpot_ms", "median_tpot_ms", "p99_tpot_ms", "mean_itl_ms", "median_itl_ms",
+        "p99_itl_ms", "mean_e2el_ms", "median_e2el_ms", "p99_e2el_ms", "policy", "tau",
+        "mean_distinct_experts_per_step", "decoders"]
+missing = [k for k in need if k not in m]
+assert not missing, missing
+assert m["completed"] == 300 and m["failed"] == 0, (m["completed"], m["failed"])
+assert m["simulated"] is True and m["policy"] == "eldr" and abs(m["tau"] - 0.1) < 1e-12
+assert sum(d["requests"] for d in m["decoders"]) == 300
+assert len(open("run/requests.jsonl").read().splitlines()) == 300
+# the step model's floor: every TPOT is at least a + b*(top_k per layer * layers) + c
+assert m["median_tpot_ms"] >= (2e-3 + 1e-4 * 4 + 1e-5) * 1e3
+PY
+"$ELDR" simulate -c job.yaml --json --no-output > a.json && "$ELDR" simulate -c job.yaml --json --no-output > b.json
+$PY -c "
+import json
+a, b = json.load(open('a.json')), json.load(open('b.json'))
+for m in (a, b): m.pop('wall_seconds')
+assert a == b
+" && ok "same config, same metrics" || bad "same config, same metrics"
+for p in random round_robin jsq p2c domain locality_top1; do
+  "$ELDR" simulate -c job.yaml --policy $p --json --no-output > p.json 2>err.txt &&
+    $PY -c "import json; m = json.load(open('p.json')); assert m['completed'] == 300 and m['policy'] == '$p'" &&
+    ok "policy $p" || bad "policy $p" "$(cat err.txt)"
+done
+
+# --fit from a serve step log with known coefficients (the tiny model: 2 MoE layers).
+$PY - <<'PY'
+with open("steps.jsonl", "w") as f:
+    for i in range(60):
+        d, b, c = 4 + i % 13, 1 + i % 7, 50 + 11 * i
+        f.write('{"kind":"decode","worker":0,"time":0,"seconds":%r,"batch":%d,"distinct_experts":%d,"context_tokens":%d}\n'
+                % (1e-3 + 5e-5 * d + 2e-4 * b + 3e-7 * c, b, d, c))
+        f.write('{"kind":"prefill","worker":0,"time":0,"seconds":%r,"prompt_tokens":%d}\n' % (4e-3 + 2e-5 * (i + 1), i + 1))
+PY
+run_ok "fit to a step log" "$ELDR" simulate --fit steps.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit.yaml
+grep -qE "decode: \{a: 0.001, b: 5e-05, c: 0.0002, d: 3e-07\}" fit.yaml && grep -qE "prefill: \{a: 0.004, b: 2e-05\}" fit.yaml &&
+  ok "fit recovers the coefficients" || bad "fit recovers the coefficients" "$(cat fit.yaml)"
+run_ok "simulate with the fitted model" "$ELDR" simulate -c job.yaml --cost-model fit.yaml --no-output --quiet
+
+# --fit from moe_layer_bench JSON: per layer t = 1 ms + 20 us·distinct + 5 us·batch, BM_Read at 10 GB/s.
+$PY - <<'PY'
+import json
+b = [{"name": "BM_Read", "run_type": "iteration", "real_time": 1.0, "time_unit": "ms", "GBps": 10.0}]
+for n in (16, 32, 64, 128):
+    for B in (16, 64):
+        b.append({"name": f"BM_MoeLayer/{n}/{B}/real_time", "run_type": "iteration", "time_unit": "ms",
+                  "real_time": 1.0 + 0.02 * n + 0.005 * B})
+json.dump({"context": {}, "benchmarks": b}, open("bench.json", "w"))
+PY
+run_ok "fit to moe_layer_bench JSON" "$ELDR" simulate --fit bench.json --model "$SRC/configs/models/tiny.yaml" --json -o fit.json
+# tiny: 2 MoE layers → a = 2 ms, b = 20 us, c = 10 us; d = KV bytes/token (2·3·2·8·4 = 384) / 10 GB/s.
+$PY -c "
+import json
+m = json.load(open('fit.json'))
+d = m['decode']
+assert abs(d['a'] - 2e-3) < 1e-9 and abs(d['b'] - 2e-5) < 1e-11 and abs(d['c'] - 1e-5) < 1e-11, d
+assert abs(d['d'] - 384 / 10e9) < 1e-15, d
+" && ok "bench fit scaled to the model" || bad "bench fit scaled to the model" "$(cat fit.json)"
+
+# The shipped H200 models are what --derive produces.
+for m in qwen3-30b-a3b deepseek-v2-lite; do
+  "$ELDR" simulate --derive h200 --model "$SRC/configs/models/$m.yaml" -o derived.yaml 2>/dev/null
+  if diff <(grep -v '^#' derived.yaml) <(grep -v '^#' "$SRC/configs/costs/h200-$m.yaml") >/dev/null; then
+    ok "configs/costs/h200-$m.yaml is reproducible"
+  else
+    bad "configs/costs/h200-$m.yaml is reproducible"
+  fi
+done
+
+# Scale: 512 decoders must run.
+"$ELDR" trace synth --domains 8 --requests 2000 --layers 2 --experts 8 --top-k 2 --prompt-len 8:24 --output-len 4:12 \
+  --seed 3 --out big.h5 >/dev/null
+"$ELDR" calibrate --trace big.h5 -K 512 --restarts 1 --out cal512.h5 --quiet
+"$ELDR" simulate -c job.yaml --trace big.h5 --calib cal512.h5 --policy eldr -K 512 --prefill 32 -n 20000 --rate 5000 \
+  --json --no-output > big.json 2>err.txt && $PY -c "
+import json
+m = json.load(open('big.json'))
+assert m['completed'] == 20000 and len(m['decoders']) == 512
+assert sum(1 for d in m['decoders'] if d['requests'] > 0) == 512
+" && ok "512 decoders (eldr routing), 20000 requests" || bad "512 decoders" "$(cat err.txt)"
+
+# Bad input.
+sed '/^simulate:/,$d' job.yaml > nosim.yaml
+expect_error "no cost model" "no 'simulate:' section" - "$ELDR" simulate -c nosim.yaml --no-output
+sed 's/, calibration: cal3.h5//' job.yaml > nocal.yaml
+expect_error "eldr policy without calibration" "needs routing.calibration" - \
+  "$ELDR" simulate -c nocal.yaml --no-output
+expect_error "calibration of another K" "refit" - "$ELDR" simulate -c job.yaml -K 5 --no-output
+printf 'decode: {a: -1}\n' > neg.yaml
+expect_error "negative coefficient" "neg.yaml:1: decode.a must be a number >= 0" - \
+  "$ELDR" simulate -c job.yaml --cost-model neg.yaml --no-output
+printf '{"kind":"decode","seconds":1}\n' > badsteps.jsonl
+expect_error "malformed step log" "badsteps.jsonl:1: not a step record" fit2.yaml \
+  "$ELDR" simulate --fit badsteps.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit2.yaml
+expect_error "missing trace" "nope.h5" - "$ELDR" simulate -c job.yaml --trace nope.h5 --no-output
+expect_error "unknown policy" "policy" - "$ELDR" simulate -c job.yaml --policy fastest --no-output
+expect_error "unwritable output" "cannot" - "$ELDR" simulate -c job.yaml --output-dir /proc/nope --quiet
+"$ELDR" trace synth --domains 2 --requests 20 --layers 3 --experts 8 --top-k 2 --out other.h5 >/dev/null
+expect_error "trace of another shape" "differs from the model" - \
+  "$ELDR" simulate -c job.yaml --trace other.h5 --policy jsq --no-output
+
+finish
