@@ -4,6 +4,10 @@
 // the same launchers in bf16 on a CUDA stream (kernels/cuda/cuda_ops.h).
 //
 // Tensors are dense, row-major, fp32 on the CPU; every pointer carries its shape in a comment.
+// Batch invariance (CPU): every operation computes a token's output from that token's inputs alone, by the same
+// arithmetic whatever the number of tokens in the call and the token's place among them (the matrix products
+// included: kernels/cpu/ops.cc MatMulT). A sequence therefore gets bit-identical results decoded alone or in a
+// batch, and prefilled cold or after a prefix hit.
 // Thread safety: launchers are reentrant; they may use several threads internally.
 #pragma once
 
@@ -85,7 +89,7 @@ struct ExpertWeights {
 };
 
 // out[t] += Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t]); only activated experts are computed
-// (grouping, expert SwiGLU, weighted combine).
+// (grouping, expert SwiGLU as ExpertFfn, weighted combine as MoeCombine).
 struct MoeParams {
   const float* x = nullptr;             // [num_tokens, hidden]
   const int32_t* topk_ids = nullptr;    // [num_tokens, top_k]
@@ -93,8 +97,33 @@ struct MoeParams {
   int num_tokens = 0, top_k = 0;
   const ExpertWeights* experts = nullptr;
   float* out = nullptr;                 // [num_tokens, hidden], accumulated into
+  bool batch_invariant = false;         // see ExpertFfnParams
 };
 void MoeExperts(const MoeParams& p);
+
+// One expert's SwiGLU over a set of rows: y[i] = expert(x[i]).
+// batch_invariant: every row is computed by itself, so y[i] depends only on x[i] and the weights, bit for bit,
+// whatever other rows share the call. An expert-parallel decode group splits an expert's rows over its
+// replicas; with this set on both sides its outputs equal a single-rank decoder's exactly. (On the CPU every
+// product is batch-invariant now, so the flag changes nothing there; it states what the caller relies on.)
+struct ExpertFfnParams {
+  const float* x = nullptr;  // [num_rows, hidden]
+  int num_rows = 0;
+  const ExpertWeights* experts = nullptr;
+  int expert = 0;            // in [0, experts->num_experts)
+  float* y = nullptr;        // [num_rows, hidden], overwritten
+  bool batch_invariant = false;
+};
+void ExpertFfn(const ExpertFfnParams& p);
+
+// The combine step of MoeExperts: out[t] += Σ_j topk_weights[t, j] · y[t * top_k + j], j ascending, in fp32.
+struct MoeCombineParams {
+  const float* y = nullptr;             // [num_tokens * top_k, hidden] expert outputs, one row per (token, slot)
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  int num_tokens = 0, top_k = 0, hidden = 0;
+  float* out = nullptr;                 // [num_tokens, hidden], accumulated into
+};
+void MoeCombine(const MoeCombineParams& p);
 
 // One dense SwiGLU MLP (dense layers, shared experts): out[t] += mlp(x[t]).
 struct MlpParams {

@@ -215,13 +215,21 @@ Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algo
 }
 
 double Balancedness(const Placement& pl, const std::vector<double>& load) {
+  ELDR_CHECK(load.size() == static_cast<size_t>(pl.num_layers) * pl.num_experts,
+             "load must be [L, E] = [" << pl.num_layers << ", " << pl.num_experts << "]");
+  return SummarizeRankLoad(pl, load.data()).balancedness();
+}
+
+RankLoadSummary SummarizeRankLoad(const Placement& pl, const double* load) {
   const int L = pl.num_layers, E = pl.num_experts, P = pl.num_slots, R = pl.num_ranks;
-  ELDR_CHECK(load.size() == static_cast<size_t>(L) * E, "load must be [L, E] = [" << L << ", " << E << "]");
   ELDR_CHECK(R > 0 && P % R == 0, "slots P = " << P << " not a multiple of ranks R = " << R);
+  ELDR_CHECK(pl.phy2log.size() == static_cast<size_t>(L) * P && pl.logcnt.size() == static_cast<size_t>(L) * E,
+             "placement arrays do not match [L = " << L << ", E = " << E << ", P = " << P << "]");
   const int spr = P / R;
-  double sum_mean = 0, sum_max = 0;
+  RankLoadSummary out;
+  out.num_layers = L;
   for (int l = 0; l < L; ++l) {
-    const double* w = load.data() + static_cast<size_t>(l) * E;
+    const double* w = load + static_cast<size_t>(l) * E;
     const int32_t* cnt = pl.logcnt.data() + static_cast<size_t>(l) * E;
     const int32_t* row = pl.phy2log.data() + static_cast<size_t>(l) * P;
     double total = 0, max_rank = 0;
@@ -234,10 +242,21 @@ double Balancedness(const Placement& pl, const std::vector<double>& load) {
       total += rank_load;
       max_rank = std::max(max_rank, rank_load);
     }
-    sum_mean += total / R;
-    sum_max += max_rank;
+    out.sum_mean_rank_load += total / R;
+    out.sum_max_rank_load += max_rank;
   }
-  return sum_max > 0 ? sum_mean / sum_max : 1.0;
+  return out;
+}
+
+Result<Placement> ContiguousPlacement(int num_layers, int num_experts, int num_ranks) {
+  if (num_layers < 1 || num_experts < 1 || num_ranks < 1 || num_experts % num_ranks != 0) {
+    return Status::InvalidArgument("the contiguous placement (expert e on rank e / (E/R)) needs experts E = " +
+                                   std::to_string(num_experts) + " to be a multiple of ranks R = " +
+                                   std::to_string(num_ranks) + " (and L = " + std::to_string(num_layers) + " >= 1)");
+  }
+  std::vector<int32_t> phy2log(static_cast<size_t>(num_layers) * num_experts);
+  for (size_t i = 0; i < phy2log.size(); ++i) phy2log[i] = static_cast<int32_t>(i % num_experts);
+  return PlacementFromPhy2Log(num_layers, num_experts, num_ranks, std::move(phy2log));
 }
 
 double GroupLocality(const Placement& pl, const std::vector<double>& load, int num_groups, int num_nodes) {

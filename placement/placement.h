@@ -92,6 +92,26 @@ Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algo
 // PlacementFromPhy2Log) with the same L and E as `load`.
 double Balancedness(const Placement& placement, const std::vector<double>& load);
 
+// The rank loads behind Balancedness, for one load [L, E] (e.g. the activations of one decode step): rank r
+// holds slots [r*P/R, (r+1)*P/R) and each slot of expert e carries load[l, e] / logcnt[l, e].
+struct RankLoadSummary {
+  int num_layers = 0;
+  double sum_mean_rank_load = 0;  // Σ_layers mean-over-ranks load
+  double sum_max_rank_load = 0;   // Σ_layers max-over-ranks load
+  // DESIGN.md §3: Σ mean ÷ Σ max, in (0, 1]; 1.0 when the load is zero everywhere.
+  double balancedness() const { return sum_max_rank_load > 0 ? sum_mean_rank_load / sum_max_rank_load : 1.0; }
+  // The most loaded rank's load, averaged over layers (same unit as the load).
+  double mean_max_rank_load() const { return num_layers > 0 ? sum_max_rank_load / num_layers : 0.0; }
+  // A rank's load if the layer were perfectly balanced, averaged over layers.
+  double mean_rank_load() const { return num_layers > 0 ? sum_mean_rank_load / num_layers : 0.0; }
+};
+// load: [L, E]. REQUIRES: as for Balancedness. Reentrant; allocates nothing.
+RankLoadSummary SummarizeRankLoad(const Placement& placement, const double* load);
+
+// The placement of an EP group when nothing is placed: no redundant slots (P = E) and expert e on rank
+// e / (E/R) in every layer. InvalidArgument naming E and R unless L, E, R >= 1 and E % R == 0.
+Result<Placement> ContiguousPlacement(int num_layers, int num_experts, int num_ranks);
+
 // How much of each group's load is served on one node: Σ_{l,g} max_n served(l, g, n) ÷ Σ_{l,g} load(l, g),
 // where served(l, g, n) is the load of group g's replicas on node n. 1.0 = every group on one node (as
 // kDeepSeekHierarchical guarantees); 1.0 also when the load is zero. REQUIRES: E % G == 0, R % N == 0.

@@ -1,5 +1,5 @@
-// CPU reference implementation of kernels/ops.h: Eigen for the matrix products, plain loops elsewhere,
-// parallelised over independent work (tokens, experts, sequence × head) with ParallelFor.
+// CPU reference implementation of kernels/ops.h: batch-invariant matrix products on Eigen's SIMD packets,
+// plain loops elsewhere, parallelised over independent work (tokens, experts, sequence × head) with ParallelFor.
 #include "kernels/ops.h"
 
 #include <Eigen/Dense>
@@ -16,10 +16,6 @@ namespace eldr::kernels {
 
 namespace {
 
-using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-using ConstMap = Eigen::Map<const RowMatrix>;
-using Map = Eigen::Map<RowMatrix>;
-
 // fp32 view of a weight matrix: the data itself, or a thread-local converted copy for bf16.
 const float* AsF32(const WeightMatrix& w, std::vector<float>* scratch) {
   if (w.dtype == DType::kF32) return static_cast<const float*>(w.data);
@@ -30,41 +26,94 @@ const float* AsF32(const WeightMatrix& w, std::vector<float>* scratch) {
   return scratch->data();
 }
 
-// Below this many tokens a product is bound by streaming W from memory: read each weight row once and dot it
-// with every token's (cache-resident) input, instead of a GEMM that first packs W (an extra pass over it).
-constexpr int64_t kStreamingTokens = 4;
+// Batch-invariant products. Every y[t, o] = x[t] · W[o] is computed by the same sequence of operations on
+// x[t] and W[o] alone: one packet-wide multiply-add chain over the row's full packets (column order), a fixed
+// horizontal sum, then the leftover columns in order with fma. Nothing depends on n, on where token t sits
+// in the batch, or on how Linear splits the tokens over threads. So a token decoded in a batch of 8 gets the
+// same logits as alone, and a prefill that starts after a prefix hit computes the same values as a cold one:
+// `eldr serve` decodes the same tokens as a single-sequence run. (Eigen's GEMM rounded a row differently
+// depending on the row count, and the dot product it was switched with below 5 rows summed in another order.)
+// Speed: register tiles of R weight rows × T tokens (a weight packet loaded once serves T tokens, an input
+// packet R rows), cache blocks of kTokenBlock tokens × kRowBlock rows.
+namespace simd = Eigen::internal;
+using Packet = simd::packet_traits<float>::type;
+constexpr int kPacket = simd::packet_traits<float>::size;
+constexpr int64_t kTokenBlock = 64, kRowBlock = 16;
 
-// y[n, out] = x[n, in] · W^T, W [out, in].
+// y[t * y_stride + r] = W[r] · x[t] for r < R, t < T. w: [R, cols] rows, x: [T, cols].
+template <int R, int T>
+inline void DotTile(const float* w, const float* x, int64_t cols, float* y, int64_t y_stride) {
+  Packet acc[R][T];
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) acc[r][t] = simd::pset1<Packet>(0.f);
+  }
+  const int64_t full = cols / kPacket * kPacket;
+  for (int64_t k = 0; k < full; k += kPacket) {
+    Packet xv[T];
+    for (int t = 0; t < T; ++t) xv[t] = simd::ploadu<Packet>(x + t * cols + k);
+    for (int r = 0; r < R; ++r) {
+      const Packet wv = simd::ploadu<Packet>(w + r * cols + k);
+      for (int t = 0; t < T; ++t) acc[r][t] = simd::pmadd(wv, xv[t], acc[r][t]);
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    for (int t = 0; t < T; ++t) {
+      float sum = simd::predux(acc[r][t]);
+      for (int64_t k = full; k < cols; ++k) sum = std::fma(w[r * cols + k], x[t * cols + k], sum);
+      y[t * y_stride + r] = sum;
+    }
+  }
+}
+
+// T tokens against `rows` weight rows (fewer tokens per tile: more rows, to keep enough independent chains).
+template <int T>
+void DotRows(const float* w, int64_t rows, int64_t cols, const float* x, float* y, int64_t y_stride) {
+  constexpr int R = T <= 2 ? 8 : 4;
+  int64_t o = 0;
+  for (; o + R <= rows; o += R) DotTile<R, T>(w + o * cols, x, cols, y + o, y_stride);
+  for (; o < rows; ++o) DotTile<1, T>(w + o * cols, x, cols, y + o, y_stride);
+}
+
+// y[n, out] = x[n, in] · W^T, W [out, in]; batch-invariant (above).
 void MatMulT(const float* x, int64_t n, const WeightMatrix& w, float* y) {
   thread_local std::vector<float> scratch;
   const float* wf = AsF32(w, &scratch);
-  if (n <= kStreamingTokens) {
-    using Vec = Eigen::Map<const Eigen::VectorXf>;
-    for (int64_t o = 0; o < w.rows; ++o) {
-      const Vec row(wf + o * w.cols, w.cols);
-      for (int64_t t = 0; t < n; ++t) y[t * w.rows + o] = row.dot(Vec(x + t * w.cols, w.cols));
+  const int64_t rows = w.rows, cols = w.cols;
+  for (int64_t t0 = 0; t0 < n; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(n, t0 + kTokenBlock);
+    for (int64_t o0 = 0; o0 < rows; o0 += kRowBlock) {
+      const int64_t num_rows = std::min(kRowBlock, rows - o0);
+      const float* wb = wf + o0 * cols;
+      int64_t t = t0;
+      for (; t + 4 <= t1; t += 4) DotRows<4>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows);
+      switch (t1 - t) {
+        case 3: DotRows<3>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows); break;
+        case 2: DotRows<2>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows); break;
+        case 1: DotRows<1>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows); break;
+        default: break;
+      }
     }
-    return;
   }
-  ConstMap X(x, n, w.cols);
-  ConstMap W(wf, w.rows, w.cols);
-  Map Y(y, n, w.rows);
-  Y.noalias() = X * W.transpose();
 }
+
+// The row-wise product ExpertFfnParams::batch_invariant asks for. MatMulT is batch-invariant for every n, so
+// this is MatMulT (kept so that callers of the flag keep their meaning).
+void MatMulTRowwise(const float* x, int64_t n, const WeightMatrix& w, float* y) { MatMulT(x, n, w, y); }
 
 inline float Silu(float v) { return v / (1.f + std::exp(-v)); }
 
 // h[n, I] = silu(x Wg^T) * (x Wu^T); y[n, H] = h Wd^T.
 void SwiGlu(const float* x, int64_t n, const WeightMatrix& gate, const WeightMatrix& up, const WeightMatrix& down,
-            float* y) {
+            float* y, bool rowwise = false) {
   const int64_t inter = gate.rows;
   thread_local std::vector<float> g, u;
   g.resize(static_cast<size_t>(n) * inter);
   u.resize(static_cast<size_t>(n) * inter);
-  MatMulT(x, n, gate, g.data());
-  MatMulT(x, n, up, u.data());
+  auto matmul = rowwise ? MatMulTRowwise : MatMulT;
+  matmul(x, n, gate, g.data());
+  matmul(x, n, up, u.data());
   for (size_t i = 0; i < g.size(); ++i) g[i] = Silu(g[i]) * u[i];
-  MatMulT(g.data(), n, down, y);
+  matmul(g.data(), n, down, y);
 }
 
 }  // namespace
@@ -192,17 +241,29 @@ void MoeExperts(const MoeParams& p) {
       const int t = g.pairs[begin + i] / p.top_k;
       std::memcpy(xin.data() + static_cast<size_t>(i) * H, p.x + static_cast<size_t>(t) * H, H * sizeof(float));
     }
-    SwiGlu(xin.data(), count, w.gate_proj[e], w.up_proj[e], w.down_proj[e], yout.data());
+    ExpertFfn({xin.data(), count, &w, e, yout.data(), p.batch_invariant});
     for (int i = 0; i < count; ++i) {
       std::memcpy(y.data() + static_cast<size_t>(g.pairs[begin + i]) * H, yout.data() + static_cast<size_t>(i) * H,
                   H * sizeof(float));
     }
   }, threads);
+  MoeCombine({y.data(), p.topk_weights, p.num_tokens, p.top_k, H, p.out});
+}
+
+void ExpertFfn(const ExpertFfnParams& p) {
+  const ExpertWeights& w = *p.experts;
+  ELDR_CHECK(p.expert >= 0 && p.expert < w.num_experts, "expert id " << p.expert << " out of range");
+  if (p.num_rows <= 0) return;
+  SwiGlu(p.x, p.num_rows, w.gate_proj[p.expert], w.up_proj[p.expert], w.down_proj[p.expert], p.y, p.batch_invariant);
+}
+
+void MoeCombine(const MoeCombineParams& p) {
+  const int H = p.hidden;
   ParallelFor(p.num_tokens, [&](int64_t t) {
     float* o = p.out + t * H;
     for (int j = 0; j < p.top_k; ++j) {
       const float wt = p.topk_weights[t * p.top_k + j];
-      const float* src = y.data() + (static_cast<size_t>(t) * p.top_k + j) * H;
+      const float* src = p.y + (static_cast<size_t>(t) * p.top_k + j) * H;
       for (int i = 0; i < H; ++i) o[i] += wt * src[i];
     }
   }, ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.top_k * H * 4));

@@ -1,4 +1,5 @@
-// eldr place: expert placement (EPLB and eldr's) for a load profile [L, E].
+// eldr place: expert placement (EPLB and eldr's) for a load profile [L, E], per decoder cluster of a calibration
+// (--calib), and the replay of a trace's decode steps through those placements (--evaluate).
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -12,18 +13,87 @@
 #include "runtime/common/hdf5.h"
 #include "runtime/cli/commands.h"
 #include "runtime/common/json_util.h"
+#include "runtime/router/placement_replay.h"
+#include "runtime/trace/trace.h"
 
 namespace eldr::cli {
 
 namespace {
 
 struct PlaceArgs {
-  std::string load, dataset = "/load", algorithm = "eldr", previous, calib, out;
+  std::string load, dataset = "/load", algorithm = "eldr", previous, calib, out, trace;
   int slots = 0, ranks = 0, nodes = 1, groups = 1;
   double move_slack = 0;
   int64_t expert_bytes = 0;
   bool as_json = false;
+  bool evaluate = false, holdout_from_calib = false;
+  int batch = 16;
 };
+
+// Which of the placement options the command line set (the others may come from /placement of the calibration).
+struct GivenOptions {
+  bool slots = false, ranks = false, nodes = false, groups = false, algorithm = false;
+};
+
+// eldr place --evaluate (runtime/router/placement_replay.h describes the replay). Global and per-cluster
+// placements come from /placement of the calibration when it holds them for the requested R, P, N, G and
+// algorithm (options not given take the stored values); otherwise they are placed now from /clusters/expert_load.
+Status Evaluate(const PlaceArgs& a, const GivenOptions& given) {
+  if (a.trace.empty() || a.calib.empty()) {
+    return Status::InvalidArgument("--evaluate needs --trace (an HDF5 routing trace) and --calib (calibration.h5)");
+  }
+  if (!a.load.empty()) return Status::InvalidArgument("--evaluate takes its load from --calib, not --load");
+  if (!a.previous.empty()) return Status::InvalidArgument("--previous does not apply to --evaluate");
+  if (a.batch < 1) return Status::InvalidArgument("--batch must be >= 1, got " + std::to_string(a.batch));
+  if (!a.out.empty()) ELDR_RETURN_IF_ERROR(AtomicOutput(a.out).CheckWritable());
+  ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
+  ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
+  if (!trace.shape.SameAs(calib.shape)) {
+    return Status::FailedPrecondition(a.trace + ": model shape " + trace.shape.ToString() + " differs from " + a.calib +
+                                      " (" + calib.shape.ToString() + ")");
+  }
+  ELDR_ASSIGN_OR_RETURN(StoredPlacements stored, ReadStoredPlacements(a.calib, calib));
+  PlacementSpec spec;
+  if (given.ranks) {
+    spec.num_ranks = a.ranks;
+  } else if (stored.present) {
+    spec.num_ranks = stored.num_ranks;
+  } else {
+    return Status::InvalidArgument(a.calib +
+                                   " has no /placement to take the rank count from: give --ranks (and --slots)");
+  }
+  if (spec.num_ranks < 1) return Status::InvalidArgument("--ranks must be >= 1, got " + std::to_string(spec.num_ranks));
+  const bool stored_ranks = stored.present && stored.num_ranks == spec.num_ranks;
+  spec.num_slots = given.slots ? a.slots : stored_ranks ? stored.num_slots : calib.shape.num_experts;
+  spec.num_nodes = given.nodes || !stored.present ? a.nodes : stored.num_nodes;
+  spec.num_groups = given.groups || !stored.present ? a.groups : stored.num_groups;
+  std::string algorithm = given.algorithm || !stored.present ? a.algorithm : stored.algorithm;
+  auto algo = ParsePlacementAlgorithm(algorithm);
+  if (!algo.ok()) {
+    return given.algorithm || !stored.present ? algo.status() : algo.status().WithPrefix(a.calib + " /placement");
+  }
+  spec.algorithm = algo.value();
+  ComparedPlacements placements;
+  if (stored_ranks && stored.num_slots == spec.num_slots && stored.num_nodes == spec.num_nodes &&
+      stored.num_groups == spec.num_groups && stored.algorithm == algorithm) {
+    auto contiguous = ContiguousPlacement(calib.shape.num_layers, calib.shape.num_experts, spec.num_ranks);
+    if (!contiguous.ok()) return contiguous.status().WithPrefix(a.calib);
+    placements.contiguous = std::move(contiguous).value();
+    placements.global = std::move(stored.global);
+    placements.per_cluster = std::move(stored.per_cluster);
+    placements.source = algorithm + ", read from " + a.calib + " /placement";
+  } else {
+    ELDR_ASSIGN_OR_RETURN(placements, PlaceForEvaluation(calib, spec, a.calib));
+  }
+  PlacementReplayOptions o;
+  o.batch_size = a.batch;
+  o.holdout_only = a.holdout_from_calib;
+  ELDR_ASSIGN_OR_RETURN(PlacementReplayReport rep, ReplayPlacements(trace, calib, placements, o, a.trace, a.calib));
+  const nlohmann::json j = rep.ToJson();
+  if (!a.out.empty()) ELDR_RETURN_IF_ERROR(WriteJsonFile(a.out, j));
+  PrintResult(a.as_json, rep.ToText() + (a.out.empty() ? "" : "report written to " + a.out + "\n"), DumpJson(j));
+  return Status::Ok();
+}
 
 // One placement per decoder cluster from the per-cluster expert load of a calibration, plus the global one for
 // comparison, written under /placement of a copy of the file that is renamed into place.
@@ -106,11 +176,24 @@ void AddPlaceCommand(CLI::App& app, Action* action) {
   cmd->add_option("--calib", a->calib,
                   "per-cluster placement: one placement per decoder cluster from calibration.h5 /clusters/expert_load, "
                   "written under /placement");
-  cmd->add_option("--out", a->out, "with --calib: the calibration file to write (default: update --calib in place)");
+  cmd->add_option("--out", a->out,
+                  "with --calib: the calibration file to write (default: update --calib in place); with --evaluate: "
+                  "the JSON report");
+  cmd->add_flag("--evaluate", a->evaluate,
+                "replay the decode steps of --trace through the contiguous, global and per-cluster placements of "
+                "--calib and report per-step balancedness (mean, p1) and max-rank load (see below)");
+  cmd->add_option("--trace", a->trace, "with --evaluate: HDF5 routing trace whose decode steps are replayed");
+  cmd->add_flag("--holdout-from-calib", a->holdout_from_calib,
+                "with --evaluate: only the requests of --trace that are not calibration members (on the calibrated "
+                "trace: the ones eldr calibrate --holdout kept out)");
+  cmd->add_option("--batch", a->batch, "with --evaluate: decode tokens per step")->capture_default_str();
   cmd->add_option("--dataset", a->dataset, "HDF5 dataset holding the [L, E] load")->capture_default_str();
   cmd->add_option("--algorithm", a->algorithm, "deepseek-global, deepseek-hierarchical or eldr")->capture_default_str();
-  cmd->add_option("--slots,-P", a->slots, "physical expert slots per layer (experts + redundant)")->required();
-  cmd->add_option("--ranks,-R", a->ranks, "expert-parallel ranks")->required();
+  cmd->add_option("--slots,-P", a->slots,
+                  "physical expert slots per layer (experts + redundant); required except with --evaluate (default "
+                  "there: the stored /placement's, else E)");
+  cmd->add_option("--ranks,-R", a->ranks,
+                  "expert-parallel ranks; required except with --evaluate (default there: the stored /placement's)");
   cmd->add_option("--nodes,-N", a->nodes, "nodes")->capture_default_str();
   cmd->add_option("--groups,-G", a->groups, "expert groups (hierarchical packing)")->capture_default_str();
   cmd->add_option("--previous", a->previous, "JSON output of an earlier eldr place (its phy2log): minimise moves");
@@ -119,11 +202,30 @@ void AddPlaceCommand(CLI::App& app, Action* action) {
   cmd->add_option("--expert-bytes", a->expert_bytes, "bytes of one expert's weights, to report moved bytes")
       ->capture_default_str();
   cmd->add_flag("--json", a->as_json, "print phy2log, log2phy, logcnt and balancedness as JSON");
+  cmd->footer(
+      "--evaluate: each usable request of --trace (prompt and decode tokens; with --holdout-from-calib only those "
+      "whose id is not in the calibration's /calibration/request_ids) goes to the cluster of its nearest centroid "
+      "(locality_top1: its prompt signature, tau = 0). A cluster's decode tokens are interleaved round-robin over its "
+      "requests (token 0 of each, then token 1, ...) and cut into steps of --batch tokens (a final shorter step is "
+      "dropped unless it is the only one). Per step and MoE layer, a rank's load is the number of (token, expert) "
+      "activations of the experts it holds, a replicated expert's split evenly over its replicas; balancedness = "
+      "sum over layers of mean rank load / sum over layers of max rank load (DESIGN.md section 3), max-rank load = "
+      "sum over layers of max rank load / L. Placements: contiguous (expert e on rank e / (E/R), P = E), global "
+      "(all clusters' load) and per-cluster (/clusters/expert_load[k]); global and per-cluster are read from "
+      "/placement when it was written for the same R, P, N, G and algorithm, else placed now. Reported per cluster "
+      "and over all steps: mean and p1 (1st percentile) balancedness and mean max-rank load.");
   cmd->callback([=] {
+    const GivenOptions given{cmd->count("--slots") > 0, cmd->count("--ranks") > 0, cmd->count("--nodes") > 0,
+                             cmd->count("--groups") > 0, cmd->count("--algorithm") > 0};
     *action = [=]() -> Status {
+      if (a->evaluate) return Evaluate(*a, given);
+      if (!a->trace.empty()) return Status::InvalidArgument("--trace is for --evaluate");
       ELDR_ASSIGN_OR_RETURN(PlacementAlgorithm algo, ParsePlacementAlgorithm(a->algorithm));
       if (a->load.empty() == a->calib.empty()) {
         return Status::InvalidArgument("give exactly one of --load (a load profile) or --calib (per-cluster placement)");
+      }
+      if (!given.slots || !given.ranks) {
+        return Status::InvalidArgument("--slots (-P) and --ranks (-R) are required");
       }
       if (!a->calib.empty()) return PlaceClusters(*a, algo);
       PlacementProblem p;

@@ -19,6 +19,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
   auto policy = std::make_shared<std::string>();
   auto out_dir = std::make_shared<std::string>();
   auto tau = std::make_shared<double>(-1);
+  auto load_bound = std::make_shared<double>(-1);
   auto* cmd = app.add_subcommand("serve", "Run the serving job (rank 0 router, prefill and decode ranks); start it "
                                           "with mpirun -np N or srun --mpi=pmix -n N");
   cmd->add_option("--config,-c", *config, "job config YAML (topology, model, routing, KV cache, workload, output)")
@@ -27,6 +28,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--print-ranks", *print_ranks, "print the world size and the rank → role map, and exit (no MPI)");
   cmd->add_option("--policy", *policy, "override routing.policy");
   cmd->add_option("--tau", *tau, "override routing.tau");
+  cmd->add_option("--load-bound", *load_bound, "override routing.load_bound (bounded-load band ε; 0 = off)");
   cmd->add_option("--output-dir", *out_dir, "override output.dir");
   cmd->callback([=] {
     *action = [=]() -> Status {
@@ -54,6 +56,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
           }
         }
         if (job.ok() && *tau >= 0) job->tau = *tau;
+        if (job.ok() && *load_bound >= 0) job->load_bound = *load_bound;
         if (job.ok() && !out_dir->empty()) job->output_dir = *out_dir;
         if (!job.ok()) {
           st = job.status();

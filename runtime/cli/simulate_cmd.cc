@@ -27,7 +27,7 @@ struct SimulateArgs {
   std::string derive, out;
   int decoders = 0, prefill = 0, max_batch = 0;
   int64_t num_requests = -1, output_len = -1, max_concurrency = -1, admission_cap = -1, decode_blocks = 0;
-  double tau = -1, rate = 0, burstiness = 0, bandwidth = 0, cores = 0;
+  double tau = -1, load_bound = -1, rate = 0, burstiness = 0, bandwidth = 0, cores = 0;
   uint64_t seed = 0;
   bool seed_set = false, json = false, quiet = false, no_output = false;
 };
@@ -100,6 +100,7 @@ Status RunSimulation(const SimulateArgs& a) {
     ELDR_ASSIGN_OR_RETURN(c.policy, ParseRoutingPolicy(a.policy));
   }
   if (a.tau >= 0) c.tau = a.tau;
+  if (a.load_bound >= 0) c.load_bound = a.load_bound;
   if (a.rate > 0) c.request_rate = a.rate;
   if (a.burstiness > 0) c.burstiness = a.burstiness;
   if (a.num_requests >= 0) c.num_requests = a.num_requests;
@@ -172,6 +173,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--policy", a->policy, "override routing.policy (random, round_robin, jsq, p2c, domain, "
                                          "locality_top1, eldr)");
   cmd->add_option("--tau", a->tau, "override routing.tau");
+  cmd->add_option("--load-bound", a->load_bound, "override routing.load_bound (bounded-load band ε; 0 = off)");
   cmd->add_option("--rate", a->rate, "override workload.request_rate (requests/s)");
   cmd->add_option("--burstiness", a->burstiness, "override workload.burstiness");
   cmd->add_option("--num-requests,-n", a->num_requests, "override workload.num_requests (cycles through the trace)");

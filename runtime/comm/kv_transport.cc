@@ -1,6 +1,7 @@
 #include "runtime/comm/kv_transport.h"
 
 #include <algorithm>
+#include <string>
 
 #include "runtime/comm/transport.h"
 
@@ -36,6 +37,8 @@ class MpiKvTransport : public KvTransport {
     return Status::Ok();
   }
   Status Synchronize() override { return Status::Ok(); }
+  Status SendFromHost(int dest, const void* host, size_t bytes) override { return Send(dest, host, bytes); }
+  Status RecvToHost(int source, void* host, size_t bytes) override { return Recv(source, host, bytes); }
 
  private:
   MPI_Comm comm_;
@@ -43,7 +46,9 @@ class MpiKvTransport : public KvTransport {
 
 }  // namespace
 
-Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device);  // kv_transport_nccl.cc
+// kv_transport_nccl.cc
+Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device);
+Status CheckNcclUsable(MPI_Comm comm, int device);
 
 Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
   if (name == "mpi") return KvTransportKind::kMpi;
@@ -54,6 +59,26 @@ Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
 Result<std::unique_ptr<KvTransport>> MakeKvTransport(KvTransportKind kind, MPI_Comm comm, int device) {
   if (kind == KvTransportKind::kMpi) return std::unique_ptr<KvTransport>(new MpiKvTransport(comm));
   return MakeNcclKvTransport(comm, device);
+}
+
+Result<std::unique_ptr<KvTransport>> MakeJobKvTransport(const std::string& choice, MPI_Comm comm) {
+  if (choice != "auto" && choice != "mpi" && choice != "nccl") {
+    return Status::InvalidArgument("unknown KV transport '" + choice + "' (expected auto, mpi or nccl)");
+  }
+  if (choice == "mpi") return MakeKvTransport(KvTransportKind::kMpi, comm, 0);
+  // Device = node-local rank mod visible devices (collective: every rank of comm takes part).
+  MPI_Comm node = MPI_COMM_NULL;
+  int local_rank = 0;
+  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
+    MPI_Comm_rank(node, &local_rank);
+    MPI_Comm_free(&node);
+  }
+  const int devices = VisibleCudaDevices();
+  const int device = devices > 0 ? local_rank % devices : 0;
+  if (choice == "nccl") return MakeKvTransport(KvTransportKind::kNccl, comm, device);
+  // auto: NCCL where every rank can have a device of its own (agreed: every rank gets the same verdict).
+  const KvTransportKind kind = CheckNcclUsable(comm, device).ok() ? KvTransportKind::kNccl : KvTransportKind::kMpi;
+  return MakeKvTransport(kind, comm, device);
 }
 
 }  // namespace eldr

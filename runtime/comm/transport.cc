@@ -1,7 +1,10 @@
 #include "runtime/comm/transport.h"
 
 #include <algorithm>
+#include <chrono>
 #include <climits>
+#include <thread>
+#include <utility>
 
 #include "runtime/common/check.h"
 
@@ -48,6 +51,76 @@ bool MpiTransport::Poll(int source, int tag) {
   ELDR_MPI_CHECK(MPI_Iprobe(source == kAnySource ? MPI_ANY_SOURCE : source, tag == kAnyTag ? MPI_ANY_TAG : tag, comm_,
                             &flag, MPI_STATUS_IGNORE));
   return flag != 0;
+}
+
+GroupComm GroupComm::Split(MPI_Comm parent, int color, int key) {
+  GroupComm g;
+  ELDR_MPI_CHECK(MPI_Comm_split(parent, color < 0 ? MPI_UNDEFINED : color, key, &g.comm_));
+  if (g.comm_ != MPI_COMM_NULL) {
+    ELDR_MPI_CHECK(MPI_Comm_rank(g.comm_, &g.rank_));
+    ELDR_MPI_CHECK(MPI_Comm_size(g.comm_, &g.size_));
+  }
+  return g;
+}
+
+GroupComm::~GroupComm() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
+}
+
+GroupComm::GroupComm(GroupComm&& o) noexcept : comm_(o.comm_), rank_(o.rank_), size_(o.size_) {
+  o.comm_ = MPI_COMM_NULL;
+}
+
+GroupComm& GroupComm::operator=(GroupComm&& o) noexcept {
+  if (this != &o) {
+    std::swap(comm_, o.comm_);
+    std::swap(rank_, o.rank_);
+    std::swap(size_, o.size_);
+  }
+  return *this;
+}
+
+void GroupComm::Wait(MPI_Request* request) {
+  int done = 0, idle = 0;
+  while (true) {
+    ELDR_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
+    if (done) return;
+    std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
+    ++idle;
+  }
+}
+
+void GroupComm::Bcast(void* data, size_t bytes, int root) {
+  ELDR_CHECK(valid(), "Bcast on a rank outside the group");
+  ELDR_CHECK(bytes <= static_cast<size_t>(INT_MAX), "Bcast of " << bytes << " bytes");
+  MPI_Request request;
+  ELDR_MPI_CHECK(MPI_Ibcast(data, static_cast<int>(bytes), MPI_BYTE, root, comm_, &request));
+  Wait(&request);
+}
+
+void GroupComm::Alltoallv(const void* send, const std::vector<int64_t>& send_bytes,
+                          const std::vector<int64_t>& send_offsets, void* recv, const std::vector<int64_t>& recv_bytes,
+                          const std::vector<int64_t>& recv_offsets) {
+  ELDR_CHECK(valid(), "Alltoallv on a rank outside the group");
+  const size_t n = static_cast<size_t>(size_);
+  ELDR_CHECK(send_bytes.size() == n && send_offsets.size() == n && recv_bytes.size() == n && recv_offsets.size() == n,
+             "Alltoallv needs one count and offset per rank of the group (" << n << ")");
+  auto to_int = [](const std::vector<int64_t>& v) {
+    std::vector<int> out(v.size());
+    for (size_t i = 0; i < v.size(); ++i) {
+      ELDR_CHECK(v[i] >= 0 && v[i] <= INT_MAX, "Alltoallv count or offset " << v[i] << " outside [0, 2^31)");
+      out[i] = static_cast<int>(v[i]);
+    }
+    return out;
+  };
+  const std::vector<int> sc = to_int(send_bytes), so = to_int(send_offsets), rc = to_int(recv_bytes),
+                         ro = to_int(recv_offsets);
+  MPI_Request request;
+  ELDR_MPI_CHECK(MPI_Ialltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, comm_,
+                                &request));
+  Wait(&request);
 }
 
 void Wire::Need(uint64_t n) const {

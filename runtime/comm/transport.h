@@ -64,10 +64,52 @@ class MpiTransport : public Transport {
   void Send(int dest, int tag, const void* data, size_t bytes) override;
   Message Recv(int source, int tag) override;
   bool Poll(int source, int tag) override;
+  MPI_Comm comm() const { return comm_; }
 
  private:
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+};
+
+// The ranks of one expert-parallel (EP) decode group (DESIGN.md §2): a sub-communicator of the job, so that
+// the group's collectives (the leader's per-layer dispatch and the combine) never involve rank 0 or the
+// prefill ranks. Rank 0 of the group is the leader. CPU/MPI only: an NCCL group for GPU builds is not
+// implemented (the decode executor runs on the CPU reference kernels).
+//
+// Waiting: a rank blocked in a collective of Open MPI spins a core; with more ranks than cores (tests, the
+// demo) that steals the workers' time. So every collective here is the non-blocking MPI call, completed by
+// polling with short sleeps (20 µs, then 200 µs after 100 idle polls).
+//
+// Thread safety: one thread per process (MPI_THREAD_FUNNELED). Every member of the group must make the same
+// sequence of collective calls.
+class GroupComm {
+ public:
+  // Collective over `parent`: ranks with the same color >= 0 form a group, ordered by key; color < 0 (or
+  // MPI_UNDEFINED) joins none and gets an invalid GroupComm (valid() false).
+  static GroupComm Split(MPI_Comm parent, int color, int key);
+  GroupComm() = default;
+  ~GroupComm();
+  GroupComm(GroupComm&& o) noexcept;
+  GroupComm& operator=(GroupComm&& o) noexcept;
+  GroupComm(const GroupComm&) = delete;
+  GroupComm& operator=(const GroupComm&) = delete;
+
+  bool valid() const { return comm_ != MPI_COMM_NULL; }
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+
+  // Broadcast of `bytes` bytes from group rank `root` (MPI_Ibcast + polling).
+  void Bcast(void* data, size_t bytes, int root);
+  // Personalised all-to-all of bytes: this rank sends send_bytes[r] bytes from send + send_offsets[r] to rank
+  // r and receives recv_bytes[r] bytes from rank r at recv + recv_offsets[r] (MPI_Ialltoallv + polling).
+  // Every vector has size() entries; counts and offsets must fit in an int (< 2 GiB per call).
+  void Alltoallv(const void* send, const std::vector<int64_t>& send_bytes, const std::vector<int64_t>& send_offsets,
+                 void* recv, const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets);
+
+ private:
+  void Wait(MPI_Request* request);
+  MPI_Comm comm_ = MPI_COMM_NULL;
+  int rank_ = 0, size_ = 0;
 };
 
 // A plain byte buffer for composing and parsing messages (little-endian host order; all ranks of a job run

@@ -22,7 +22,7 @@ struct Executor::Tokens {
 };
 
 Executor::Executor(const ModelWeights& weights, int num_blocks, int block_size)
-    : w_(weights), num_blocks_(num_blocks), block_size_(block_size) {
+    : w_(weights), num_blocks_(num_blocks), block_size_(block_size), local_experts_(weights) {
   const ModelConfig& c = w_.config;
   const size_t per_layer = static_cast<size_t>(num_blocks) * block_size * c.num_key_value_heads * c.head_dim;
   k_cache_.assign(c.num_hidden_layers, std::vector<float>(per_layer, 0.f));
@@ -53,8 +53,8 @@ int32_t ArgMax(const float* v, int n) { return static_cast<int32_t>(std::max_ele
 
 }  // namespace
 
-void Executor::Forward(float* x, int T, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
-                       uint16_t* topk_out) {
+Status Executor::Forward(float* x, int T, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
+                         uint16_t* topk_out) {
   const ModelConfig& c = w_.config;
   const int H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
   const int E = c.num_experts, K = c.num_experts_per_tok, Lm = c.num_moe_layers();
@@ -153,10 +153,21 @@ void Executor::Forward(float* x, int T, const int32_t* positions, const Tokens& 
         }
       }
     }
-    kernels::MoeExperts({h.data(), topk_ids.data(), topk_w.data(), T, K, &L.experts, x});
+    MoeLayerCall call;
+    call.layer = l;
+    call.moe_layer = moe_index;
+    call.x = h.data();
+    call.topk_ids = topk_ids.data();
+    call.topk_weights = topk_w.data();
+    call.num_tokens = T;
+    call.top_k = K;
+    call.out = x;
+    call.batch_invariant = !mode.prefill;
+    ELDR_RETURN_IF_ERROR(backend_ ? backend_->RunExperts(call) : local_experts_.RunExperts(call));
     if (c.n_shared_experts > 0) kernels::Mlp({h.data(), L.shared_gate, L.shared_up, L.shared_down, T, x});
     ++moe_index;
   }
+  return Status::Ok();
 }
 
 void Executor::Logits(const float* x, int T, float* logits) {
@@ -196,7 +207,7 @@ Result<PrefillResult> Executor::Prefill(const std::vector<int32_t>& tokens, cons
   mode.start = num_cached_tokens;
   PrefillResult out;
   out.topk_ids.assign(static_cast<size_t>(T) * Lm * K, 0);
-  Forward(x.data(), T, positions.data(), mode, replay, out.topk_ids.data());
+  ELDR_RETURN_IF_ERROR(Forward(x.data(), T, positions.data(), mode, replay, out.topk_ids.data()));
   out.last_logits.resize(c.vocab_size);
   Logits(x.data() + static_cast<size_t>(T - 1) * H, 1, out.last_logits.data());
   out.next_token = ArgMax(out.last_logits.data(), c.vocab_size);
@@ -235,7 +246,7 @@ Result<DecodeResult> Executor::Decode(const std::vector<DecodeSequence>& batch) 
   mode.batch = &batch;
   DecodeResult out;
   out.topk_ids.assign(static_cast<size_t>(T) * Lm * K, 0);
-  Forward(x.data(), T, positions.data(), mode, nullptr, out.topk_ids.data());
+  ELDR_RETURN_IF_ERROR(Forward(x.data(), T, positions.data(), mode, nullptr, out.topk_ids.data()));
   out.logits.resize(static_cast<size_t>(T) * c.vocab_size);
   Logits(x.data(), T, out.logits.data());
   out.next_tokens.resize(T);

@@ -6,6 +6,12 @@
 // (and weights, when given) of each token and MoE layer replace the router's choice, so a real model's
 // routing pattern runs at its real shape with synthetic weights.
 //
+// Routed experts: each MoE layer's expert part goes through an ExpertBackend (runtime/model/expert_backend.h),
+// by default this process's LocalExpertBackend; an EP decode group's leader sets its dispatching backend.
+// Decode steps ask the backend for batch-invariant expert products (a token's result does not depend on
+// which other tokens share its experts, so an EP group that splits an expert's tokens over replicas matches a
+// single-rank decoder bit for bit); on the CPU every product is batch-invariant anyway.
+//
 // Thread safety: one thread calls an Executor at a time (the kernels use threads inside).
 #pragma once
 
@@ -15,6 +21,7 @@
 #include "runtime/common/status.h"
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/signature_cache.h"
+#include "runtime/model/expert_backend.h"
 #include "runtime/model/weights.h"
 
 namespace eldr {
@@ -62,6 +69,9 @@ class Executor {
   // One decode step for a batch of sequences of different lengths.
   Result<DecodeResult> Decode(const std::vector<DecodeSequence>& batch);
 
+  // The backend of the routed experts; nullptr restores the local one. REQUIRES: it outlives its use.
+  void set_expert_backend(ExpertBackend* backend) { backend_ = backend; }
+
   // KV transfer between a prefill and a decode executor (same model): the K and V of a sequence's first
   // `num_tokens` tokens, all layers, packed as [layers, 2 (K then V), num_tokens, kv_heads, head_dim].
   int64_t KvFloatsPerToken() const;  // 2 * layers * kv_heads * head_dim
@@ -77,12 +87,14 @@ class Executor {
   // Runs every layer over hidden states x [T, H] in place. attention(layer, q, k, v, out) does the
   // attention of the mode; routing goes to topk_out [T, L_moe, k].
   struct Tokens;
-  void Forward(float* x, int num_tokens, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
-               uint16_t* topk_out);
+  Status Forward(float* x, int num_tokens, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
+                 uint16_t* topk_out);
   void Logits(const float* x, int num_tokens, float* logits);
 
   const ModelWeights& w_;
   int num_blocks_, block_size_;
+  LocalExpertBackend local_experts_;
+  ExpertBackend* backend_ = nullptr;  // nullptr: local_experts_
   std::vector<std::vector<float>> k_cache_, v_cache_;  // [layers] of [num_blocks, block_size, kv_heads, head_dim]
 };
 

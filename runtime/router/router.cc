@@ -63,11 +63,19 @@ RoutingDecision Band(const DecisionInputs& in, double tau) {
   for (int k = 0; k < K; ++k) dmin = std::min(dmin, in.distances[k]);
   RoutingDecision out;
   const double bound = dmin + tau;
+  // Bounded load (off when load_bound <= 0): a band member already holding ceil((1+ε)·(Σ in_flight + 1)/K)
+  // requests is passed over, so a band of one decoder cannot pile up work while the others idle.
+  int64_t load_cap = std::numeric_limits<int64_t>::max();
+  if (in.load_bound > 0) {
+    int64_t total = 1;
+    for (int k = 0; k < K; ++k) total += d[k].in_flight;
+    load_cap = static_cast<int64_t>(std::ceil((1.0 + in.load_bound) * static_cast<double>(total) / K));
+  }
   int best = -1;
   for (int k = 0; k < K; ++k) {
     if (!(in.distances[k] <= bound)) continue;
     ++out.band_size;
-    if (!d[k].eligible()) continue;
+    if (!d[k].eligible() || d[k].in_flight >= load_cap) continue;
     if (best < 0 || d[k].in_flight < d[best].in_flight ||
         (d[k].in_flight == d[best].in_flight && in.distances[k] < in.distances[best])) {
       best = k;  // equal load and equal distance keeps the lower index (scan order)
@@ -150,6 +158,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     return Status::InvalidArgument("the job needs at least one decoder, got " + std::to_string(config.num_decoders));
   }
   if (config.admission_cap < 0) return Status::InvalidArgument("admission cap must be >= 0");
+  if (!(config.load_bound >= 0)) return Status::InvalidArgument("load_bound must be >= 0 (0 = off)");
   Router r;
   r.config_ = config;
   r.decoders_.assign(config.num_decoders, DecoderState{0, config.admission_cap});
@@ -219,6 +228,7 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
   in.decoders = &decoders_;
   in.distances = distances;
   in.tau = config_.tau;
+  in.load_bound = config_.load_bound;
   in.domain_group = config_.policy == RoutingPolicy::kDomain ? DomainGroup(domain) : nullptr;
   if (config_.policy == RoutingPolicy::kRandom || config_.policy == RoutingPolicy::kP2c) {
     in.random_a = rng_();

@@ -50,6 +50,7 @@ struct DecisionInputs {
   const std::vector<DecoderState>* decoders = nullptr;  // [K]
   const double* distances = nullptr;  // [K] d_k = 1 − s·μ_k (signature policies)
   double tau = 0.1;
+  double load_bound = 0;  // ε of the bounded-load band (eldr, locality_top1); 0 = off
   const std::vector<int>* domain_group = nullptr;  // decoders of the request's domain (domain policy); null/empty = all
   uint64_t random_a = 0, random_b = 0;  // uniform 64-bit draws (random: a; p2c: a and b)
   int64_t round_robin_next = 0;         // the round-robin counter
@@ -58,6 +59,9 @@ struct DecisionInputs {
 // The pure decision. Rules (DESIGN.md §3):
 //  eldr: B = {k : d_k ≤ min_j d_j + τ}; argmin load over eligible k in B, tie → smaller d_k, then lower k;
 //        if B has no eligible decoder, the globally least-loaded eligible decoder (fallback = true).
+//        With load_bound ε > 0 (an extension, off by default): band members holding at least
+//        ceil((1+ε)·(Σ_k in_flight_k + 1)/K) requests are not candidates ("consistent hashing with bounded
+//        loads", Mirrokni et al. 2018), so the fallback takes over before one decoder's queue runs away.
 //  locality_top1: eldr with τ = 0.
 //  jsq: argmin load over eligible decoders, tie → lower index.
 //  p2c: two distinct decoders drawn from a and b among the eligible ones; the less loaded (tie → lower index).
@@ -71,6 +75,7 @@ struct RouterConfig {
   RoutingPolicy policy = RoutingPolicy::kEldr;
   int num_decoders = 1;
   double tau = 0.1;               // eldr band width (negative: take the calibration's value)
+  double load_bound = 0;          // bounded-load band ε (see Decide); 0 = off
   int64_t admission_cap = 0;      // per decoder; 0 = none
   uint64_t seed = 0;
   TraceShape job_shape;           // the model of the job; must match the calibration's

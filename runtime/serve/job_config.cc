@@ -13,7 +13,9 @@ namespace fs = std::filesystem;
 std::string JobConfig::RoleOf(int rank) const {
   if (rank == 0) return "router";
   if (rank <= prefill_ranks) return "prefill " + std::to_string(rank - 1);
-  return "decode " + std::to_string(rank - 1 - prefill_ranks);
+  const int d = rank - 1 - prefill_ranks;
+  const int ep_rank = d % ep_size;
+  return "decode " + std::to_string(d / ep_size) + (ep_rank > 0 ? " ep " + std::to_string(ep_rank) : "");
 }
 
 namespace {
@@ -41,7 +43,7 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   const std::string dir = fs::path(path).parent_path().string();
   Status error;
   auto field = [&](const char* section, const char* key) -> YAML::Node {
-    if (!y[section]) return YAML::Node();
+    if (!y[section] || !y[section].IsMap()) return YAML::Node(YAML::NodeType::Undefined);  // the default stays
     return y[section][key];
   };
   auto num = [&](const char* section, const char* key, auto* v) {
@@ -75,13 +77,17 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   std::string policy = "eldr";
   str("routing", "policy", &policy);
   num("routing", "tau", &c.tau);
+  num("routing", "load_bound", &c.load_bound);
   str("routing", "calibration", &c.calibration);
   num("routing", "admission_cap", &c.admission_cap);
   num("routing", "seed", &c.routing_seed);
   num("kv_cache", "block_size", &c.block_size);
   num("kv_cache", "prefill_blocks", &c.prefill_blocks);
   num("kv_cache", "decode_blocks", &c.decode_blocks);
+  str("kv_cache", "transport", &c.kv_transport);
   num("decode", "max_batch", &c.max_batch);
+  num("decode", "ep_size", &c.ep_size);
+  str("decode", "placement", &c.placement);
   str("workload", "trace", &c.trace);
   num("workload", "num_requests", &c.num_requests);
   num("workload", "output_len", &c.output_len);
@@ -113,16 +119,23 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   }
   if (c.block_size < 1 || c.block_size > 127) return bad("kv_cache.block_size must be in [1, 127]");
   if (c.prefill_blocks < 1 || c.decode_blocks < 1) return bad("kv_cache blocks must be positive");
+  if (c.kv_transport != "auto" && c.kv_transport != "mpi" && c.kv_transport != "nccl") {
+    return bad("kv_cache.transport must be auto, mpi or nccl, got '" + c.kv_transport + "'");
+  }
   if (c.max_batch < 1) return bad("decode.max_batch must be >= 1");
+  if (c.ep_size < 1) return bad("decode.ep_size must be >= 1, got " + std::to_string(c.ep_size));
+  if (c.placement.empty()) return bad("decode.placement must be contiguous or a calibration.h5 path");
   if (c.num_requests < 0 || c.output_len < 0 || c.max_concurrency < 0 || c.admission_cap < 0) {
     return bad("workload counts and caps must be >= 0");
   }
   if (!(c.request_rate > 0)) return bad("workload.request_rate must be > 0 or inf");
+  if (!(c.load_bound >= 0)) return bad("routing.load_bound must be >= 0 (0 = off)");
   if (!(c.burstiness > 0)) return bad("workload.burstiness must be > 0");
   if (!(c.watchdog_s > 0)) return bad("watchdog_s must be > 0");
   c.model_config = Resolve(dir, c.model_config);
   c.trace = Resolve(dir, c.trace);
   c.calibration = Resolve(dir, c.calibration);
+  if (c.placement != "contiguous") c.placement = Resolve(dir, c.placement);
   if (c.weights != "synthetic") c.weights = Resolve(dir, c.weights);
   return c;
 }
@@ -131,7 +144,9 @@ Status CheckWorldSize(const JobConfig& c, int world_size) {
   if (world_size != c.world_size()) {
     return Status::InvalidArgument(c.path + ": the topology needs " + std::to_string(c.world_size()) +
                                    " ranks (1 router + " + std::to_string(c.prefill_ranks) + " prefill + " +
-                                   std::to_string(c.decode_ranks) + " decode) but the job has " +
+                                   std::to_string(c.decode_ranks) + " decode" +
+                                   (c.ep_size > 1 ? " x " + std::to_string(c.ep_size) + " EP ranks" : "") +
+                                   ") but the job has " +
                                    std::to_string(world_size) + "; run with mpirun -np " +
                                    std::to_string(c.world_size()));
   }

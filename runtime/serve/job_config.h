@@ -1,11 +1,25 @@
 // The job configuration of `eldr serve` (and, later, `eldr simulate`), from YAML. Relative paths are
 // resolved against the config file's directory, then the current directory.
 //
-//   topology:  {prefill_ranks: 1, decode_ranks: 4}        # world size = 1 (router) + prefill + decode
+//   topology:  {prefill_ranks: 1, decode_ranks: 4}        # world size = 1 (router) + prefill + decode · ep_size
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
-//   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0}
-//   kv_cache:  {block_size: 16, prefill_blocks: 4096, decode_blocks: 4096}
-//   decode:    {max_batch: 64}
+//   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
+//               load_bound: 0}       # ε of the bounded-load band (router.h); 0 = off
+//   kv_cache:  {block_size: 16, prefill_blocks: 4096, decode_blocks: 4096, transport: auto}
+//              transport: how KV goes from a prefill rank to its decoder (runtime/comm/kv_transport.h).
+//              mpi: inside the MPI control message (kTagKv). nccl: the control message carries the request's
+//              metadata and the KV checksum, the KV floats go over NCCL point-to-point, staged host→device on
+//              the prefill rank and device→host on the decoder (the executor is host-only today, so NCCL buys
+//              no copy yet: it is the data plane a GPU executor will use). NCCL needs one GPU per rank on every
+//              rank of the job (the router's included: the communicator is the job's); asking for it on a build
+//              without NCCL, or where a rank has no device or shares one, fails at start on every rank with
+//              one line. auto: nccl when the binary has NCCL and every rank has a device of its own (agreed
+//              collectively), else mpi. The transport used is metrics.json's "kv_transport".
+//   decode:    {max_batch: 64, ep_size: 1, placement: contiguous}
+//              ep_size G: each decoder is an expert-parallel group of G ranks (runtime/serve/expert_parallel.h);
+//              placement: `contiguous` (no redundant slots, expert e on EP rank e / (E/G); needs E % G == 0) or
+//              a calibration.h5 written by `eldr place --calib ... --ranks G`: decoder k uses
+//              /placement/cluster_k when present, else /placement/global.
 //   workload:  {trace: trace.h5, num_requests: 0, output_len: 0, request_rate: inf, burstiness: 1.0,
 //               max_concurrency: 0, seed: 0}
 //   output:    {dir: run}
@@ -30,13 +44,17 @@ struct JobConfig {
   bool replay_gates = true;           // gate source: the trace's routing (replay) or the model's router
   RoutingPolicy policy = RoutingPolicy::kEldr;
   double tau = -1;                    // < 0: the calibration's
+  double load_bound = 0;              // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
   std::string calibration;
   int64_t admission_cap = 0;
   uint64_t routing_seed = 0;
   int block_size = 16;
   int prefill_blocks = 4096;
   int decode_blocks = 4096;
+  std::string kv_transport = "auto";   // auto, mpi or nccl (kv_cache.transport)
   int max_batch = 64;
+  int ep_size = 1;                    // ranks per decoder (an expert-parallel group when > 1)
+  std::string placement = "contiguous";  // or a calibration.h5 path with /placement
   std::string trace;
   int64_t num_requests = 0;           // 0: every request of the trace once
   int64_t output_len = 0;             // 0: the trace's decode length (+1 for prefill's token); else fixed
@@ -48,9 +66,15 @@ struct JobConfig {
   bool output_tokens = false;         // write each request's generated token ids to requests.jsonl
   double watchdog_s = 120;
 
-  int world_size() const { return 1 + prefill_ranks + decode_ranks; }
-  // Rank r's role: 0 router, [1, 1 + P) prefill, the rest decode.
+  int world_size() const { return 1 + prefill_ranks + decode_ranks * ep_size; }
+  // Rank r's role: 0 router, [1, 1 + P) prefill, then decoder k's group [1 + P + k·G, 1 + P + (k+1)·G):
+  // "decode k" for its leader (the first rank, which rank 0 and the prefill ranks talk to) and "decode k ep i"
+  // for EP rank i > 0 of the group.
   std::string RoleOf(int rank) const;
+  // The rank of decoder k's leader.
+  int DecoderLeaderRank(int decoder) const { return 1 + prefill_ranks + decoder * ep_size; }
+  // The decoder whose group holds `rank`, or -1 for rank 0 and prefill ranks.
+  int DecoderOfRank(int rank) const { return rank <= prefill_ranks ? -1 : (rank - 1 - prefill_ranks) / ep_size; }
 };
 
 Result<JobConfig> LoadJobConfig(const std::string& path);

@@ -161,6 +161,7 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   nlohmann::json j = SummarizeServing(records, {});
   j["policy"] = RoutingPolicyName(c.policy);
   j["tau"] = routing.tau;
+  j["load_bound"] = c.load_bound;
   j["num_prompts"] = static_cast<int64_t>(records.size());
   j["request_rate"] = std::isinf(c.request_rate) ? nlohmann::json("inf") : nlohmann::json(c.request_rate);
   j["burstiness"] = c.burstiness;

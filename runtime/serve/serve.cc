@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "runtime/calib/calibration.h"
+#include "runtime/comm/kv_transport.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/progress.h"
@@ -22,6 +23,7 @@
 #include "runtime/model/executor.h"
 #include "runtime/router/router.h"
 #include "runtime/serve/decode_worker.h"
+#include "runtime/serve/expert_parallel.h"
 #include "runtime/serve/metrics.h"
 #include "runtime/serve/workload.h"
 #include "runtime/trace/trace.h"
@@ -34,8 +36,8 @@ enum Tag : int {
   kTagPrefill = 1,   // 0 → prefill: {request}
   kTagCounts = 2,    // prefill → 0: {request, first token, counts [L, E]}
   kTagRoute = 3,     // 0 → prefill: {request, decoder rank}
-  kTagKv = 4,        // prefill → decode: the DecodeWork
-  kTagTokens = 5,    // decode → 0: {step stats, token events}
+  kTagKv = 4,        // prefill → decode: the DecodeWork (its KV floats inline, or over the KV transport)
+  kTagTokens = 5,    // decode → 0: {step stats, token events, EP rank loads [G] and balancedness}
   kTagFailed = 6,    // prefill/decode → 0: {request, reason}
   kTagShutdown = 7,  // 0 → all
 };
@@ -106,7 +108,8 @@ Status CheckShapes(const JobConfig& c, const ModelConfig& mc, const Trace& t) {
 }
 
 // ---------------------------------------------------------------- prefill rank
-Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelWeights& w) {
+// `kv_data`: the KV data plane (NCCL), or null to ship the KV inside the kTagKv message (MPI).
+Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelWeights& w, KvTransport* kv_data) {
   const ModelConfig& mc = w.config;
   const std::vector<std::string> domains = in.trace.Domains();
   Executor ex(w, c.prefill_blocks, c.block_size);
@@ -184,11 +187,18 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, cons
       ex.ExportKv(it->second.blocks, static_cast<int>(r.prompt_len), d.kv.data());
       Wire kv;
       kv.Put<int64_t>(req).Put<int64_t>(d.prompt_len).Put<int64_t>(d.output_len).Put<int32_t>(d.first_token);
-      kv.PutVector(d.kv);
+      if (kv_data) {
+        kv.Put<uint64_t>(d.kv.size());  // the floats follow over the KV transport
+      } else {
+        kv.PutVector(d.kv);
+      }
       kv.Put<uint64_t>(Checksum(d.kv));
       kv.PutVector(c.replay_gates && d.output_len > 1 ? RoutingRows(in.trace, r, r.prompt_len, d.output_len - 1)
                                                       : std::vector<uint16_t>{});
       tr.Send(decoder_rank, kTagKv, kv.bytes().data(), kv.bytes().size());
+      // Right after its control message, in the same order: the decoder posts the matching receive when it
+      // handles that message, so a pair's NCCL sends and receives always pair up in order.
+      if (kv_data) ELDR_RETURN_IF_ERROR(kv_data->SendFromHost(decoder_rank, d.kv.data(), d.kv.size() * sizeof(float)));
       bm.Free(it->second.blocks);
       waiting_route.erase(it);
       while (!waiting_blocks.empty()) {
@@ -201,8 +211,14 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, cons
 }
 
 // ---------------------------------------------------------------- decode rank
-Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
-  DecodeWorker worker(w, {c.decode_blocks, c.block_size, c.max_batch});
+// With an EP group (ep_size > 1) this is the group's leader: its MoE layers go through EpExpertBackend, and it
+// stops the members when rank 0 shuts it down.
+// `kv_data`: the KV data plane (NCCL), or null when the KV comes inside the kTagKv message (MPI).
+Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w, const Placement& placement,
+                 GroupComm* group, KvTransport* kv_data) {
+  std::unique_ptr<EpExpertBackend> ep;
+  if (group) ep = std::make_unique<EpExpertBackend>(w, placement, *group);
+  DecodeWorker worker(w, {c.decode_blocks, c.block_size, c.max_batch, ep.get()});
   const bool hang = ShouldHang(tr.rank());
   auto handle = [&](Message msg, bool* stop) -> Status {
     if (msg.tag == kTagShutdown) {
@@ -219,7 +235,13 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
     d.prompt_len = m.Get<int64_t>();
     d.output_len = m.Get<int64_t>();
     d.first_token = m.Get<int32_t>();
-    d.kv = m.GetVector<float>();
+    if (kv_data) {
+      // Posted before anything else is handled: the sender's transfer follows this message (see RunPrefill).
+      d.kv.resize(m.Get<uint64_t>());
+      ELDR_RETURN_IF_ERROR(kv_data->RecvToHost(msg.source, d.kv.data(), d.kv.size() * sizeof(float)));
+    } else {
+      d.kv = m.GetVector<float>();
+    }
     const uint64_t checksum = m.Get<uint64_t>();
     d.replay_ids = m.GetVector<uint16_t>();
     Status st = Checksum(d.kv) == checksum
@@ -251,13 +273,17 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w) {
     for (const auto& t : rep.tokens) {
       m.Put<int64_t>(std::stoll(t.id)).Put<int64_t>(t.index).Put<int32_t>(t.token).Put<uint8_t>(t.finished ? 1 : 0);
     }
+    const EpStepLoad load = ep ? ep->TakeStepLoad() : EpStepLoad();
+    m.PutVector(load.rank_load).Put<double>(load.balancedness());
     tr.Send(0, kTagTokens, m.bytes().data(), m.bytes().size());
   }
+  if (ep) ep->StopMembers();
   return Status::Ok();
 }
 
 // ---------------------------------------------------------------- rank 0: frontend + router
-Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, bool progress) {
+Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, bool progress,
+                 const char* kv_transport) {
   const int64_t N = static_cast<int64_t>(in.order.size());
   std::unique_ptr<Calibration> calib;
   if (!c.calibration.empty()) {
@@ -268,6 +294,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
   rc.policy = c.policy;
   rc.num_decoders = c.decode_ranks;
   rc.tau = c.tau;
+  rc.load_bound = c.load_bound;
   rc.admission_cap = c.admission_cap;
   rc.seed = c.routing_seed;
   rc.job_shape = mc.trace_shape();
@@ -289,6 +316,9 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
   std::vector<int> prefill_of(N, -1);
   std::vector<int64_t> decoder_requests(c.decode_ranks, 0), decoder_steps(c.decode_ranks, 0);
   std::vector<double> decoder_distinct(c.decode_ranks, 0), decoder_batch(c.decode_ranks, 0);
+  // EP groups: Σ over steps of each EP rank's load, and every step's balancedness, per decoder.
+  std::vector<std::vector<double>> decoder_rank_load(c.decode_ranks, std::vector<double>(c.ep_size, 0.0));
+  std::vector<std::vector<double>> decoder_balancedness(c.decode_ranks);
   std::deque<std::pair<int64_t, std::vector<float>>> held;  // routed later: every decoder at its cap
   std::vector<StepRecord> step_log;  // every prefill and decode step, for `eldr simulate --fit`
   std::vector<double> last_heard(tr.size(), 0);
@@ -310,7 +340,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
     records[req].decoder = d.decoder;
     ++decoder_requests[d.decoder];
     Wire m;
-    m.Put<int64_t>(req).Put<int32_t>(1 + c.prefill_ranks + d.decoder);
+    m.Put<int64_t>(req).Put<int32_t>(c.DecoderLeaderRank(d.decoder));
     tr.Send(1 + prefill_of[req], kTagRoute, m.bytes().data(), m.bytes().size());
     return true;
   };
@@ -318,7 +348,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
     records[req].success = ok;
     records[req].error = err;
     records[req].output_len = static_cast<int64_t>(records[req].token_times.size());
-    if (records[req].decoder >= 0 && ok) router.Complete(records[req].decoder);
+    if (records[req].decoder >= 0) router.Complete(records[req].decoder);  // failed at the decoder: its slot frees too
     --active;
     ++done;
     bar.Update(done);
@@ -360,7 +390,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
       --prefill_outstanding[prefill_of[req]];
       if (!held.empty() || !route(req, counts)) held.emplace_back(req, std::move(counts));
     } else if (msg.tag == kTagTokens) {
-      const int decoder = msg.source - 1 - c.prefill_ranks;
+      const int decoder = c.DecoderOfRank(msg.source);
       const int32_t batch = m.Get<int32_t>();
       const int64_t distinct = m.Get<int64_t>();
       const int64_t context = m.Get<int64_t>();
@@ -383,6 +413,14 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
         }
         if (finished) finish(req, true, "");
       }
+      const std::vector<int64_t> rank_load = m.GetVector<int64_t>();  // empty unless ep_size > 1
+      const double balancedness = m.Get<double>();
+      if (batch > 0 && !rank_load.empty()) {
+        for (size_t r = 0; r < rank_load.size() && r < decoder_rank_load[decoder].size(); ++r) {
+          decoder_rank_load[decoder][r] += static_cast<double>(rank_load[r]);
+        }
+        decoder_balancedness[decoder].push_back(balancedness);
+      }
       while (!held.empty() && route(held.front().first, held.front().second)) held.pop_front();
     } else if (msg.tag == kTagFailed) {
       const int64_t req = m.Get<int64_t>();
@@ -398,17 +436,25 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
     // name the ranks that hold work.
     watchdog = g_terminate_requested ? std::string("job terminated by the launcher (a rank exited);")
                                      : "watchdog: no progress for " + Fmt(c.watchdog_s, 0) + " s;";
+    // The ranks holding work, the longest silent first: a hung rank has been silent since it hung, while a
+    // rank blocked sending to it went silent later.
+    struct Holder {
+      int rank;
+      int64_t requests;
+    };
+    std::vector<Holder> holders;
     for (int p = 0; p < c.prefill_ranks; ++p) {
-      if (prefill_outstanding[p] > 0) {
-        watchdog += " " + c.RoleOf(1 + p) + " (rank " + std::to_string(1 + p) + ") holds " +
-                    std::to_string(prefill_outstanding[p]) + " requests;";
-      }
+      if (prefill_outstanding[p] > 0) holders.push_back({1 + p, prefill_outstanding[p]});
     }
     for (int d = 0; d < c.decode_ranks; ++d) {
-      if (router.decoders()[d].in_flight > 0) {
-        watchdog += " " + c.RoleOf(1 + c.prefill_ranks + d) + " (rank " + std::to_string(1 + c.prefill_ranks + d) +
-                    ") holds " + std::to_string(router.decoders()[d].in_flight) + " requests;";
-      }
+      if (router.decoders()[d].in_flight > 0) holders.push_back({c.DecoderLeaderRank(d), router.decoders()[d].in_flight});
+    }
+    std::stable_sort(holders.begin(), holders.end(),
+                     [&](const Holder& a, const Holder& b) { return last_heard[a.rank] < last_heard[b.rank]; });
+    const double now = Now();
+    for (const Holder& h : holders) {
+      watchdog += " " + c.RoleOf(h.rank) + " (rank " + std::to_string(h.rank) + ") holds " + std::to_string(h.requests) +
+                  " requests, silent " + Fmt(now - last_heard[h.rank], 1) + " s;";
     }
     for (int64_t i = 0; i < N; ++i) {
       if (records[i].success && (i >= next || records[i].token_times.size() < static_cast<size_t>(in.output_len[i]))) {
@@ -421,15 +467,34 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
   // Metrics JSON (vLLM keys + eldr's), per-request JSONL, summary.
   std::vector<DecoderStats> stats(c.decode_ranks);
   for (int d = 0; d < c.decode_ranks; ++d) {
-    stats[d] = {1 + c.prefill_ranks + d, decoder_requests[d], decoder_steps[d], decoder_batch[d], decoder_distinct[d]};
+    stats[d].rank = c.DecoderLeaderRank(d);
+    stats[d].requests = decoder_requests[d];
+    stats[d].steps = decoder_steps[d];
+    stats[d].batch_sum = decoder_batch[d];
+    stats[d].distinct_sum = decoder_distinct[d];
+    stats[d].ep_size = c.ep_size;
+    if (c.ep_size > 1) {
+      std::vector<double>& bal = decoder_balancedness[d];
+      const double steps = static_cast<double>(bal.size());
+      stats[d].mean_rank_load = decoder_rank_load[d];
+      for (double& v : stats[d].mean_rank_load) v = steps > 0 ? v / steps : 0.0;
+      double sum = 0;
+      for (double b : bal) sum += b;
+      std::sort(bal.begin(), bal.end());
+      stats[d].mean_balancedness = steps > 0 ? sum / steps : 0.0;
+      stats[d].p1_balancedness = bal.empty() ? 0.0 : Percentile(bal, 1);
+    }
   }
   nlohmann::json j = JobMetrics(c, mc.name, records, stats, {router.tau(), band_sum, band_n, fallbacks});
+  j["kv_transport"] = kv_transport;
   if (!watchdog.empty()) j["watchdog"] = watchdog;
   ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, j, records, c.output_tokens));
   ELDR_RETURN_IF_ERROR(WriteStepLog(c.output_dir + "/steps.jsonl", step_log));
   std::printf("%s", FormatServingSummary(j).c_str());
   std::fflush(stdout);
-  for (int r = 1; r < tr.size(); ++r) tr.Send(r, kTagShutdown, nullptr, 0);
+  // Prefill ranks and decoder leaders; a leader stops its EP members.
+  for (int r = 1; r <= c.prefill_ranks; ++r) tr.Send(r, kTagShutdown, nullptr, 0);
+  for (int d = 0; d < c.decode_ranks; ++d) tr.Send(c.DecoderLeaderRank(d), kTagShutdown, nullptr, 0);
   if (!watchdog.empty()) return Status::FailedPrecondition(watchdog + " metrics written to " + c.output_dir);
   return Status::Ok();
 }
@@ -438,17 +503,51 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
 
 Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   ELDR_RETURN_IF_ERROR(CheckWorldSize(c, tr.size()));
+  // The KV data plane, made once at start on every rank (collective for auto and nccl, so before any rank
+  // takes its own path). Every rank gets the same kind or the same error, printed once.
+  auto* mpi_tr = dynamic_cast<MpiTransport*>(&tr);
+  if (!mpi_tr && c.kv_transport == "nccl") {
+    return Status::InvalidArgument(c.path + ": kv_cache.transport nccl needs the MPI control plane, not " + tr.name());
+  }
+  std::unique_ptr<KvTransport> kv;
+  if (mpi_tr) {
+    auto kv_or = MakeJobKvTransport(c.kv_transport, mpi_tr->comm());
+    if (!kv_or.ok()) {
+      const Status& st = kv_or.status();
+      return Status(st.code() == StatusCode::kFailedPrecondition ? StatusCode::kInvalidArgument : st.code(),
+                    c.path + ": kv_cache.transport: " + st.message());
+    }
+    kv = std::move(kv_or).value();
+  }
+  // MPI carries the KV inside the control message itself (one message, as before KvTransport existed).
+  KvTransport* kv_data = kv && std::string(kv->name()) == "nccl" ? kv.get() : nullptr;
+  const char* kv_name = kv_data ? "nccl" : "mpi";
   ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(c.model_config));
   ELDR_ASSIGN_OR_RETURN(JobRequests in, LoadJobRequests(c));
   ELDR_RETURN_IF_ERROR(CheckShapes(c, mc, in.trace));
   const int rank = tr.rank();
+  // Every rank checks every decoder's placement, so a bad one fails the job before it starts, printed once.
+  std::vector<Placement> placements;
+  for (int d = 0; d < c.decode_ranks; ++d) {
+    ELDR_ASSIGN_OR_RETURN(Placement p, LoadDecoderPlacement(c, mc, d));
+    placements.push_back(std::move(p));
+  }
+  // One communicator per EP group; MPI_Comm_split is collective over the whole job, so every rank calls it.
+  GroupComm group;
+  if (c.ep_size > 1) {
+    auto* mpi = dynamic_cast<MpiTransport*>(&tr);
+    if (!mpi) return Status::FailedPrecondition(std::string("decode.ep_size > 1 needs the MPI transport, not ") + tr.name());
+    group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
+  }
   if (rank == 0) {
     std::signal(SIGTERM, OnTerminate);
-    return RunRouter(c, tr, in, mc, progress);
+    return RunRouter(c, tr, in, mc, progress, kv_name);
   }
   ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
-  if (rank <= c.prefill_ranks) return RunPrefill(c, tr, in, w);
-  return RunDecode(c, tr, w);
+  if (rank <= c.prefill_ranks) return RunPrefill(c, tr, in, w, kv_data);
+  if (!group.valid()) return RunDecode(c, tr, w, placements[c.DecoderOfRank(rank)], nullptr, kv_data);
+  const Placement& placement = placements[c.DecoderOfRank(rank)];
+  return group.rank() == 0 ? RunDecode(c, tr, w, placement, &group, kv_data) : RunEpMember(w, placement, group);
 }
 
 }  // namespace eldr

@@ -11,6 +11,31 @@
 // Prompt token ids: a routing trace records routing, not text, so each request's prompt token ids are
 // drawn deterministically (seeded by its id) from its domain's token range of the synthetic vocabulary;
 // repeated requests therefore share prefixes.
+//
+// KV transfer (kv_cache.transport, job_config.h): inside the MPI control message (kTagKv), or with nccl the
+// control message carries the metadata and checksum and the KV floats follow over NCCL point-to-point right
+// after it; the decoder posts the matching receive as it handles that message, so each prefill→decoder pair's
+// NCCL sends and receives pair up in order. The KV transport is made once at start, collectively, on every rank.
+//
+// Decoded tokens: greedy, and equal to a single-process run that prefills each request cold and decodes it
+// alone at batch 1 (tests/mpi/serve_reference.cc), whatever the batching, the prefix-cache hits and the
+// topology: the CPU kernels are batch-invariant (kernels/ops.h).
+//
+// Reproducible routing (same config and seeds → the same decoder per request). Rank 0 routes a request when
+// its prefill result arrives, with the load (in-flight requests per decoder) it sees at that moment.
+//  - Load-independent policies depend only on the requests and the order in which they are routed:
+//    round_robin and random (the decision sequence), locality_top1 (the nearest centroid; the load only breaks
+//    exact distance ties) and domain when each domain's group is one decoder (decoders <= domains; a larger
+//    group is balanced by load). With one prefill rank and routing.admission_cap 0, the routing order is the
+//    request order at any request_rate and max_concurrency, so their decisions are reproducible.
+//    locality_top1 and single-decoder domain groups are functions of the request alone and stay reproducible
+//    with several prefill ranks; round_robin and random do not (prefill results reach rank 0 in an order that
+//    depends on timing).
+//  - Load-dependent policies (jsq, p2c, eldr) see in-flight counts that depend on when completions arrive
+//    relative to routing, which is inherent to load balancing: they are reproducible with max_concurrency 1
+//    (one request in the system at a time, so every decision sees the same loads), not under concurrency.
+//  - An admission cap makes every policy load-dependent (a decoder at its cap is not eligible).
+// tests/mpi/serve_test.sh checks each of these cases across two runs.
 #pragma once
 
 #include <string>

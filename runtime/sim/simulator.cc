@@ -431,6 +431,7 @@ Result<SimulationResult> Simulate(const JobConfig& c, const JobRequests& in, con
   rc.policy = c.policy;
   rc.num_decoders = c.decode_ranks;
   rc.tau = c.tau;
+  rc.load_bound = c.load_bound;
   rc.admission_cap = c.admission_cap;
   rc.seed = c.routing_seed;
   rc.job_shape = mc.trace_shape();

@@ -13,33 +13,10 @@ trap 'rm -rf "$WORK"' EXIT
 cd "$WORK"
 source "$SRC/tests/lib.sh"
 
-# run_ok NAME CMD... : must exit 0
-run_ok() {
-  local name="$1"; shift
-  if "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"; then ok "$name"; else bad "$name" "$(head -3 "$WORK/err.txt")"; fi
-}
-
-# expect_error NAME PATTERN OUTPUT CMD... : non-zero exit, exactly one stderr line matching PATTERN,
-# and OUTPUT (if not "-") does not exist afterwards, nor any temporary beside it.
-expect_error() {
-  local name="$1" pattern="$2" output="$3"; shift 3
-  "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"
-  local rc=$?
-  local lines; lines=$(wc -l <"$WORK/err.txt")
-  if [ "$rc" -eq 0 ]; then bad "$name" "exit code 0"; return; fi
-  if [ "$lines" -ne 1 ]; then bad "$name" "stderr has $lines lines: $(head -3 "$WORK/err.txt")"; return; fi
-  if ! grep -qE -- "$pattern" "$WORK/err.txt"; then bad "$name" "stderr '$(cat "$WORK/err.txt")' lacks /$pattern/"; return; fi
-  if [ "$output" != "-" ]; then
-    if [ -e "$output" ]; then bad "$name" "partial output $output left behind"; return; fi
-    if ls -a "$(dirname "$output")" 2>/dev/null | grep -q "^\.$(basename "$output")\.tmp"; then bad "$name" "temporary left"; return; fi
-  fi
-  ok "$name"
-}
-
 # ---- help and version ----
 run_ok "--version" "$ELDR" --version
 grep -q "^eldr " "$WORK/out.txt" || bad "--version prints the version"
-for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect" "route" "serve" "place"; do
+for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect" "route" "serve" "place" "simulate"; do
   run_ok "help: $sub" $ELDR $sub --help
 done
 
@@ -257,6 +234,120 @@ for p in j['policies']:
     assert p['max_in_flight'] <= 2 * j['num_decoders'], (p['policy'], p['max_in_flight'])
 " && ok "cap respected, every request routed" || bad "cap respected, every request routed"
 expect_error "absurd batch size" "batch sizes must be in" - "$ELDR" trace stats real.h5 --batch-sizes 100000000
+
+# ---- eldr place --evaluate: held-out decode steps through contiguous, global and per-cluster placements ----
+grep -q -- "--evaluate" <("$ELDR" place --help) && ok "place --help documents --evaluate" || bad "place --help documents --evaluate"
+run_ok "place --evaluate: stored placements, held-out requests" "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 \
+  --holdout-from-calib --json --out eval.json
+# An independent numpy replay: nearest centroid of the count-idf signature over the layer mask, round-robin
+# steps of 16 tokens (a shorter last step dropped), rank loads with replicas sharing evenly, DESIGN.md §3.
+$PY - "$WORK" <<'PYEOF'
+import sys, json, h5py, numpy as np
+w = sys.argv[1]
+j = json.load(open(f"{w}/eval.json"))
+assert j == json.load(open(f"{w}/out.txt")), "--json output and --out file differ"
+t, c = h5py.File(f"{w}/real.h5", "r"), h5py.File(f"{w}/placed.h5", "r")
+ids = t["/tokens/topk_ids"][:].astype(np.int64)
+L, E, k, R, B = 26, 64, 6, 8, 16
+rid = [x.decode() for x in t["/requests/id"][:]]
+off, pl, nt = t["/requests/offset"][:], t["/requests/prompt_len"][:], t["/requests/num_tokens"][:]
+members = set(x.decode() for x in c["/calibration/request_ids"][:])
+held = [i for i in range(len(rid)) if rid[i] not in members and pl[i] > 0 and nt[i] > pl[i]]
+report = json.load(open(f"{w}/report.json"))
+assert j["num_requests"] == len(held) == report["num_holdout"], (j["num_requests"], len(held))
+assert j["num_calibration_members"] == 0 and j["num_members_left_out"] == len(members)
+assert j["num_ranks"] == R and j["num_slots"] == 80 and j["batch_size"] == B and "placed.h5 /placement" in j["placements"]
+assert abs(j["balanced_max_rank_load"] - B * k / R) < 1e-12
+assert c["/signature"].attrs["variant"] == "count_idf"
+idf, mask, cent = c["/signature/idf"][:], c["/signature/layer_mask"][:].astype(bool), c["/clusters/centroids"][:]
+def cluster_of(i):
+    cnt = np.zeros((L, E))
+    for l in range(L):
+        np.add.at(cnt[l], ids[off[i]:off[i] + pl[i], l, :].ravel(), 1)
+    x = (cnt * idf)[mask].ravel()
+    d = cent @ (x / np.linalg.norm(x))
+    s = np.sort(d)
+    assert s[-1] - s[-2] > 1e-5, "near tie between centroids"
+    return int(np.argmax(d))
+def placement(g):
+    p2l = c[g + "/phy2log"][:]
+    cnt = np.zeros((L, E))
+    for l in range(L): np.add.at(cnt[l], p2l[l], 1)
+    return p2l, cnt
+contiguous = (np.tile(np.arange(E), (L, 1)), np.ones((L, E)))
+glob = placement("/placement/global")
+def step_stats(step, plc):
+    p2l, cnt = plc
+    load = np.zeros((L, E))
+    for l in range(L): np.add.at(load[l], ids[step, l, :].ravel(), 1)
+    share = np.take_along_axis(load / cnt, p2l, axis=1)           # [L, P] load of each slot
+    ranks = share.reshape(L, R, -1).sum(axis=2)                    # [L, R]
+    return ranks.mean(axis=1).sum() / ranks.max(axis=1).sum(), ranks.max(axis=1).mean()
+def close(a, b): return abs(a - b) <= 1e-9 * max(1, abs(b))
+pooled = {"contiguous": [], "global": [], "per_cluster": []}
+K = c["/clusters"].attrs["K"]
+assign = {i: cluster_of(i) for i in held}
+for kk in range(K):
+    reqs = [i for i in held if assign[i] == kk]
+    stream = []
+    for tt in range(max([nt[i] - pl[i] for i in reqs], default=0)):
+        stream += [off[i] + pl[i] + tt for i in reqs if tt < nt[i] - pl[i]]
+    steps = [stream[s:s + B] for s in range(0, len(stream), B)]
+    if len(steps) > 1 and len(steps[-1]) < B: steps.pop()
+    got = j["clusters"][kk]
+    assert got["cluster"] == kk and got["requests"] == len(reqs) and got["steps"] == len(steps), (kk, got)
+    for name, plc in (("contiguous", contiguous), ("global", glob), ("per_cluster", placement(f"/placement/cluster_{kk}"))):
+        v = [step_stats(np.array(s), plc) for s in steps]
+        pooled[name] += v
+        b = [x[0] for x in v]
+        assert close(got[name]["mean_balancedness"], np.mean(b)), (kk, name, got[name], np.mean(b))
+        assert close(got[name]["p1_balancedness"], np.percentile(b, 1)), (kk, name)
+        assert close(got[name]["mean_max_rank_load"], np.mean([x[1] for x in v])), (kk, name)
+        assert 0 < min(b) and max(b) <= 1 + 1e-12
+for name, v in pooled.items():
+    got = j["overall"][name]
+    assert close(got["mean_balancedness"], np.mean([x[0] for x in v])), name
+    assert close(got["p1_balancedness"], np.percentile([x[0] for x in v], 1)), name
+    assert close(got["mean_max_rank_load"], np.mean([x[1] for x in v])), name
+assert j["overall"]["steps"] == len(pooled["contiguous"]) > 0
+PYEOF
+[ $? -eq 0 ] && ok "place --evaluate equals an independent numpy replay (held-out set, clusters, steps, rank loads)" \
+  || bad "place --evaluate equals an independent numpy replay"
+run_ok "place --evaluate: table" "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 --holdout-from-calib
+grep -qE "^all +[0-9]+ +[0-9]+ +contiguous" "$WORK/out.txt" && grep -q "per-cluster" "$WORK/out.txt" && grep -q "^# " "$WORK/out.txt" \
+  && ok "place --evaluate prints a header and a table" || bad "place --evaluate prints a header and a table" "$(head -3 "$WORK/out.txt")"
+run_ok "place --evaluate: R = 16 placed now, every request" "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 -R 16 -P 80 --json
+$PY -c "
+import json; j = json.load(open('$WORK/out.txt'))
+assert j['num_ranks'] == 16 and j['placements'].startswith('placed now with eldr'), j['placements']
+assert j['num_requests'] == 108 and j['num_calibration_members'] == 86 and j['requests'] == 'all'
+assert sum(c['requests'] for c in j['clusters']) == 108
+for b in j['overall'].values():
+    if isinstance(b, dict): assert 0 < b['p1_balancedness'] <= b['mean_balancedness'] <= 1 and b['mean_max_rank_load'] >= 6
+" && ok "R = 16: placed now, all requests counted, members flagged" || bad "R = 16: placed now, all requests counted"
+run_ok "place --evaluate: no /placement, ranks given" "$ELDR" place --evaluate --trace real.h5 --calib calib.h5 -R 8 --batch 8
+head -c 20000 /dev/urandom > ecorrupt.h5
+expect_error "evaluate: trace of another model shape" "syn.h5: model shape .* differs from placed.h5" ev.json \
+  "$ELDR" place --evaluate --trace syn.h5 --calib placed.h5 --out ev.json
+expect_error "evaluate: ranks do not divide the experts" "E = 64 to be a multiple of ranks R = 12" ev.json \
+  "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 -R 12 -P 84 --out ev.json
+expect_error "evaluate: missing trace" "nope.h5: no such file" ev.json \
+  "$ELDR" place --evaluate --trace nope.h5 --calib placed.h5 --out ev.json
+expect_error "evaluate: corrupt calibration" "ecorrupt.h5: not an HDF5 file" ev.json \
+  "$ELDR" place --evaluate --trace real.h5 --calib ecorrupt.h5 --out ev.json
+expect_error "evaluate: truncated trace" "truncated.h5" ev.json \
+  "$ELDR" place --evaluate --trace truncated.h5 --calib placed.h5 --out ev.json
+expect_error "evaluate: no /placement and no --ranks" "calib.h5 has no /placement" ev.json \
+  "$ELDR" place --evaluate --trace real.h5 --calib calib.h5 --out ev.json
+expect_error "evaluate: nothing held out" "real.h5: no held-out request" ev.json \
+  "$ELDR" place --evaluate --trace real.h5 --calib tau.h5 -R 8 --holdout-from-calib --out ev.json
+expect_error "evaluate: without --trace" "--evaluate needs --trace" - "$ELDR" place --evaluate --calib placed.h5
+expect_error "evaluate: unwritable --out" "no/dir/ev.json: cannot write" no/dir/ev.json \
+  "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 --out no/dir/ev.json
+cp placed.h5 noclus.h5 && $PY -c "import h5py; f=h5py.File('noclus.h5','r+'); del f['/placement/cluster_2']"
+expect_error "evaluate: /placement lacks a cluster" "noclus.h5: /placement has no cluster_2" ev.json \
+  "$ELDR" place --evaluate --trace real.h5 --calib noclus.h5 --out ev.json
+expect_error "place without --slots" "--slots \(-P\) and --ranks \(-R\) are required" - "$ELDR" place --load "$PROFILE" -R 16
 
 # An existing output survives a failed run untouched.
 cp calib.h5 keep.h5; before=$(md5sum < keep.h5)

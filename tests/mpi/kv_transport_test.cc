@@ -1,10 +1,14 @@
 // KvTransport under mpirun -np 2 (label mpi): 3 MiB of KV from rank 0 arrive intact on rank 1 over MPI; asking
-// for NCCL fails cleanly where it is compiled out or no GPU is present. GoogleTest with a main that silences
-// ranks other than 0 and fails if any rank fails (STYLE.md).
+// for NCCL fails cleanly where it is compiled out or no GPU is present, with the same message on every rank
+// and no rank left in a collective; the job-level choice (auto, mpi, nccl) agrees on every rank; where NCCL
+// can be used (a GPU per rank), host buffers staged through the device arrive intact. GoogleTest with a main
+// that silences ranks other than 0 and fails if any rank fails (STYLE.md).
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <functional>
 #include <numeric>
+#include <string>
 #include <vector>
 
 #include "runtime/comm/kv_transport.h"
@@ -37,6 +41,70 @@ TEST(KvTransport, NcclIsRefusedClearlyWithoutIt) {
   ASSERT_FALSE(t.ok());
   EXPECT_NE(t.status().message().find("built without NCCL"), std::string::npos);
   EXPECT_EQ(ParseKvTransportKind("tcp").status().code(), StatusCode::kInvalidArgument);
+}
+
+// Whether `s` is the same string on every rank.
+bool SameOnEveryRank(const std::string& s) {
+  const uint64_t mine = std::hash<std::string>{}(s);
+  uint64_t lo = 0, hi = 0;
+  MPI_Allreduce(&mine, &lo, 1, MPI_UINT64_T, MPI_MIN, MPI_COMM_WORLD);
+  MPI_Allreduce(&mine, &hi, 1, MPI_UINT64_T, MPI_MAX, MPI_COMM_WORLD);
+  return lo == hi;
+}
+
+TEST(KvTransport, JobChoiceAgreesOnEveryRank) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  EXPECT_EQ(MakeJobKvTransport("tcp", MPI_COMM_WORLD).status().code(), StatusCode::kInvalidArgument);
+  auto mpi = MakeJobKvTransport("mpi", MPI_COMM_WORLD);
+  ASSERT_TRUE(mpi.ok());
+  EXPECT_STREQ((*mpi)->name(), "mpi");
+  // nccl either works on every rank or fails on every rank with the same line (and returns: no hang).
+  auto nccl = MakeJobKvTransport("nccl", MPI_COMM_WORLD);
+  const std::string verdict = nccl.ok() ? std::string("ok") : nccl.status().message();
+  EXPECT_TRUE(SameOnEveryRank(verdict)) << "rank " << rank << ": " << verdict;
+  if (!nccl.ok()) {
+    EXPECT_EQ(nccl.status().code(), StatusCode::kFailedPrecondition);
+    const std::string& m = nccl.status().message();
+    EXPECT_TRUE(m.find("built without NCCL") != std::string::npos || m.find("no usable CUDA device") != std::string::npos ||
+                m.find("share CUDA device") != std::string::npos)
+        << m;
+    if (!NcclCompiledIn()) {
+      EXPECT_NE(m.find("built without NCCL"), std::string::npos) << m;
+    } else if (VisibleCudaDevices() == 0) {
+      EXPECT_NE(m.find("no usable CUDA device on ranks 0, 1"), std::string::npos) << m;
+    }
+  }
+  // auto is nccl exactly where nccl can be made, on every rank.
+  if (nccl.ok()) nccl.value().reset();  // release the communicator before making another
+  auto automatic = MakeJobKvTransport("auto", MPI_COMM_WORLD);
+  ASSERT_TRUE(automatic.ok()) << automatic.status().message();
+  EXPECT_STREQ((*automatic)->name(), verdict == "ok" ? "nccl" : "mpi");
+  EXPECT_TRUE(SameOnEveryRank((*automatic)->name()));
+}
+
+TEST(KvTransport, HostBuffersArriveIntact) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) GTEST_SKIP() << "needs 2 ranks";
+  // MPI always; NCCL (staged through the device) where every rank has a GPU of its own.
+  for (const char* choice : {"mpi", "auto"}) {
+    auto t = MakeJobKvTransport(choice, MPI_COMM_WORLD);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    // Two transfers back to back, of different sizes: received in the order sent.
+    for (size_t n : {size_t{3} << 18, size_t{1000}}) {
+      std::vector<float> kv(n);
+      if (rank == 0) {
+        std::iota(kv.begin(), kv.end(), static_cast<float>(n));
+        ASSERT_TRUE((*t)->SendFromHost(1, kv.data(), n * sizeof(float)).ok());
+      } else if (rank == 1) {
+        ASSERT_TRUE((*t)->RecvToHost(0, kv.data(), n * sizeof(float)).ok());
+        for (size_t i = 0; i < n; i += 97) ASSERT_EQ(kv[i], static_cast<float>(n + i)) << (*t)->name() << " " << i;
+        ASSERT_EQ(kv.back(), static_cast<float>(2 * n - 1));
+      }
+    }
+  }
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # eldr serve under mpirun (ctest label mpi): every accepted request completes exactly once with the right number
-# of tokens, routing is reproducible for a seed, every policy runs, 2 to 6 ranks, and bad configurations fail
-# with one clear line instead of hanging.
-# Usage: serve_test.sh /path/to/eldr /path/to/source
+# of tokens, the decoded tokens equal a single-process run (serve_reference), routing is reproducible for a seed
+# (the rule in runtime/serve/serve.h), every policy runs, 2 to 6 ranks, the KV transport choice (mpi, auto,
+# nccl) is honoured and recorded, and bad configurations fail with one clear line instead of hanging.
+# Usage: serve_test.sh /path/to/eldr /path/to/source /path/to/serve_reference
 set -u
 ELDR="$1"
 SRC="$2"
+REFERENCE="$3"  # tests/mpi/serve_reference.cc: the single-process oracle of the decoded tokens
 PY=/usr/bin/python3
 WORK="$(mktemp -d)"
 trap 'rm -rf "$WORK"' EXIT
@@ -102,6 +104,51 @@ assert len(set(a.values())) == 2, 'both decoders used'
 "; then ok "routing decisions reproducible ($1, $2)"; else bad "routing decisions reproducible ($1, $2)"; fi
 done
 
+# Beyond max_concurrency 1 (the rule is in runtime/serve/serve.h): with 1 prefill rank rank 0 routes in request
+# order, so the policies that do not look at load give the same decoders at request_rate inf and unlimited
+# concurrency, where completions interleave with routing differently in every run: round_robin and random
+# (the decision sequence, in request order), locality_top1 (the nearest centroid) and domain (its group, one
+# decoder each here: 3 domains, 2 decoders). The latter two are functions of the request alone, so they stay
+# reproducible with 2 prefill ranks, whose results reach rank 0 in a timing-dependent order. Load-aware
+# policies (jsq, p2c, eldr) are reproducible one request at a time (eldr: rep1, rep2 above); jsq and p2c then see
+# every decoder idle at each decision and take the lower index, decoder 0, every time.
+same_decoders() {  # RUN_A RUN_B [python check of the decoder list d, in request order; default: both used]
+  $PY -c "
+import json
+def load(run):
+    recs = [json.loads(l) for l in open('$WORK/out-%s/requests.jsonl' % run)]
+    assert len(recs) == 30 and all(r['success'] for r in recs), run
+    return recs
+a, b = load('$1'), load('$2')
+d = [r['decoder'] for r in a]
+assert [r['id'] for r in a] == [r['id'] for r in b]
+assert d == [r['decoder'] for r in b], [r['id'] for r, s in zip(a, b) if r['decoder'] != s['decoder']]
+${3:-assert len(set(d)) == 2, 'both decoders used'}
+"
+}
+for spec in "round_robin 1 0" "random 1 0" "locality_top1 1 0" "domain 1 0" "locality_top1 2 0" "domain 2 0" \
+            "jsq 1 1" "p2c 1 1"; do
+  set -- $spec
+  for run in a b; do
+    job "rr-$1-$2-$3-$run" "$2" 2 "$1" "$WORK/calib2.h5" inf "$3"
+    "${MPIRUN[@]}" -np $((3 + $2)) "$ELDR" serve -c "rr-$1-$2-$3-$run.yaml" --quiet >/dev/null 2>&1
+  done
+done
+# round_robin in request order is 0, 1, 0, 1, ...; domain sends the i-th of the sorted labels to decoder i mod 2.
+check_rr="assert d == [i % 2 for i in range(30)], d"
+check_domain="labels = sorted({r['domain'] for r in a}); assert d == [labels.index(r['domain']) % 2 for r in a], d"
+for spec in "round_robin 1 0" "random 1 0" "locality_top1 1 0" "domain 1 0" "locality_top1 2 0" "domain 2 0" \
+            "jsq 1 1" "p2c 1 1"; do
+  set -- $spec
+  extra=""
+  [ "$1" = round_robin ] && extra="$check_rr"
+  [ "$1" = domain ] && extra="$check_domain"
+  [ "$1" = jsq ] || [ "$1" = p2c ] && extra="assert d == [0] * 30, d"
+  what="$1, $2 prefill rank(s), $([ "$3" = 0 ] && echo 'rate inf, unlimited concurrency' || echo 'max_concurrency 1')"
+  if same_decoders "rr-$1-$2-$3-a" "rr-$1-$2-$3-b" "$extra"; then ok "routing reproducible: $what"
+  else bad "routing reproducible: $what"; fi
+done
+
 # The decoded tokens do not depend on the topology: 1 decoder vs 4 decoders, 1 vs 2 prefill ranks (max_batch 1,
 # so every decode step has the same arithmetic as a single sequence run alone).
 for t in "tok1 1 1" "tok4 1 4" "tok22 2 2"; do
@@ -117,6 +164,95 @@ assert len(runs[0]) == 30 and all(len(v) >= 1 for v in runs[0].values())
 assert runs[0] == runs[1] == runs[2]
 "; then ok "decoded tokens identical across topologies (KV shipped intact)"; else bad "decoded tokens identical across topologies"; fi
 
+# The decoded tokens equal a single-process run of the same requests: serve_reference runs each request alone
+# (a cold prefill, greedy decode at batch 1; no prefix cache, batching, KV shipping or MPI). The jobs make the
+# paths the reference lacks happen: every trace request three times at once (the repeats hit the prefix cache:
+# whole prompts), 32 output tokens, max_batch 8 (steps wider than any kernel tile); 1 prefill + 4 decoders
+# (round_robin) and 2 prefill + 2 decoders (eldr). Exact equality holds because every kernel is batch-invariant
+# (kernels/ops.h); tests/unit/batch_invariance_test.cc checks that bit for bit.
+ref_job() {  # NAME PREFILL DECODE POLICY CALIB
+  job "$1" "$2" "$3" "$4" "$5" inf
+  sed -i 's/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
+          s/seed: 3}/seed: 3, num_requests: 90, output_len: 32}/; s|output: {dir: \(.*\)}|output: {dir: \1, tokens: true}|' "$1.yaml"
+}
+ref_job ref14 1 4 round_robin ""
+ref_job ref22 2 2 eldr "$WORK/calib2.h5"
+for r in "ref14 6" "ref22 5"; do
+  set -- $r
+  if "${MPIRUN[@]}" -np "$2" "$ELDR" serve -c "$1.yaml" --quiet >"$1.log" 2>&1 &&
+     "$REFERENCE" "$1.yaml" "$1.ref.jsonl" 2>>"$1.log" && $PY - "$WORK/out-$1" "$1.ref.jsonl" >>"$1.log" 2>&1 <<'PYEOF'
+import json, sys
+out, ref = sys.argv[1], sys.argv[2]
+got = {}
+for l in open(out + "/requests.jsonl"):
+    r = json.loads(l)
+    assert r["success"] and r["id"] not in got, r
+    got[r["id"]] = r["tokens"]
+want = {json.loads(l)["id"]: json.loads(l)["tokens"] for l in open(ref)}
+assert len(want) == 90 and all(len(t) == 32 for t in want.values()), "reference: 90 requests of 32 tokens"
+diff = [i for i in want if got.get(i) != want[i]]
+assert set(got) == set(want) and not diff, "tokens differ from the single-process run: %s" % diff[:5]
+# The job really batched and really hit the prefix cache (prompts are 8-24 tokens: fewer than 4 computed = a hit).
+steps = [json.loads(l) for l in open(out + "/steps.jsonl")]
+assert max(s["batch"] for s in steps if s["kind"] == "decode") >= 2, "no batched decode step"
+assert sum(1 for s in steps if s["kind"] == "prefill" and s["prompt_tokens"] < 4) >= 20, "too few prefix hits"
+print("max batch", max(s["batch"] for s in steps if s["kind"] == "decode"))
+PYEOF
+  then ok "$1: every request's tokens equal the single-process reference ($(tail -1 "$1.log"), prefix hits)"
+  else bad "$1: tokens equal the single-process reference" "$(tail -3 "$1.log")"; fi
+done
+
+# Expert-parallel decoders (decode.ep_size): a decoder that is an EP group of 2 ranks (its MoE layers dispatched
+# to the ranks holding the experts and combined in the single-rank order) decodes exactly the tokens one rank
+# does, with the contiguous placement and with a per-cluster placement that replicates hot experts, and the
+# metrics carry each decoder's per-rank loads. max_batch 4: every product of a step has at most 4 rows, so a
+# sequence's arithmetic does not depend on which requests share its steps.
+"$ELDR" place --calib calib2.h5 --out calib2-ep2.h5 --algorithm eldr --slots 10 --ranks 2 >/dev/null
+"$ELDR" place --calib calib2.h5 --out calib2-ep4.h5 --algorithm eldr --slots 8 --ranks 4 >/dev/null
+ep_job() {  # NAME EP_SIZE PLACEMENT
+  job "$1" 1 2 jsq ""
+  sed -i "s|decode: {max_batch: 4}|decode: {max_batch: 4, ep_size: $2, placement: $3}|; s|output: {dir: \(.*\)}|output: {dir: \1, tokens: true}|" "$1.yaml"
+}
+ep_job ep1 1 contiguous
+ep_job ep2 2 contiguous
+ep_job ep2p 2 "$WORK/calib2-ep2.h5"
+ep_rc=0
+for r in "ep1 4" "ep2 6" "ep2p 6"; do
+  set -- $r
+  "${MPIRUN[@]}" -np "$2" "$ELDR" serve -c "$1.yaml" --quiet >"$1.log" 2>&1 && check_complete "$1" || { ep_rc=1; tail -3 "$1.log"; }
+done
+if [ "$ep_rc" = 0 ] && $PY -c "
+import json
+runs = [{json.loads(l)['id']: json.loads(l)['tokens'] for l in open('$WORK/out-%s/requests.jsonl' % n)} for n in ('ep1', 'ep2', 'ep2p')]
+assert len(runs[0]) == 30 and sum(len(v) for v in runs[0].values()) > 60
+assert runs[0] == runs[1], [i for i in runs[0] if runs[0][i] != runs[1][i]]
+assert runs[0] == runs[2], [i for i in runs[0] if runs[0][i] != runs[2][i]]
+"; then ok "EP decoders (ep_size 2, contiguous and per-cluster placement) decode the tokens of 1-rank decoders"
+else bad "EP decoders decode the tokens of 1-rank decoders"; fi
+if $PY -c "
+import json
+m1 = json.load(open('$WORK/out-ep1/metrics.json'))
+assert m1['topology']['ep_size'] == 1
+for d in m1['decoders']:
+    assert d['ep_size'] == 1 and 'mean_rank_load' not in d, d
+for run in ('ep2', 'ep2p'):
+    m = json.load(open('$WORK/out-%s/metrics.json' % run))
+    assert m['topology']['ep_size'] == 2
+    assert [d['rank'] for d in m['decoders']] == [2, 4], m['decoders']  # the leaders
+    for d in m['decoders']:
+        assert d['ep_size'] == 2 and len(d['mean_rank_load']) == 2, d
+        assert all(x > 0 for x in d['mean_rank_load']), d
+        # every step computes batch x 2 MoE layers x top-2 activations, spread over the 2 ranks
+        assert abs(sum(d['mean_rank_load']) - 4 * d['mean_batch']) < 1e-9, d
+        assert 0 < d['p1_balancedness'] <= d['mean_balancedness'] <= 1, d
+"; then ok "metrics.json: per-decoder ep_size, mean_rank_load [2], mean and p1 balancedness"
+else bad "metrics.json EP rank loads" "$(grep -o '"decoders".*' "$WORK/out-ep2/metrics.json" | head -c 400)"; fi
+if "$ELDR" serve -c ep2.yaml --print-ranks >ranks.out && grep -qx "ranks 6" ranks.out && grep -qx "rank 2: decode 0" ranks.out &&
+   grep -qx "rank 3: decode 0 ep 1" ranks.out && grep -qx "rank 5: decode 1 ep 1" ranks.out &&
+   ELDR="$ELDR" "$SRC/launch/eldr-launch" ep2.yaml | grep -q "^# rank 4: decode 1$"; then
+  ok "serve --print-ranks and eldr-launch: EP groups of 2 ranks (leader, then members)"
+else bad "EP rank map" "$(cat ranks.out)"; fi
+
 # Faults and bad input: one clear line from rank 0, non-zero exit, no hang.
 expect_fail() {  # NAME PATTERN NP CONFIG
   "${MPIRUN[@]}" -np "$3" "$ELDR" serve -c "$4" --quiet >f.out 2>f.err
@@ -126,6 +262,20 @@ expect_fail() {  # NAME PATTERN NP CONFIG
   if ! grep -qE -- "$2" f.err; then bad "$1" "stderr lacks /$2/: $(grep eldr f.err | head -2)"; return; fi
   ok "$1"
 }
+# EP config errors: one line (rank 0 only), non-zero exit.
+expect_fail_once() {  # as expect_fail, and the error is printed exactly once
+  expect_fail "$@"
+  [ "$(grep -c 'eldr: error' f.err)" = 1 ] || bad "$1: printed once" "$(grep -c 'eldr: error' f.err) error lines"
+}
+ep_job ep0 0 contiguous
+expect_fail_once "decode.ep_size 0" "decode.ep_size must be >= 1, got 0" 4 ep0.yaml
+expect_fail_once "EP world size differs" "needs 6 ranks \(1 router \+ 1 prefill \+ 2 decode x 2 EP ranks\) but the job has 4" 4 ep2.yaml
+ep_job ep2wrong 2 "$WORK/calib2-ep4.h5"
+expect_fail_once "placement file for another EP rank count" "calib2-ep4.h5: /placement is for 4 EP ranks but decode.ep_size is 2" 6 ep2wrong.yaml
+ep_job ep3 3 contiguous
+expect_fail_once "contiguous placement with E % ep_size != 0" "E = 8 experts and decode.ep_size is 3" 8 ep3.yaml
+ep_job epmissing 2 "$WORK/nope-calib.h5"
+expect_fail_once "missing placement file" "decode.placement .*nope-calib.h5: no such file" 6 epmissing.yaml
 job ws 1 2 jsq ""
 expect_fail "world size differs from the topology" "needs 4 ranks .* has 3; run with mpirun -np 4" 3 ws.yaml
 job nocal 1 2 eldr ""
@@ -145,6 +295,46 @@ head -c 3000 trace.h5 > cut.h5
 job cuttrace 1 2 jsq ""
 sed -i "s|trace: $WORK/trace.h5|trace: $WORK/cut.h5|" cuttrace.yaml
 expect_fail "truncated workload trace" "cut.h5" 4 cuttrace.yaml
+
+# KV transport (kv_cache.transport; runtime/comm/kv_transport.h). mpi: the KV inside the control message, as in
+# every job above; auto: nccl only where every rank has a GPU of its own, else mpi; metrics.json records the one
+# used. nccl where it cannot work (a build without NCCL, or ranks without a device of their own, as on a CPU
+# machine) fails at start on every rank: one line, a non-zero exit, no rank left in a collective.
+kv_job() {  # NAME TRANSPORT
+  job "$1" 1 2 jsq ""
+  sed -i "s/decode_blocks: 24}/decode_blocks: 24, transport: $2}/; s|output: {dir: \(.*\)}|output: {dir: \1, tokens: true}|" "$1.yaml"
+}
+kv_metric() { $PY -c "import json; print(json.load(open('$WORK/out-$1/metrics.json')).get('kv_transport'))"; }
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)
+kv_job kvmpi mpi
+kv_job kvauto auto
+for r in kvmpi kvauto; do "${MPIRUN[@]}" -np 4 "$ELDR" serve -c $r.yaml --quiet >$r.log 2>&1; done
+if check_complete kvmpi && [ "$(kv_metric kvmpi)" = mpi ]; then ok "kv_cache.transport mpi: completes, metrics kv_transport = mpi"
+else bad "kv_cache.transport mpi" "$(tail -2 kvmpi.log) kv_transport=$(kv_metric kvmpi)"; fi
+auto_want=mpi
+[ "${gpus:-0}" -ge 4 ] && auto_want="$(kv_metric kvauto)"  # a GPU per rank: nccl when built with NCCL
+if check_complete kvauto && [ "$(kv_metric kvauto)" = "$auto_want" ]; then
+  ok "kv_cache.transport auto: completes over $(kv_metric kvauto) ($gpus GPUs for 4 ranks)"
+else bad "kv_cache.transport auto" "$(tail -2 kvauto.log) kv_transport=$(kv_metric kvauto), want $auto_want"; fi
+kv_job kvnccl nccl
+if "${MPIRUN[@]}" -np 4 "$ELDR" serve -c kvnccl.yaml --quiet >f.out 2>f.err; then
+  # Only where every rank has a GPU: the KV went over NCCL and the decoders decoded what they do over MPI.
+  if [ "${gpus:-0}" -ge 4 ] && check_complete kvnccl && [ "$(kv_metric kvnccl)" = nccl ] && $PY -c "
+import json
+runs = [{json.loads(l)['id']: json.loads(l)['tokens'] for l in open('$WORK/out-%s/requests.jsonl' % n)} for n in ('kvmpi', 'kvnccl')]
+assert runs[0] == runs[1]
+"; then ok "kv_cache.transport nccl: KV over NCCL, the same tokens as over MPI"
+  else bad "kv_cache.transport nccl" "exit 0 with $gpus GPUs: $(tail -2 f.err)"; fi
+else
+  rc=$?
+  if [ "$rc" -eq 124 ]; then bad "kv_cache.transport nccl without a GPU per rank" "hung (timeout)"
+  elif [ "$(grep -c 'eldr: error' f.err)" != 1 ]; then bad "kv_cache.transport nccl: one error line" "$(grep eldr f.err | head -4)"
+  elif ! grep -qE "kvnccl.yaml: kv_cache.transport: KV transport nccl: (built without NCCL|no usable CUDA device on ranks 0, 1, 2, 3|ranks [0-9]+ and [0-9]+ share CUDA device)" f.err
+  then bad "kv_cache.transport nccl: the reason" "$(grep eldr f.err)"
+  else ok "kv_cache.transport nccl without a GPU per rank: one line ($(grep -oE 'built without NCCL|no usable CUDA device|share CUDA device' f.err)), exit $rc, no hang"; fi
+fi
+kv_job kvbad tcp
+expect_fail "kv_cache.transport tcp" "kv_cache.transport must be auto, mpi or nccl, got 'tcp'" 4 kvbad.yaml
 
 # A decode rank that hangs: rank 0's watchdog ends the job, names the rank and its role, and still writes the
 # metrics it has, with the unfinished requests counted as failed.

@@ -69,6 +69,68 @@ TEST(Decide, NothingEligibleInTheBandFallsBackToGlobalLeastLoaded) {
   }
 }
 
+TEST(Decide, BoundedLoadPassesOverAnOverfullBandMember) {
+  // Loads {5, 0, 0, 1}, band = {0} alone (d = 0.1 vs ≥ 0.5, τ = 0.1). Σ in_flight + 1 = 7 over K = 4:
+  // ε = 0.5 → cap = ceil(1.5 · 7 / 4) = ceil(2.625) = 3; decoder 0 holds 5 ≥ 3 → fallback to the least
+  // loaded (decoder 1). ε = 2 → cap = ceil(5.25) = 6 > 5 → decoder 0 keeps it. ε = 0 → off.
+  auto d = Loads({5, 0, 0, 1});
+  std::vector<double> dist = {0.1, 0.5, 0.6, 0.7};
+  auto decide = [&](double eps) {
+    DecisionInputs in;
+    in.policy = RoutingPolicy::kEldr;
+    in.decoders = &d;
+    in.distances = dist.data();
+    in.tau = 0.1;
+    in.load_bound = eps;
+    return Decide(in);
+  };
+  EXPECT_EQ(decide(0.5).decoder, 1);
+  EXPECT_TRUE(decide(0.5).fallback);
+  EXPECT_EQ(decide(0.5).band_size, 1);
+  EXPECT_EQ(decide(2.0).decoder, 0);
+  EXPECT_FALSE(decide(2.0).fallback);
+  EXPECT_EQ(decide(0.0).decoder, 0);
+  // The cap counts the request being routed: loads {2, 0, 0, 1}, Σ + 1 = 4, ε = 0.5 → cap ceil(1.5) = 2:
+  // decoder 0 (2) is passed over.
+  auto e = Loads({2, 0, 0, 1});
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldr;
+  in.decoders = &e;
+  in.distances = dist.data();
+  in.tau = 0.1;
+  in.load_bound = 0.5;
+  EXPECT_EQ(Decide(in).decoder, 1);
+}
+
+TEST(Decide, BoundedLoadNeverLetsALoadExceedTheBoundWhenAnotherDecoderIsBelowIt) {
+  // Invariant over random scenarios: the chosen decoder holds < cap, or no decoder at all does.
+  std::mt19937_64 rng(7);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int K = 1 + static_cast<int>(rng() % 8);
+    std::vector<int64_t> loads(K);
+    std::vector<double> dist(K);
+    int64_t total = 1;
+    for (int k = 0; k < K; ++k) {
+      loads[k] = static_cast<int64_t>(rng() % 10);
+      dist[k] = static_cast<double>(rng() % 1000) / 1000.0;
+      total += loads[k];
+    }
+    auto d = Loads(loads);
+    const double eps = static_cast<double>(rng() % 100) / 100.0 + 0.01;
+    DecisionInputs in;
+    in.policy = RoutingPolicy::kEldr;
+    in.decoders = &d;
+    in.distances = dist.data();
+    in.tau = 0.1;
+    in.load_bound = eps;
+    const RoutingDecision r = Decide(in);
+    ASSERT_GE(r.decoder, 0);
+    const int64_t cap = static_cast<int64_t>(std::ceil((1 + eps) * static_cast<double>(total) / K));
+    const int64_t min_load = *std::min_element(loads.begin(), loads.end());
+    if (min_load < cap) ASSERT_LT(loads[r.decoder], cap) << "trial " << trial;
+  }
+}
+
 TEST(Decide, TauZeroEqualsLocalityTop1AndLargeTauEqualsJsq) {
   std::mt19937_64 rng(1);
   std::uniform_real_distribution<double> u(0, 1);
