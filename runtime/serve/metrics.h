@@ -87,7 +87,8 @@ struct StepRecord {
   std::string kind;          // "prefill" or "decode"
   int worker = 0;            // prefill rank index or decoder index
   double time = 0;           // when rank 0 heard of it (s from the start)
-  double seconds = 0;        // the worker's wall time for the step
+  double seconds = 0;        // the worker's busy wall time: prefill: the prefill call; decode: the whole loop
+                             // iteration (KV import, admission, the step, sending tokens), idle waits excluded
   int64_t batch = 0;         // decode: sequences in the step; prefill: 1
   int64_t distinct_experts = 0;  // decode: Σ over MoE layers of distinct experts
   int64_t tokens = 0;        // decode: context tokens attended; prefill: prompt tokens computed

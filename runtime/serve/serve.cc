@@ -255,18 +255,24 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w, const
     return Status::Ok();
   };
   bool stop = false;
+  // A step's logged time is the decoder's whole busy iteration: receiving and importing KV, admission, the
+  // step itself and sending the previous step's tokens — everything but waiting idle for work.
+  double iteration_start = Now();
   while (!stop) {
     while (!stop && tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
       ELDR_RETURN_IF_ERROR(handle(tr.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
     }
     if (stop) break;
     if (worker.in_flight() == 0) {
-      ELDR_RETURN_IF_ERROR(handle(WaitMessage(tr), &stop));
+      Message msg = WaitMessage(tr);
+      iteration_start = Now();
+      ELDR_RETURN_IF_ERROR(handle(std::move(msg), &stop));
       continue;
     }
-    const double step_start = Now();
     ELDR_ASSIGN_OR_RETURN(StepReport rep, worker.Step());
-    const double step_seconds = Now() - step_start;
+    const double step_end = Now();
+    const double step_seconds = step_end - iteration_start;
+    iteration_start = step_end;
     Wire m;
     m.Put<int32_t>(rep.batch).Put<int64_t>(rep.distinct_experts).Put<int64_t>(rep.context_tokens);
     m.Put<double>(step_seconds).Put<uint64_t>(rep.tokens.size());

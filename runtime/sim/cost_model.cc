@@ -127,32 +127,34 @@ struct Samples {
   double read_bandwidth = 0;
 };
 
-// The mean number of steps in progress during each step (itself included), from the [start, end] intervals
-// of one log: c(t) is piecewise constant between interval edges; I(t) = ∫ c is tabulated at the edges.
-std::vector<double> MeanConcurrency(const std::vector<std::pair<double, double>>& spans) {
+// The work of each step on one dedicated core, from the [start, end] intervals of one log under processor
+// sharing of `cores` cores: while n steps run, each progresses at min(1, cores / n), so a step's work is
+// ∫ min(1, cores / n(t)) dt over its interval. n(t) is piecewise constant between interval edges; the
+// integral is tabulated at the edges.
+std::vector<double> DedicatedWork(const std::vector<std::pair<double, double>>& spans, double cores) {
   std::vector<std::pair<double, int>> edges;
   for (const auto& [a, b] : spans) {
     edges.emplace_back(a, +1);
     edges.emplace_back(b, -1);
   }
   std::sort(edges.begin(), edges.end());
-  std::vector<double> at(edges.size()), integral(edges.size());
-  std::vector<int> level(edges.size());
-  int lvl = 0;
+  std::vector<double> at(edges.size()), integral(edges.size()), rate(edges.size());
+  int n = 0;
+  auto rate_of = [&](int k) { return k <= 0 ? 0.0 : std::min(1.0, cores / k); };
   for (size_t i = 0; i < edges.size(); ++i) {
     at[i] = edges[i].first;
-    integral[i] = i == 0 ? 0.0 : integral[i - 1] + lvl * (at[i] - at[i - 1]);
-    lvl += edges[i].second;
-    level[i] = lvl;  // c(t) just after edge i
+    integral[i] = i == 0 ? 0.0 : integral[i - 1] + rate_of(n) * (at[i] - at[i - 1]);
+    n += edges[i].second;
+    rate[i] = rate_of(n);  // just after edge i
   }
-  auto I = [&](double t) {
+  auto J = [&](double t) {
     const size_t k = static_cast<size_t>(std::upper_bound(at.begin(), at.end(), t) - at.begin());
     if (k == 0) return 0.0;
-    return integral[k - 1] + level[k - 1] * (t - at[k - 1]);
+    return integral[k - 1] + rate[k - 1] * (t - at[k - 1]);
   };
   std::vector<double> out;
   out.reserve(spans.size());
-  for (const auto& [a, b] : spans) out.push_back(b > a ? std::max(1.0, (I(b) - I(a)) / (b - a)) : 1.0);
+  for (const auto& [a, b] : spans) out.push_back(b > a ? std::min(b - a, J(b) - J(a)) : 0.0);
   return out;
 }
 
@@ -191,12 +193,10 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
   if (cores > 0) {  // undo the sharing of `cores` cores among the steps in progress
     std::vector<std::pair<double, double>> spans = decode_spans;
     spans.insert(spans.end(), prefill_spans.begin(), prefill_spans.end());
-    const std::vector<double> conc = MeanConcurrency(spans);
+    const std::vector<double> work = DedicatedWork(spans, cores);
     const size_t d0 = s->decode_y.size() - decode_spans.size(), p0 = s->prefill_y.size() - prefill_spans.size();
-    for (size_t i = 0; i < decode_spans.size(); ++i) s->decode_y[d0 + i] /= std::max(1.0, conc[i] / cores);
-    for (size_t i = 0; i < prefill_spans.size(); ++i) {
-      s->prefill_y[p0 + i] /= std::max(1.0, conc[decode_spans.size() + i] / cores);
-    }
+    for (size_t i = 0; i < decode_spans.size(); ++i) s->decode_y[d0 + i] = work[i];
+    for (size_t i = 0; i < prefill_spans.size(); ++i) s->prefill_y[p0 + i] = work[decode_spans.size() + i];
   }
   return Status::Ok();
 }

@@ -5,8 +5,8 @@
 //   KV transfer   t = latency + bytes / bandwidth       (bytes: the prompt's K and V in the model's dtype)
 //   control       every message to or from the router adds control_latency
 //   cores         0 (default): every worker computes on its own device (a GPU per rank). N > 0: the workers
-//                 share N CPU cores (`eldr serve` on one machine with more ranks than cores): a step or
-//                 prefill that starts while n workers compute takes max(1, n / N) times as long.
+//                 share N CPU cores (`eldr serve` on one machine with more ranks than cores): processor
+//                 sharing — while n workers compute, each progresses at min(1, N / n) of its own speed.
 //
 // distinct_experts is Σ over MoE layers of the experts the step's batch activates (DESIGN.md §3), the
 // quantity the routing policy changes: a decode step streams each distinct expert's weights once.
@@ -86,9 +86,9 @@ struct FitReport {
 // Fits from `eldr serve` steps.jsonl files and/or moe_layer_bench JSON files (told apart by content).
 // `model` gives the MoE layer count and KV bytes needed to scale bench figures. Coefficients are
 // non-negative (a coefficient the data would make negative is fixed at 0 and the rest refitted).
-// cores > 0: the steps ran on that many shared cores; each step's time is divided by its slowdown
-// max(1, n / cores), n = the mean number of workers computing during it (from the log's step intervals,
-// per file), so the fitted coefficients are those of an unshared core, and the model records `cores`.
+// cores > 0: the steps ran on that many shared cores; each step's time is replaced by its work on a dedicated
+// core, ∫ min(1, cores / n(t)) dt over its interval with n(t) the steps in progress (from the log's step
+// intervals, per file), so the coefficients are those of an unshared core; the model records `cores`.
 // InvalidArgument naming the file and line for malformed input, or when there are too few samples.
 Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model, double cores = 0);
 

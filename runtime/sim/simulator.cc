@@ -36,6 +36,7 @@ struct Event {
   EventKind kind;
   int32_t a;
   int64_t b;
+  uint64_t version = 0;  // kPrefillDone / kStepDone under processor sharing: stale when the work was rescheduled
   bool operator>(const Event& o) const {
     if (time != o.time) return time > o.time;
     const bool late = kind == EventKind::kStepStart, other_late = o.kind == EventKind::kStepStart;
@@ -168,13 +169,55 @@ class Simulation {
   }
 
  private:
-  void Push(double t, EventKind kind, int32_t a, int64_t b) { events_.push({t, seq_++, kind, a, b}); }
+  void Push(double t, EventKind kind, int32_t a, int64_t b, uint64_t version = 0) {
+    events_.push({t, seq_++, kind, a, b, version});
+  }
 
-  // A prefill or decode step starts: one more worker computing. Returns its slowdown when the workers share
-  // cost_.cores CPU cores (fixed at the start of the work: an approximation of processor sharing).
-  double StartWork() {
-    ++computing_;
-    return cost_.cores > 0 ? std::max(1.0, computing_ / cost_.cores) : 1.0;
+  // Work (a prefill or a decode step) of `seconds` on a dedicated core. With a device per worker
+  // (cost_.cores == 0) it ends `seconds` from now. With shared cores it joins the processor-sharing pool:
+  // while n works run, each progresses at min(1, cores / n); every start and end reschedules the others'
+  // end events (older ones become stale by version).
+  struct Work {
+    EventKind done;  // kPrefillDone or kStepDone
+    int32_t worker;
+    int64_t request;
+    double remaining;  // seconds of dedicated-core work left
+    uint64_t version;
+  };
+  void BeginWork(double seconds, EventKind done, int32_t worker, int64_t request) {
+    if (cost_.cores <= 0) {
+      Push(now_ + seconds, done, worker, request);
+      return;
+    }
+    AdvanceWork();
+    working_.push_back({done, worker, request, seconds, 0});
+    RescheduleWork();
+  }
+  // True when `e` is the current end of its work (always, without sharing); removes it from the pool.
+  bool EndWork(const Event& e) {
+    if (cost_.cores <= 0) return true;
+    auto it = std::find_if(working_.begin(), working_.end(),
+                           [&](const Work& w) { return w.done == e.kind && w.worker == e.a; });
+    if (it == working_.end() || it->version != e.version) return false;  // rescheduled since
+    AdvanceWork();
+    working_.erase(it);
+    RescheduleWork();
+    return true;
+  }
+  double ShareRate() const {
+    return working_.empty() ? 1.0 : std::min(1.0, cost_.cores / static_cast<double>(working_.size()));
+  }
+  void AdvanceWork() {
+    const double progress = ShareRate() * (now_ - work_clock_);
+    for (Work& w : working_) w.remaining = std::max(0.0, w.remaining - progress);
+    work_clock_ = now_;
+  }
+  void RescheduleWork() {
+    const double rate = ShareRate();
+    for (Work& w : working_) {
+      w.version = ++work_version_;
+      Push(now_ + w.remaining / rate, w.done, w.worker, w.request, w.version);
+    }
   }
 
   Status Handle(const Event& e) {
@@ -188,6 +231,7 @@ class Simulation {
         prefill_[e.a].queue.push_back(e.b);
         return StartPrefill(e.a);
       case EventKind::kPrefillDone:
+        if (!EndWork(e)) return Status::Ok();
         return PrefillDone(e.a, e.b);
       case EventKind::kCountsAtRouter:
         CountsAtRouter(e.b);
@@ -204,7 +248,7 @@ class Simulation {
         StartStep(e.a);
         return Status::Ok();
       case EventKind::kStepDone:
-        StepDone(e.a);
+        if (EndWork(e)) StepDone(e.a);
         return Status::Ok();
       case EventKind::kDoneAtRouter:
         router_.Complete(e.a);
@@ -254,13 +298,12 @@ class Simulation {
     allocations_[i] = std::move(alloc->allocation.blocks);
     counts_[i] = std::move(alloc->counts);
     pr.busy = true;
-    Push(now_ + cost_.Prefill(static_cast<double>(r.prompt_len - from)) * StartWork(), EventKind::kPrefillDone, p, i);
+    BeginWork(cost_.Prefill(static_cast<double>(r.prompt_len - from)), EventKind::kPrefillDone, p, i);
     return Status::Ok();
   }
 
   Status PrefillDone(int p, int64_t i) {
     prefill_[p].busy = false;
-    --computing_;
     Push(now_ + cost_.control_latency, EventKind::kCountsAtRouter, p, i);
     return StartPrefill(p);
   }
@@ -353,13 +396,12 @@ class Simulation {
     st.batch_sum += static_cast<double>(dec.running.size());
     st.distinct_sum += static_cast<double>(distinct);
     dec.stepping = true;
-    Push(now_ + cost_.DecodeStep(static_cast<double>(distinct), static_cast<double>(dec.running.size()),
-                                 static_cast<double>(context)) * StartWork(),
-         EventKind::kStepDone, d, 0);
+    BeginWork(cost_.DecodeStep(static_cast<double>(distinct), static_cast<double>(dec.running.size()),
+                               static_cast<double>(context)),
+              EventKind::kStepDone, d, 0);
   }
 
   void StepDone(int d) {
-    --computing_;
     Decoder& dec = decoders_[d];
     const double at_frontend = now_ + cost_.control_latency;
     size_t kept = 0;
@@ -414,7 +456,9 @@ class Simulation {
   uint64_t seq_ = 0;
   double now_ = 0;
   int64_t next_ = 0, arrival_due_ = 0, active_ = 0, done_ = 0;
-  int computing_ = 0;  // workers in a prefill or a decode step now
+  std::vector<Work> working_;  // shared cores only: the works in progress
+  double work_clock_ = 0;      // when working_'s remaining times were last brought up to date
+  uint64_t work_version_ = 0;
   SimulationResult result_;
 };
 

@@ -22,8 +22,8 @@
 //     DecodeStep(distinct, batch, context tokens). Each sequence gets a token at the step's end;
 //  6. tokens reach the frontend after control_latency; a finished request frees its blocks, and its
 //     completion reaches the router (Complete) after control_latency.
-// With cost.cores > 0 (ranks sharing CPU cores), work that starts while n workers compute is slowed by
-// max(1, n / cores).
+// With cost.cores > 0 (ranks sharing CPU cores), prefills and decode steps share the cores (processor
+// sharing: while n compute, each progresses at min(1, cores / n) of its dedicated speed).
 // TTFT, TPOT, ITL and E2EL are computed from these times exactly as `eldr serve` computes them.
 //
 // Deterministic: the same config and seed give the same result (ties in time break by event order).

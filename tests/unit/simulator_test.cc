@@ -359,7 +359,7 @@ TEST(CostModel, FitFromAStepLog) {
 }
 
 TEST(Simulator, SharedCoresSlowConcurrentWork) {
-  // cores = 1: two decoders start a step at t = 0; the first runs alone (×1), the second while two compute (×2).
+  // cores = 1: two decoders start a 1 s step at t = 0 and share the core: both end at t = 2 (processor sharing).
   Row p = {{0, 1}, {0, 1}};
   const Trace t = MakeTrace({{"a", "x", {p}, {p}}, {"b", "x", {p}, {p}}});
   CostModel m;
@@ -367,8 +367,12 @@ TEST(Simulator, SharedCoresSlowConcurrentWork) {
   m.cores = 1;
   auto r = Simulate(Job(RoutingPolicy::kRoundRobin, 2), InOrder(t, {2, 2}), Tiny(), nullptr, m, false);
   ASSERT_TRUE(r.ok());
-  EXPECT_DOUBLE_EQ(r->records[0].token_times[1], 1.0);
+  EXPECT_DOUBLE_EQ(r->records[0].token_times[1], 2.0);
   EXPECT_DOUBLE_EQ(r->records[1].token_times[1], 2.0);
+  // cores = 2: no sharing needed, both end at 1.
+  m.cores = 2;
+  r = Simulate(Job(RoutingPolicy::kRoundRobin, 2), InOrder(t, {2, 2}), Tiny(), nullptr, m, false);
+  EXPECT_DOUBLE_EQ(r->records[1].token_times[1], 1.0);
   m.cores = 0;  // a device per worker
   r = Simulate(Job(RoutingPolicy::kRoundRobin, 2), InOrder(t, {2, 2}), Tiny(), nullptr, m, false);
   EXPECT_DOUBLE_EQ(r->records[1].token_times[1], 1.0);
