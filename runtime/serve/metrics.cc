@@ -210,6 +210,7 @@ Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& step
   std::string lines;
   for (const StepRecord& s : steps) {
     nlohmann::json j = {{"kind", s.kind}, {"worker", s.worker}, {"time", s.time}, {"seconds", s.seconds}};
+    if (s.cpu_seconds >= 0) j["cpu_seconds"] = s.cpu_seconds;
     if (s.kind == "decode") {
       j["batch"] = s.batch;
       j["distinct_experts"] = s.distinct_experts;

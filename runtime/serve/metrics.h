@@ -92,6 +92,7 @@ struct StepRecord {
   int64_t batch = 0;         // decode: sequences in the step; prefill: 1
   int64_t distinct_experts = 0;  // decode: Σ over MoE layers of distinct experts
   int64_t tokens = 0;        // decode: context tokens attended; prefill: prompt tokens computed
+  double cpu_seconds = -1;   // the worker process's CPU time over the same span (-1: not measured)
 };
 // Writes one JSON line per step, atomically.
 Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps);

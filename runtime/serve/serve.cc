@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <ctime>
 #include <deque>
 #include <functional>
 #include <map>
@@ -40,6 +41,7 @@ enum Tag : int {
   kTagTokens = 5,    // decode → 0: {step stats, token events, EP rank loads [G] and balancedness}
   kTagFailed = 6,    // prefill/decode → 0: {request, reason}
   kTagShutdown = 7,  // 0 → all
+  kTagReady = 8,     // every other rank → 0, once its weights are loaded: the clock starts when all are
 };
 
 // Blocking receive that sleeps between polls: Open MPI's blocking receive spins a core, and on a node
@@ -86,6 +88,14 @@ extern "C" void OnTerminate(int) { g_terminate_requested = 1; }
 
 double Now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+// CPU time of this process (all its threads), for the step log: on a machine where ranks share cores it is a
+// step's work on a dedicated core, which wall time is not.
+double CpuNow() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
 }
 
 Result<ModelWeights> LoadWeights(const JobConfig& c, const ModelConfig& mc, int num_domains) {
@@ -144,22 +154,25 @@ Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, cons
       replay_ids = RoutingRows(in.trace, r, from, r.prompt_len - from);
       replay.ids = replay_ids.data();
     }
-    const double prefill_start = Now();
+    const double prefill_start = Now(), prefill_cpu_start = CpuNow();
     auto pre = ex.Prefill(tokens, alloc->blocks, from, c.replay_gates ? &replay : nullptr, from == cached ? &sig : nullptr);
     if (!pre.ok()) return pre.status();
-    const double prefill_seconds = Now() - prefill_start;
+    const double prefill_seconds = Now() - prefill_start, prefill_cpu = CpuNow() - prefill_cpu_start;
     std::vector<float> counts(sig.row_size());
     sig.SumCounts(alloc->blocks, nullptr, counts.data());
     Wire m;
     m.Put<int64_t>(req).Put<int32_t>(pre->next_token).PutVector(counts);
-    m.Put<double>(prefill_seconds).Put<int64_t>(static_cast<int64_t>(tokens.size()) - from);
+    m.Put<double>(prefill_seconds).Put<double>(prefill_cpu).Put<int64_t>(static_cast<int64_t>(tokens.size()) - from);
     tr.Send(0, kTagCounts, m.bytes().data(), m.bytes().size());
     waiting_route[req] = {alloc->blocks, pre->next_token};
     return true;
   };
   const bool hang = ShouldHang(tr.rank());
   while (true) {
-    Message msg = WaitMessage(tr);
+    // Routing decisions first: shipping a routed request's KV lets its decoder start and frees its blocks, so a
+    // burst of new prompts must not hold the requests already prefilled and routed (DESIGN.md §2: the KV moves
+    // as soon as the router has decided).
+    Message msg = tr.Poll(0, kTagRoute) ? tr.Recv(0, kTagRoute) : WaitMessage(tr);
     if (msg.tag == kTagShutdown) return Status::Ok();
     if (hang) HangForever();
     MaybeDie(tr.rank());
@@ -257,7 +270,7 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w, const
   bool stop = false;
   // A step's logged time is the decoder's whole busy iteration: receiving and importing KV, admission, the
   // step itself and sending the previous step's tokens — everything but waiting idle for work.
-  double iteration_start = Now();
+  double iteration_start = Now(), iteration_cpu_start = CpuNow();
   while (!stop) {
     while (!stop && tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
       ELDR_RETURN_IF_ERROR(handle(tr.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
@@ -266,16 +279,18 @@ Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w, const
     if (worker.in_flight() == 0) {
       Message msg = WaitMessage(tr);
       iteration_start = Now();
+      iteration_cpu_start = CpuNow();
       ELDR_RETURN_IF_ERROR(handle(std::move(msg), &stop));
       continue;
     }
     ELDR_ASSIGN_OR_RETURN(StepReport rep, worker.Step());
-    const double step_end = Now();
-    const double step_seconds = step_end - iteration_start;
+    const double step_end = Now(), step_cpu_end = CpuNow();
+    const double step_seconds = step_end - iteration_start, step_cpu = step_cpu_end - iteration_cpu_start;
     iteration_start = step_end;
+    iteration_cpu_start = step_cpu_end;
     Wire m;
     m.Put<int32_t>(rep.batch).Put<int64_t>(rep.distinct_experts).Put<int64_t>(rep.context_tokens);
-    m.Put<double>(step_seconds).Put<uint64_t>(rep.tokens.size());
+    m.Put<double>(step_seconds).Put<double>(step_cpu).Put<uint64_t>(rep.tokens.size());
     for (const auto& t : rep.tokens) {
       m.Put<int64_t>(std::stoll(t.id)).Put<int64_t>(t.index).Put<int32_t>(t.token).Put<uint8_t>(t.finished ? 1 : 0);
     }
@@ -329,6 +344,30 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
   std::vector<StepRecord> step_log;  // every prefill and decode step, for `eldr simulate --fit`
   std::vector<double> last_heard(tr.size(), 0);
   int64_t next = 0, active = 0, done = 0, band_sum = 0, band_n = 0, fallbacks = 0;
+  // Loading weights is not serving time: the arrival clock starts when every other rank has reported ready.
+  {
+    std::vector<bool> ready(tr.size(), false);
+    int num_ready = 0;
+    const double wait_start = Now();
+    while (num_ready < tr.size() - 1) {
+      if (tr.Poll(Transport::kAnySource, kTagReady)) {
+        const Message m = tr.Recv(Transport::kAnySource, kTagReady);
+        if (!ready[m.source]) ++num_ready;
+        ready[m.source] = true;
+        continue;
+      }
+      if (g_terminate_requested || Now() - wait_start > c.watchdog_s) {
+        std::string missing;
+        for (int r = 1; r < tr.size(); ++r) {
+          if (!ready[r]) missing += (missing.empty() ? "" : ", ") + c.RoleOf(r) + " (rank " + std::to_string(r) + ")";
+        }
+        for (int r = 1; r < tr.size(); ++r) tr.Send(r, kTagShutdown, nullptr, 0);
+        return Status::FailedPrecondition("not ready after " + Fmt(Now() - wait_start, 0) +
+                                          " s (loading weights; raise watchdog_s for a large model): " + missing);
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
   ProgressBar bar("serving " + std::string(RoutingPolicyName(c.policy)), N, progress);
   const double start = Now();
   double last_progress = start;
@@ -390,8 +429,9 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
       records[req].tokens.push_back(m.Get<int32_t>());
       std::vector<float> counts = m.GetVector<float>();
       const double seconds = m.Get<double>();
+      const double cpu = m.Get<double>();
       const int64_t computed = m.Get<int64_t>();
-      step_log.push_back({"prefill", prefill_of[req], t, seconds, 1, 0, computed});
+      step_log.push_back({"prefill", prefill_of[req], t, seconds, 1, 0, computed, cpu});
       records[req].token_times.push_back(t);
       --prefill_outstanding[prefill_of[req]];
       if (!held.empty() || !route(req, counts)) held.emplace_back(req, std::move(counts));
@@ -401,8 +441,9 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
       const int64_t distinct = m.Get<int64_t>();
       const int64_t context = m.Get<int64_t>();
       const double seconds = m.Get<double>();
+      const double cpu = m.Get<double>();
       const uint64_t n = m.Get<uint64_t>();
-      if (batch > 0) step_log.push_back({"decode", decoder, t, seconds, batch, distinct, context});
+      if (batch > 0) step_log.push_back({"decode", decoder, t, seconds, batch, distinct, context, cpu});
       if (batch > 0) {
         ++decoder_steps[decoder];
         decoder_distinct[decoder] += static_cast<double>(distinct);
@@ -550,6 +591,7 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     return RunRouter(c, tr, in, mc, progress, kv_name);
   }
   ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
+  tr.Send(0, kTagReady, nullptr, 0);
   if (rank <= c.prefill_ranks) return RunPrefill(c, tr, in, w, kv_data);
   if (!group.valid()) return RunDecode(c, tr, w, placements[c.DecoderOfRank(rank)], nullptr, kv_data);
   const Placement& placement = placements[c.DecoderOfRank(rank)];

@@ -164,6 +164,7 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
   std::string line;
   int64_t n = 0;
   std::vector<std::pair<double, double>> decode_spans, prefill_spans;
+  std::vector<std::pair<bool, double>> cpu_work;  // (decode?, cpu_seconds) per record, when the log has them
   while (std::getline(in, line)) {
     ++n;
     if (line.empty()) continue;
@@ -174,6 +175,8 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
       const double seconds = j.at("seconds").get<double>();
       if (!(seconds >= 0) || !std::isfinite(seconds)) throw std::runtime_error("seconds must be >= 0");
       const double end = j.value("time", 0.0);
+      const double cpu = j.value("cpu_seconds", -1.0);
+      if (cpu >= 0) cpu_work.emplace_back(kind == "decode", cpu);
       if (kind == "decode") {
         s->decode_x.insert(s->decode_x.end(), {1.0, j.at("distinct_experts").get<double>(), j.at("batch").get<double>(),
                                                j.at("context_tokens").get<double>()});
@@ -190,7 +193,11 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
       return Status::InvalidArgument(path + ":" + std::to_string(n) + ": not a step record: " + e.what());
     }
   }
-  if (cores > 0) {  // undo the sharing of `cores` cores among the steps in progress
+  if (cores > 0 && cpu_work.size() == decode_spans.size() + prefill_spans.size()) {
+    // The log has each step's CPU time: that is its dedicated-core work.
+    size_t d = s->decode_y.size() - decode_spans.size(), p = s->prefill_y.size() - prefill_spans.size();
+    for (const auto& [decode, cpu] : cpu_work) (decode ? s->decode_y[d++] : s->prefill_y[p++]) = cpu;
+  } else if (cores > 0) {  // undo the sharing of `cores` cores among the steps in progress
     std::vector<std::pair<double, double>> spans = decode_spans;
     spans.insert(spans.end(), prefill_spans.begin(), prefill_spans.end());
     const std::vector<double> work = DedicatedWork(spans, cores);

@@ -87,8 +87,9 @@ struct FitReport {
 // `model` gives the MoE layer count and KV bytes needed to scale bench figures. Coefficients are
 // non-negative (a coefficient the data would make negative is fixed at 0 and the rest refitted).
 // cores > 0: the steps ran on that many shared cores; each step's time is replaced by its work on a dedicated
-// core, ∫ min(1, cores / n(t)) dt over its interval with n(t) the steps in progress (from the log's step
-// intervals, per file), so the coefficients are those of an unshared core; the model records `cores`.
+// core: its cpu_seconds when the log has them (eldr serve writes them), else ∫ min(1, cores / n(t)) dt over
+// its interval with n(t) the steps in progress (from the log's intervals, per file). The coefficients are
+// then those of an unshared core; the model records `cores`.
 // InvalidArgument naming the file and line for malformed input, or when there are too few samples.
 Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model, double cores = 0);
 
