@@ -1,4 +1,4 @@
-// The job configuration of `eldr serve` (and, later, `eldr simulate`), from YAML. Relative paths are
+// The job configuration of `eldr serve` and `eldr simulate`, from YAML. Relative paths are
 // resolved against the config file's directory, then the current directory.
 //
 //   topology:  {prefill_ranks: 1, decode_ranks: 4}        # world size = 1 (router) + prefill + decode · ep_size
@@ -22,8 +22,11 @@
 //              /placement/cluster_k when present, else /placement/global.
 //   workload:  {trace: trace.h5, num_requests: 0, output_len: 0, request_rate: inf, burstiness: 1.0,
 //               max_concurrency: 0, seed: 0}
-//   output:    {dir: run}
-//   watchdog_s: 120
+//   output:    {dir: run, tokens: false}                   # tokens: generated ids in requests.jsonl
+//   watchdog_s: 120                                       # also the limit for every rank to load its weights
+//   simulate:  {cost_model: ../costs/h200-deepseek-v2-lite.yaml}   # eldr simulate only (runtime/sim/cost_model.h):
+//              a cost model file and/or inline keys decode: {a, b, c, d}, prefill: {a, b},
+//              kv_transfer: {latency_s, bandwidth_Bps}, control_latency_s, cores
 #pragma once
 
 #include <cstdint>
