@@ -140,6 +140,19 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
   return c;
 }
 
+RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, const Trace& trace) {
+  RouterConfig rc;
+  rc.policy = c.policy;
+  rc.num_decoders = c.decode_ranks;
+  rc.tau = c.tau;
+  rc.load_bound = c.load_bound;
+  rc.admission_cap = c.admission_cap;
+  rc.seed = c.routing_seed;
+  rc.job_shape = model_shape;
+  for (const auto& r : trace.requests) rc.domains.push_back(r.domain);
+  return rc;
+}
+
 Status CheckWorldSize(const JobConfig& c, int world_size) {
   if (world_size != c.world_size()) {
     return Status::InvalidArgument(c.path + ": the topology needs " + std::to_string(c.world_size()) +

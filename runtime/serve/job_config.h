@@ -81,6 +81,9 @@ struct JobConfig {
 };
 
 Result<JobConfig> LoadJobConfig(const std::string& path);
+// The router of a job (serve's rank 0 and the simulator): its policy, decoders, τ, load bound, admission cap
+// and seed, the model's routing shape, and the trace's domain labels (domain policy groups).
+RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, const Trace& trace);
 // The topology against the world size, with the numbers in the message.
 Status CheckWorldSize(const JobConfig& c, int world_size);
 

@@ -311,15 +311,7 @@ Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const
     ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c.calibration));
     calib = std::make_unique<Calibration>(std::move(cal));
   }
-  RouterConfig rc;
-  rc.policy = c.policy;
-  rc.num_decoders = c.decode_ranks;
-  rc.tau = c.tau;
-  rc.load_bound = c.load_bound;
-  rc.admission_cap = c.admission_cap;
-  rc.seed = c.routing_seed;
-  rc.job_shape = mc.trace_shape();
-  for (const auto& r : in.trace.requests) rc.domains.push_back(r.domain);
+  const RouterConfig rc = JobRouterConfig(c, mc.trace_shape(), in.trace);
   auto router_or = Router::Create(rc, calib.get());
   if (!router_or.ok()) return router_or.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
   Router router = std::move(router_or).value();

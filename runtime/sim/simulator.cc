@@ -471,15 +471,7 @@ Result<SimulationResult> Simulate(const JobConfig& c, const JobRequests& in, con
                                       " differs from the model " + c.model_config + " (" +
                                       mc.trace_shape().ToString() + ")");
   }
-  RouterConfig rc;
-  rc.policy = c.policy;
-  rc.num_decoders = c.decode_ranks;
-  rc.tau = c.tau;
-  rc.load_bound = c.load_bound;
-  rc.admission_cap = c.admission_cap;
-  rc.seed = c.routing_seed;
-  rc.job_shape = mc.trace_shape();
-  for (const auto& r : in.trace.requests) rc.domains.push_back(r.domain);
+  const RouterConfig rc = JobRouterConfig(c, mc.trace_shape(), in.trace);
   auto router = Router::Create(rc, calib);
   if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
   Simulation sim(c, in, mc, cost, std::move(router).value());
