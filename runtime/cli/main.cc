@@ -4,7 +4,7 @@
 
 #include "runtime/cli/commands.h"
 #include "runtime/common/check.h"
-#include "runtime/common/version.h"
+#include "runtime/common/provenance.h"
 
 namespace eldr::cli {
 
@@ -19,7 +19,7 @@ int main(int argc, char** argv) {
   CLI::App app{"eldr: expert-locality-aware decode routing for MoE serving with prefill-decode disaggregation.\n"
                "Offline: import or synthesise routing traces, calibrate signatures and balanced clusters,\n"
                "preview decode routing policies on a trace."};
-  app.set_version_flag("--version", std::string("eldr ") + ELDR_VERSION + " (" + ELDR_GIT_SHA + ", " + ELDR_BUILD_TYPE + ")");
+  app.set_version_flag("--version", eldr::VersionString());
   app.require_subcommand(1);
   app.footer("Run 'eldr <command> --help' for the options of each command.");
   eldr::cli::Action action;
