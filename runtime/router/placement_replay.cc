@@ -9,6 +9,7 @@
 #include "runtime/common/check.h"
 #include "runtime/common/hdf5.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/usable_request.h"
 #include "runtime/router/router.h"
 #include "runtime/signature/signature.h"
 
@@ -235,7 +236,7 @@ Result<PlacementReplayReport> ReplayPlacements(const Trace& trace, const Calibra
   for (size_t i = 0; i < trace.requests.size(); ++i) {
     const TraceRequest& r = trace.requests[i];
     const bool member = members.count(r.id) > 0;
-    if (r.prompt_len <= 0 || r.decode_len() <= 0) {
+    if (!IsUsableRequest(r.prompt_len, r.decode_len())) {
       ++rep.num_unusable;
       continue;
     }
