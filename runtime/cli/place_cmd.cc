@@ -13,7 +13,7 @@
 #include "runtime/common/hdf5.h"
 #include "runtime/cli/commands.h"
 #include "runtime/common/json_util.h"
-#include "runtime/router/placement_replay.h"
+#include "runtime/eval/placement_replay.h"
 #include "runtime/trace/trace.h"
 
 namespace eldr::cli {
@@ -35,7 +35,7 @@ struct GivenOptions {
   bool slots = false, ranks = false, nodes = false, groups = false, algorithm = false;
 };
 
-// eldr place --evaluate (runtime/router/placement_replay.h describes the replay). Global and per-cluster
+// eldr place --evaluate (runtime/eval/placement_replay.h describes the replay). Global and per-cluster
 // placements come from /placement of the calibration when it holds them for the requested R, P, N, G and
 // algorithm (options not given take the stored values); otherwise they are placed now from /clusters/expert_load.
 Status Evaluate(const PlaceArgs& a, const GivenOptions& given) {

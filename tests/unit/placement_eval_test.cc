@@ -14,7 +14,7 @@
 #include "runtime/calib/calibrate.h"
 #include "runtime/calib/calibration.h"
 #include "runtime/common/hdf5.h"
-#include "runtime/router/placement_replay.h"
+#include "runtime/eval/placement_replay.h"
 #include "runtime/trace/synth.h"
 
 namespace eldr {

@@ -1,4 +1,4 @@
-#include "runtime/router/replay.h"
+#include "runtime/eval/route_replay.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "runtime/router/placement_replay.h"
+#include "runtime/eval/placement_replay.h"
 
 #include <algorithm>
 #include <cmath>

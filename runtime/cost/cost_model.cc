@@ -1,4 +1,4 @@
-#include "runtime/sim/cost_model.h"
+#include "runtime/cost/cost_model.h"
 
 #include <Eigen/Dense>
 #include <algorithm>
