@@ -231,7 +231,7 @@ struct EvaluateArgs {
 };
 
 // The spec to evaluate: options given on the command line, the others from the stored /placement, else the
-// defaults (P = E).
+// defaults (P = E; the default algorithm when the file does not record one, so that it is placed now).
 Result<PlacementSpec> ResolveSpec(const EvaluateArgs& a, const GivenSpec& given, const StoredPlacements& stored,
                                   const Calibration& calib) {
   SpecArgs s = a.spec;
@@ -244,7 +244,7 @@ Result<PlacementSpec> ResolveSpec(const EvaluateArgs& a, const GivenSpec& given,
   if (!given.slots) s.slots = stored_ranks ? stored.num_slots : calib.shape.num_experts;
   if (!given.nodes && stored.present) s.nodes = stored.num_nodes;
   if (!given.groups && stored.present) s.groups = stored.num_groups;
-  if (!given.algorithm && stored.present) s.algorithm = stored.algorithm;
+  if (!given.algorithm && stored.present && !stored.algorithm.empty()) s.algorithm = stored.algorithm;
   auto spec = SpecOf(s);
   if (!spec.ok() && !given.algorithm && stored.present) return spec.status().WithPrefix(a.calib + " /placement");
   return spec;

@@ -360,6 +360,10 @@ assert 'no cluster_k for cluster 2: global used' in j['placements'], j['placemen
 c = j['clusters'][2]
 assert c['steps'] == 0 or c['per_cluster'] == c['global'], c
 " && ok "a missing cluster_k is replayed with the global placement" || bad "a missing cluster_k uses global"
+cp placed.h5 noalgo.h5 && $PY -c "import h5py; f=h5py.File('noalgo.h5','r+'); del f['/placement'].attrs['algorithm']"
+run_ok "evaluate: a /placement that does not record its algorithm" "$ELDR" place evaluate --trace real.h5 --calib noalgo.h5 --json
+$PY -c "import json; j = json.load(open('$WORK/out.txt')); assert j['placements'].startswith('placed now with eldr'), j['placements']" \
+  && ok "an unrecorded algorithm is placed now, not matched" || bad "an unrecorded algorithm is placed now"
 "$ELDR" place profile --load "$PROFILE" -R 16 >"$WORK/out.txt" 2>"$WORK/err.txt"
 [ $? -ne 0 ] && grep -q -- "--slots is required" "$WORK/err.txt" && ok "place profile without --slots" \
   || bad "place profile without --slots" "$(cat "$WORK/err.txt")"
