@@ -14,6 +14,7 @@
 #include "runtime/calib/balanced_kmeans.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/progress.h"
+#include "runtime/common/usable_request.h"
 
 namespace eldr {
 
@@ -99,7 +100,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   std::vector<int32_t> usable;
   for (size_t i = 0; i < trace.requests.size(); ++i) {
     const auto& r = trace.requests[i];
-    if (r.prompt_len > 0 && r.decode_len() > 0) usable.push_back(static_cast<int32_t>(i));
+    if (IsUsableRequest(r.prompt_len, r.decode_len())) usable.push_back(static_cast<int32_t>(i));
   }
   rep.num_skipped = static_cast<int>(trace.requests.size() - usable.size());
   std::vector<int32_t> calib_idx = usable, holdout_idx;
@@ -232,7 +233,7 @@ Result<TraceCheck> CheckTraceAgainstCalibration(const Calibration& calib, const 
   }
   std::vector<int32_t> usable;
   for (size_t i = 0; i < trace.requests.size(); ++i) {
-    if (trace.requests[i].prompt_len > 0 && trace.requests[i].decode_len() > 0) usable.push_back(static_cast<int32_t>(i));
+    if (IsUsableRequest(trace.requests[i].prompt_len, trace.requests[i].decode_len())) usable.push_back(static_cast<int32_t>(i));
   }
   if (usable.size() < 3) return Status::InvalidArgument(trace_name + ": fewer than 3 requests with prompt and decode tokens");
   if (calib.signature.variant == SignatureVariant::kGateProb && !trace.has_weights()) {

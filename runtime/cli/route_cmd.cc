@@ -2,7 +2,7 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/cli/commands.h"
 #include "runtime/common/json_util.h"
-#include "runtime/router/replay.h"
+#include "runtime/eval/route_replay.h"
 
 namespace eldr::cli {
 

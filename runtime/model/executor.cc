@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "runtime/common/check.h"
+#include "runtime/common/distinct_experts.h"
 
 namespace eldr {
 
@@ -251,20 +252,11 @@ Result<DecodeResult> Executor::Decode(const std::vector<DecodeSequence>& batch) 
   Logits(x.data(), T, out.logits.data());
   out.next_tokens.resize(T);
   for (int t = 0; t < T; ++t) out.next_tokens[t] = ArgMax(out.logits.data() + static_cast<size_t>(t) * c.vocab_size, c.vocab_size);
-  // Distinct experts per MoE layer over the batch.
-  out.distinct_experts.assign(Lm, 0);
-  std::vector<int32_t> seen(c.num_experts, -1);
-  for (int l = 0; l < Lm; ++l) {
-    for (int t = 0; t < T; ++t) {
-      for (int j = 0; j < K; ++j) {
-        const uint16_t e = out.topk_ids[(static_cast<size_t>(t) * Lm + l) * K + j];
-        if (seen[e] != l) {
-          seen[e] = l;
-          ++out.distinct_experts[l];
-        }
-      }
-    }
-  }
+  // Distinct experts per MoE layer over the batch (DESIGN.md §3).
+  ExpertUnion experts(Lm, c.num_experts);
+  for (int t = 0; t < T; ++t) experts.AddToken(out.topk_ids.data() + static_cast<size_t>(t) * Lm * K, K);
+  out.distinct_experts.resize(Lm);
+  for (int l = 0; l < Lm; ++l) out.distinct_experts[l] = experts.Layer(l);
   return out;
 }
 

@@ -1,8 +1,8 @@
 #include "runtime/model/model_config.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <filesystem>
+
+#include "runtime/common/yaml.h"
 
 namespace eldr {
 
@@ -46,14 +46,7 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& name) {
 }
 
 Result<ModelConfig> LoadModelConfig(const std::string& path) {
-  if (!std::filesystem::exists(path)) return Status::NotFound(path + ": no such file");
-  YAML::Node y;
-  try {
-    y = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    return Status::InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
-  }
-  if (!y.IsMap()) return Status::InvalidArgument(path + ": a model config must be a YAML mapping");
+  ELDR_ASSIGN_OR_RETURN(const YAML::Node y, LoadYamlFile(path, "a model config"));
   ModelConfig c;
   Status error;
   auto get_int = [&](const char* key, int* v, bool required) {
@@ -66,8 +59,7 @@ Result<ModelConfig> LoadModelConfig(const std::string& path) {
     try {
       *v = n.as<int>();
     } catch (const YAML::Exception&) {
-      error = Status::InvalidArgument(path + ":" + std::to_string(n.Mark().line + 1) + ": field '" + key +
-                                      "' must be an integer");
+      error = YamlError(path, n, std::string("field '") + key + "' must be an integer");
     }
   };
   auto get_double = [&](const char* key, double* v) {

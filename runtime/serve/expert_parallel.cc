@@ -5,8 +5,8 @@
 #include <filesystem>
 
 #include "kernels/ops.h"
+#include "runtime/calib/placement_store.h"
 #include "runtime/common/check.h"
-#include "runtime/common/hdf5.h"
 
 namespace eldr {
 
@@ -18,7 +18,7 @@ Result<Placement> LoadDecoderPlacement(const JobConfig& c, const ModelConfig& mc
       return Status::InvalidArgument(c.path + ": decode.placement contiguous puts E/G experts on each EP rank, but the "
                                      "model has E = " + std::to_string(E) + " experts and decode.ep_size is " +
                                      std::to_string(G) + "; choose an ep_size that divides " + std::to_string(E) +
-                                     " or a placement file (eldr place --calib)");
+                                     " or a placement file (eldr place calib)");
     }
     return p;
   }
@@ -29,33 +29,18 @@ Result<Placement> LoadDecoderPlacement(const JobConfig& c, const ModelConfig& mc
     return Status::InvalidArgument(c.path + ": decode.placement " + path +
                                    ": no such file (give contiguous or a calibration.h5 with /placement)");
   }
-  auto opened = h5::File::OpenReadOnly(path);
-  if (!opened.ok()) return Status::InvalidArgument(opened.status().message());
-  const h5::File& f = opened.value();
-  if (!f.Exists("/placement")) {
-    return bad("no /placement to use as decode.placement; run eldr place --calib " + path + " --ranks " +
+  // calib/placement_store.h: decoder k serves cluster k; its placement is cluster_k, else global.
+  auto stored = ReadPlacements(path, L, E, decoder, decoder + 1);
+  if (!stored.ok()) return Status::InvalidArgument(stored.status().message());
+  if (!stored.value().present) {
+    return bad("no /placement to use as decode.placement; run eldr place calib --calib " + path + " --ranks " +
                std::to_string(G) + " --slots P");
   }
-  auto ranks = f.ReadIntAttribute("/placement", "num_ranks");
-  if (!ranks.ok()) return Status::InvalidArgument(ranks.status().message());
-  if (ranks.value() != G) {
-    return bad("/placement is for " + std::to_string(ranks.value()) + " EP ranks but decode.ep_size is " +
-               std::to_string(G) + " (" + c.path + "); re-run eldr place --calib with --ranks " + std::to_string(G));
+  if (stored.value().num_ranks != G) {
+    return bad("/placement is for " + std::to_string(stored.value().num_ranks) + " EP ranks but decode.ep_size is " +
+               std::to_string(G) + " (" + c.path + "); re-run eldr place calib with --ranks " + std::to_string(G));
   }
-  const std::string cluster = "/placement/cluster_" + std::to_string(decoder);
-  const std::string group = f.Exists(cluster + "/phy2log") ? cluster : std::string("/placement/global");
-  if (!f.Exists(group + "/phy2log")) return bad("/placement has neither " + cluster + " nor /placement/global");
-  h5::Dims dims;
-  auto phy2log = f.Read<int32_t>(group + "/phy2log", &dims, 2);
-  if (!phy2log.ok()) return Status::InvalidArgument(phy2log.status().message());
-  if (dims[0] != static_cast<hsize_t>(L)) {
-    return bad(group + "/phy2log has " + std::to_string(dims[0]) + " MoE layers, the model " + mc.name + " has " +
-               std::to_string(L));
-  }
-  auto pl = PlacementFromPhy2Log(L, E, G, std::move(phy2log).value());
-  if (!pl.ok()) return bad(group + "/phy2log does not fit the model's " + std::to_string(E) + " experts on " +
-                           std::to_string(G) + " EP ranks: " + pl.status().message());
-  return pl;
+  return std::move(stored.value().per_cluster[0]);
 }
 
 EpDispatchPlan PlanDispatch(const Placement& pl, int l, const int32_t* topk_ids, int T, int K) {

@@ -7,6 +7,7 @@
 #include <map>
 #include <queue>
 
+#include "runtime/common/distinct_experts.h"
 #include "runtime/common/progress.h"
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
@@ -70,13 +71,7 @@ struct DecodeMasks {
       for (int64_t j = 0; j < n; ++j) {
         const int64_t row = r.decode_len() > 0 ? r.prompt_len + j : r.num_tokens - 1;
         const uint16_t* ids = t.token_ids(r.offset + row);
-        uint64_t* out = m.masks.data() + static_cast<size_t>(next + j) * m.L * m.W;
-        for (int l = 0; l < m.L; ++l) {
-          for (int s = 0; s < k; ++s) {
-            const int e = ids[l * k + s];
-            out[l * m.W + e / 64] |= uint64_t{1} << (e % 64);
-          }
-        }
+        TokenExpertSet(ids, m.L, t.shape.num_experts, k, m.masks.data() + static_cast<size_t>(next + j) * m.L * m.W);
       }
       next += n;
     }
@@ -146,7 +141,7 @@ class Simulation {
     prefill_of_.assign(N_, -1);
     counts_.resize(N_);
     allocations_.resize(N_);
-    step_acc_.assign(static_cast<size_t>(masks_.L) * masks_.W, 0);
+    step_experts_ = ExpertUnion(masks_.L, in_.trace.shape.num_experts);
 
     ProgressBar bar("simulating " + std::string(RoutingPolicyName(c_.policy)), N_, progress);
     if (N_ > 0) Push(arrivals_[0], EventKind::kArrival, 0, 0);
@@ -381,16 +376,13 @@ class Simulation {
       dec.stepping = false;
       return;
     }
-    std::fill(step_acc_.begin(), step_acc_.end(), 0);
-    const size_t row = step_acc_.size();
+    step_experts_.Clear();
     int64_t context = 0;
     for (const Sequence& s : dec.running) {
-      const uint64_t* m = masks_.Row(in_.order[s.request], s.produced - 1);
-      for (size_t x = 0; x < row; ++x) step_acc_[x] |= m[x];
+      step_experts_.AddTokenSet(masks_.Row(in_.order[s.request], s.produced - 1));
       context += in_.request(s.request).prompt_len + s.produced;
     }
-    int64_t distinct = 0;
-    for (uint64_t w : step_acc_) distinct += std::popcount(w);
+    const int64_t distinct = step_experts_.Total();
     DecoderStats& st = result_.decoders[d];
     ++st.steps;
     st.batch_sum += static_cast<double>(dec.running.size());
@@ -450,7 +442,7 @@ class Simulation {
   std::vector<std::vector<float>> counts_;        // per request, between prefill and routing
   std::vector<std::vector<BlockId>> allocations_; // per request, its prefill blocks until the KV ships
   std::deque<int64_t> held_;                      // routed later: every decoder at its cap
-  std::vector<uint64_t> step_acc_;
+  ExpertUnion step_experts_{0, 1};  // the experts of the decode step being formed
 
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   uint64_t seq_ = 0;

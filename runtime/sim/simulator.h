@@ -38,7 +38,7 @@
 #include "runtime/serve/job_config.h"
 #include "runtime/serve/metrics.h"
 #include "runtime/serve/workload.h"
-#include "runtime/sim/cost_model.h"
+#include "runtime/cost/cost_model.h"
 
 namespace eldr {
 

@@ -5,6 +5,7 @@
 #include <sstream>
 #include <unordered_map>
 
+#include "runtime/common/distinct_experts.h"
 #include "runtime/common/json_util.h"
 
 namespace eldr {
@@ -123,25 +124,12 @@ void DrawBatch(const Trace& trace, std::vector<int>* pool, int batch_size, std::
   }
 }
 
-// Mean over layers of the number of distinct experts in the tokens' top-k sets.
-// mark: [E] scratch; *stamp increases by one per layer.
-double DistinctPerLayer(const Trace& trace, const std::vector<int64_t>& tokens, std::vector<uint64_t>* mark,
-                        uint64_t* stamp) {
-  const int L = trace.shape.num_layers, K = trace.shape.top_k;
-  int64_t total = 0;
-  for (int l = 0; l < L; ++l) {
-    const uint64_t s = ++*stamp;
-    for (int64_t t : tokens) {
-      const uint16_t* ids = trace.token_ids(t) + static_cast<size_t>(l) * K;
-      for (int j = 0; j < K; ++j) {
-        if ((*mark)[ids[j]] != s) {
-          (*mark)[ids[j]] = s;
-          ++total;
-        }
-      }
-    }
-  }
-  return static_cast<double>(total) / L;
+// Mean over layers of the number of distinct experts in the tokens' top-k sets: distinct experts per step
+// (DESIGN.md §3) divided by L. experts: scratch of the trace's shape.
+double DistinctPerLayer(const Trace& trace, const std::vector<int64_t>& tokens, ExpertUnion* experts) {
+  experts->Clear();
+  for (int64_t t : tokens) experts->AddToken(trace.token_ids(t), trace.shape.top_k);
+  return static_cast<double>(experts->Total()) / trace.shape.num_layers;
 }
 
 nlohmann::json NumberOrNull(double v) { return std::isfinite(v) ? nlohmann::json(v) : nlohmann::json(nullptr); }
@@ -241,8 +229,7 @@ Result<TraceStats> ComputeTraceStats(const Trace& trace, const TraceStatsOptions
   }
   std::sort(all.begin(), all.end());
   std::mt19937_64 rng(options.seed);
-  std::vector<uint64_t> mark(E, 0);
-  uint64_t stamp = 0;
+  ExpertUnion experts(trace.shape.num_layers, E);
   std::vector<int64_t> tokens;
   for (int b : options.batch_sizes) {
     BatchDistinctStats bs;
@@ -253,11 +240,11 @@ Result<TraceStats> ComputeTraceStats(const Trace& trace, const TraceStatsOptions
     for (int i = 0; i < options.num_batches; ++i) {
       auto& g = groups[UniformBelow(rng, groups.size())];
       DrawBatch(trace, &g, b, rng, &tokens);
-      same += DistinctPerLayer(trace, tokens, &mark, &stamp);
+      same += DistinctPerLayer(trace, tokens, &experts);
     }
     for (int i = 0; i < options.num_batches; ++i) {
       DrawBatch(trace, &all, b, rng, &tokens);
-      mixed += DistinctPerLayer(trace, tokens, &mark, &stamp);
+      mixed += DistinctPerLayer(trace, tokens, &experts);
     }
     bs.same_domain = same / options.num_batches;
     bs.mixed = mixed / options.num_batches;

@@ -16,7 +16,8 @@ source "$SRC/tests/lib.sh"
 # ---- help and version ----
 run_ok "--version" "$ELDR" --version
 grep -q "^eldr " "$WORK/out.txt" || bad "--version prints the version"
-for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect" "route" "serve" "place" "simulate"; do
+for sub in "trace import" "trace synth" "trace stats" "calibrate" "inspect" "route" "serve" "place" "place profile" \
+  "place calib" "place evaluate" "simulate"; do
   run_ok "help: $sub" $ELDR $sub --help
 done
 
@@ -42,9 +43,9 @@ $PY -c "import json; j=json.load(open('$WORK/out.txt')); p=j['policies'][0]; ass
 
 # ---- eldr place on a real expert-load profile ----
 PROFILE="$SRC/bench/data/expert-load-profiles/Qwen3-Coder-30B-A3B-Instruct_expert_scores_summary.json"
-run_ok "place eldr" "$ELDR" place --load "$PROFILE" --algorithm eldr -P 160 -R 16 -N 2 -G 8 --json
+run_ok "place eldr" "$ELDR" place profile --load "$PROFILE" --algorithm eldr -P 160 -R 16 -N 2 -G 8 --json
 cp "$WORK/out.txt" place_eldr.json
-run_ok "place deepseek-hierarchical" "$ELDR" place --load "$PROFILE" --algorithm deepseek-hierarchical -P 160 -R 16 -N 2 -G 8 --json
+run_ok "place deepseek-hierarchical" "$ELDR" place profile --load "$PROFILE" --algorithm deepseek-hierarchical -P 160 -R 16 -N 2 -G 8 --json
 $PY - "$WORK/place_eldr.json" "$WORK/out.txt" <<'PYEOF'
 import json, sys
 e, d = (json.load(open(p)) for p in sys.argv[1:3])
@@ -60,9 +61,9 @@ for layer in range(L):
 assert e["balancedness"] >= d["balancedness"], (e["balancedness"], d["balancedness"])
 PYEOF
 [ $? -eq 0 ] && ok "place: invariants, eldr at least as balanced as hierarchical EPLB" || bad "place invariants"
-run_ok "place with --previous: no moves for the same load" "$ELDR" place --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous place_eldr.json --json
+run_ok "place with --previous: no moves for the same load" "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous place_eldr.json --json
 $PY -c "import json; assert json.load(open('$WORK/out.txt'))['moved_experts'] == 0" && ok "zero moves" || bad "zero moves"
-run_ok "place per cluster into a calibration" "$ELDR" place --calib calib.h5 --out placed.h5 -P 80 -R 8 --json
+run_ok "place per cluster into a calibration" "$ELDR" place calib --calib calib.h5 --out placed.h5 -P 80 -R 8 --json
 $PY - "$WORK/placed.h5" <<'PYEOF'
 import sys, h5py, numpy as np
 f = h5py.File(sys.argv[1], "r")
@@ -80,8 +81,8 @@ for g in f["/placement"].values():
 PYEOF
 [ $? -eq 0 ] && ok "per-cluster placements under /placement (h5py)" || bad "per-cluster placements under /placement"
 run_ok "a placed calibration still loads" "$ELDR" inspect placed.h5
-expect_error "place: slots not divisible by ranks" "P = 150 must be a multiple of ranks R = 16" - "$ELDR" place --load "$PROFILE" -P 150 -R 16
-expect_error "place: missing load file" "nope.json" - "$ELDR" place --load nope.json -P 160 -R 16
+expect_error "place: slots not divisible by ranks" "P = 150 must be a multiple of ranks R = 16" - "$ELDR" place profile --load "$PROFILE" -P 150 -R 16
+expect_error "place: missing load file" "nope.json" - "$ELDR" place profile --load nope.json -P 160 -R 16
 
 # ---- the files as h5py and h5dump see them (names, types, shapes of DESIGN.md §5) ----
 if $PY - "$WORK" <<'PYEOF'
@@ -235,9 +236,10 @@ for p in j['policies']:
 " && ok "cap respected, every request routed" || bad "cap respected, every request routed"
 expect_error "absurd batch size" "batch sizes must be in" - "$ELDR" trace stats real.h5 --batch-sizes 100000000
 
-# ---- eldr place --evaluate: held-out decode steps through contiguous, global and per-cluster placements ----
-grep -q -- "--evaluate" <("$ELDR" place --help) && ok "place --help documents --evaluate" || bad "place --help documents --evaluate"
-run_ok "place --evaluate: stored placements, held-out requests" "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 \
+# ---- eldr place evaluate: held-out decode steps through contiguous, global and per-cluster placements ----
+"$ELDR" place --help | grep -q "evaluate" && "$ELDR" place evaluate --help | grep -q -- "--holdout-from-calib" \
+  && ok "place --help lists evaluate, whose --help documents --holdout-from-calib" || bad "place --help lists evaluate"
+run_ok "place --evaluate: stored placements, held-out requests" "$ELDR" place evaluate --trace real.h5 --calib placed.h5 \
   --holdout-from-calib --json --out eval.json
 # An independent numpy replay: nearest centroid of the count-idf signature over the layer mask, round-robin
 # steps of 16 tokens (a shorter last step dropped), rank loads with replicas sharing evenly, DESIGN.md §3.
@@ -311,12 +313,12 @@ for name, v in pooled.items():
     assert close(got["mean_max_rank_load"], np.mean([x[1] for x in v])), name
 assert j["overall"]["steps"] == len(pooled["contiguous"]) > 0
 PYEOF
-[ $? -eq 0 ] && ok "place --evaluate equals an independent numpy replay (held-out set, clusters, steps, rank loads)" \
-  || bad "place --evaluate equals an independent numpy replay"
-run_ok "place --evaluate: table" "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 --holdout-from-calib
+[ $? -eq 0 ] && ok "place evaluate equals an independent numpy replay (held-out set, clusters, steps, rank loads)" \
+  || bad "place evaluate equals an independent numpy replay"
+run_ok "place --evaluate: table" "$ELDR" place evaluate --trace real.h5 --calib placed.h5 --holdout-from-calib
 grep -qE "^all +[0-9]+ +[0-9]+ +contiguous" "$WORK/out.txt" && grep -q "per-cluster" "$WORK/out.txt" && grep -q "^# " "$WORK/out.txt" \
-  && ok "place --evaluate prints a header and a table" || bad "place --evaluate prints a header and a table" "$(head -3 "$WORK/out.txt")"
-run_ok "place --evaluate: R = 16 placed now, every request" "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 -R 16 -P 80 --json
+  && ok "place evaluate prints a header and a table" || bad "place evaluate prints a header and a table" "$(head -3 "$WORK/out.txt")"
+run_ok "place --evaluate: R = 16 placed now, every request" "$ELDR" place evaluate --trace real.h5 --calib placed.h5 -R 16 -P 80 --json
 $PY -c "
 import json; j = json.load(open('$WORK/out.txt'))
 assert j['num_ranks'] == 16 and j['placements'].startswith('placed now with eldr'), j['placements']
@@ -325,29 +327,46 @@ assert sum(c['requests'] for c in j['clusters']) == 108
 for b in j['overall'].values():
     if isinstance(b, dict): assert 0 < b['p1_balancedness'] <= b['mean_balancedness'] <= 1 and b['mean_max_rank_load'] >= 6
 " && ok "R = 16: placed now, all requests counted, members flagged" || bad "R = 16: placed now, all requests counted"
-run_ok "place --evaluate: no /placement, ranks given" "$ELDR" place --evaluate --trace real.h5 --calib calib.h5 -R 8 --batch 8
+run_ok "place --evaluate: no /placement, ranks given" "$ELDR" place evaluate --trace real.h5 --calib calib.h5 -R 8 --batch 8
 head -c 20000 /dev/urandom > ecorrupt.h5
 expect_error "evaluate: trace of another model shape" "syn.h5: model shape .* differs from placed.h5" ev.json \
-  "$ELDR" place --evaluate --trace syn.h5 --calib placed.h5 --out ev.json
+  "$ELDR" place evaluate --trace syn.h5 --calib placed.h5 --out ev.json
 expect_error "evaluate: ranks do not divide the experts" "E = 64 to be a multiple of ranks R = 12" ev.json \
-  "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 -R 12 -P 84 --out ev.json
+  "$ELDR" place evaluate --trace real.h5 --calib placed.h5 -R 12 -P 84 --out ev.json
 expect_error "evaluate: missing trace" "nope.h5: no such file" ev.json \
-  "$ELDR" place --evaluate --trace nope.h5 --calib placed.h5 --out ev.json
+  "$ELDR" place evaluate --trace nope.h5 --calib placed.h5 --out ev.json
 expect_error "evaluate: corrupt calibration" "ecorrupt.h5: not an HDF5 file" ev.json \
-  "$ELDR" place --evaluate --trace real.h5 --calib ecorrupt.h5 --out ev.json
+  "$ELDR" place evaluate --trace real.h5 --calib ecorrupt.h5 --out ev.json
 expect_error "evaluate: truncated trace" "truncated.h5" ev.json \
-  "$ELDR" place --evaluate --trace truncated.h5 --calib placed.h5 --out ev.json
+  "$ELDR" place evaluate --trace truncated.h5 --calib placed.h5 --out ev.json
 expect_error "evaluate: no /placement and no --ranks" "calib.h5 has no /placement" ev.json \
-  "$ELDR" place --evaluate --trace real.h5 --calib calib.h5 --out ev.json
+  "$ELDR" place evaluate --trace real.h5 --calib calib.h5 --out ev.json
 expect_error "evaluate: nothing held out" "real.h5: no held-out request" ev.json \
-  "$ELDR" place --evaluate --trace real.h5 --calib tau.h5 -R 8 --holdout-from-calib --out ev.json
-expect_error "evaluate: without --trace" "--evaluate needs --trace" - "$ELDR" place --evaluate --calib placed.h5
+  "$ELDR" place evaluate --trace real.h5 --calib tau.h5 -R 8 --holdout-from-calib --out ev.json
+# A missing required option or subcommand is CLI11's error (and its "Run with --help" line).
+"$ELDR" place evaluate --calib placed.h5 >"$WORK/out.txt" 2>"$WORK/err.txt"
+[ $? -ne 0 ] && grep -q -- "--trace is required" "$WORK/err.txt" && ok "evaluate: without --trace" \
+  || bad "evaluate: without --trace" "$(cat "$WORK/err.txt")"
+"$ELDR" place --load "$PROFILE" -P 160 -R 16 >"$WORK/out.txt" 2>"$WORK/err.txt"
+[ $? -ne 0 ] && ok "place: the pre-0.2 flags without a subcommand are refused" || bad "place: pre-0.2 flags refused"
 expect_error "evaluate: unwritable --out" "no/dir/ev.json: cannot write" no/dir/ev.json \
-  "$ELDR" place --evaluate --trace real.h5 --calib placed.h5 --out no/dir/ev.json
+  "$ELDR" place evaluate --trace real.h5 --calib placed.h5 --out no/dir/ev.json
 cp placed.h5 noclus.h5 && $PY -c "import h5py; f=h5py.File('noclus.h5','r+'); del f['/placement/cluster_2']"
-expect_error "evaluate: /placement lacks a cluster" "noclus.h5: /placement has no cluster_2" ev.json \
-  "$ELDR" place --evaluate --trace real.h5 --calib noclus.h5 --out ev.json
-expect_error "place without --slots" "--slots \(-P\) and --ranks \(-R\) are required" - "$ELDR" place --load "$PROFILE" -R 16
+run_ok "evaluate: /placement lacks a cluster (it uses global, as eldr serve does)" \
+  "$ELDR" place evaluate --trace real.h5 --calib noclus.h5 --json
+$PY -c "
+import json; j = json.load(open('$WORK/out.txt'))
+assert 'no cluster_k for cluster 2: global used' in j['placements'], j['placements']
+c = j['clusters'][2]
+assert c['steps'] == 0 or c['per_cluster'] == c['global'], c
+" && ok "a missing cluster_k is replayed with the global placement" || bad "a missing cluster_k uses global"
+cp placed.h5 noalgo.h5 && $PY -c "import h5py; f=h5py.File('noalgo.h5','r+'); del f['/placement'].attrs['algorithm']"
+run_ok "evaluate: a /placement that does not record its algorithm" "$ELDR" place evaluate --trace real.h5 --calib noalgo.h5 --json
+$PY -c "import json; j = json.load(open('$WORK/out.txt')); assert j['placements'].startswith('placed now with eldr'), j['placements']" \
+  && ok "an unrecorded algorithm is placed now, not matched" || bad "an unrecorded algorithm is placed now"
+"$ELDR" place profile --load "$PROFILE" -R 16 >"$WORK/out.txt" 2>"$WORK/err.txt"
+[ $? -ne 0 ] && grep -q -- "--slots is required" "$WORK/err.txt" && ok "place profile without --slots" \
+  || bad "place profile without --slots" "$(cat "$WORK/err.txt")"
 
 # An existing output survives a failed run untouched.
 cp calib.h5 keep.h5; before=$(md5sum < keep.h5)

@@ -207,8 +207,8 @@ done
 # does, with the contiguous placement and with a per-cluster placement that replicates hot experts, and the
 # metrics carry each decoder's per-rank loads. max_batch 4: every product of a step has at most 4 rows, so a
 # sequence's arithmetic does not depend on which requests share its steps.
-"$ELDR" place --calib calib2.h5 --out calib2-ep2.h5 --algorithm eldr --slots 10 --ranks 2 >/dev/null
-"$ELDR" place --calib calib2.h5 --out calib2-ep4.h5 --algorithm eldr --slots 8 --ranks 4 >/dev/null
+"$ELDR" place calib --calib calib2.h5 --out calib2-ep2.h5 --algorithm eldr --slots 10 --ranks 2 >/dev/null
+"$ELDR" place calib --calib calib2.h5 --out calib2-ep4.h5 --algorithm eldr --slots 8 --ranks 4 >/dev/null
 ep_job() {  # NAME EP_SIZE PLACEMENT
   job "$1" 1 2 jsq ""
   sed -i "s|decode: {max_batch: 4}|decode: {max_batch: 4, ep_size: $2, placement: $3}|; s|output: {dir: \(.*\)}|output: {dir: \1, tokens: true}|" "$1.yaml"

@@ -93,7 +93,7 @@ TEST_F(EpConfig, ContiguousPlacementPutsExpertEOnRankEOverEPerRank) {
   EXPECT_NE(st.message().find("E = 8 experts and decode.ep_size is 3"), std::string::npos) << st.message();
 }
 
-// A calibration-like file with /placement as `eldr place --calib` writes it: cluster_1 and global.
+// A calibration-like file with /placement as `eldr place calib` writes it (no algorithm, nodes or groups): cluster_1 and global.
 TEST_F(EpConfig, PlacementFileUsesTheDecodersClusterElseGlobalAndChecksTheRankCount) {
   const std::string path = (dir_ / "calib.h5").string();
   {

@@ -1,4 +1,4 @@
-// eldr place --evaluate: rank loads and balancedness of one step against hand-computed values (replicas
+// eldr place evaluate: rank loads and balancedness of one step against hand-computed values (replicas
 // split an expert's load, layers are summed before dividing), the contiguous placement, the round-robin
 // decode steps, a whole replay on a hand-built trace and calibration, reading /placement, and invariants on
 // a synthetic trace with strong domain structure (per-cluster placement at least as balanced as contiguous).
@@ -14,7 +14,7 @@
 #include "runtime/calib/calibrate.h"
 #include "runtime/calib/calibration.h"
 #include "runtime/common/hdf5.h"
-#include "runtime/router/placement_replay.h"
+#include "runtime/eval/placement_replay.h"
 #include "runtime/trace/synth.h"
 
 namespace eldr {
@@ -332,7 +332,7 @@ TEST_F(PlacementEvalFileTest, PerClusterBeatsContiguousOnStrongDomains) {
   }
 }
 
-TEST_F(PlacementEvalFileTest, ReadsStoredPlacements) {
+TEST_F(PlacementEvalFileTest, ReadsStoredPlacementsWithTheFallbackRule) {
   const Trace t = DomainTrace();
   CalibrateOptions co;
   co.num_decoders = 2;
@@ -342,11 +342,11 @@ TEST_F(PlacementEvalFileTest, ReadsStoredPlacements) {
   const Calibration& c = calib.value();
   const std::string path = Path("c.h5");
   ASSERT_TRUE(WriteCalibration(c, path).ok());
-  auto none = ReadStoredPlacements(path, c);
+  auto none = ReadPlacements(path, 4, 32, 0, 2);
   ASSERT_TRUE(none.ok()) << none.status().message();
   EXPECT_FALSE(none.value().present);
 
-  // Write what eldr place --calib writes: attributes and each placement's phy2log [L, P].
+  // A hand-written /placement (no algorithm, nodes or groups) with cluster_0 and global only.
   PlacementSpec spec;
   spec.num_ranks = 4;
   spec.num_slots = 36;
@@ -358,36 +358,39 @@ TEST_F(PlacementEvalFileTest, ReadsStoredPlacements) {
     ASSERT_TRUE(f.ok());
     h5::File& h = f.value();
     ASSERT_TRUE(h.CreateGroup("/placement").ok());
-    ASSERT_TRUE(h.WriteAttribute("/placement", "algorithm", std::string("eldr")).ok());
     ASSERT_TRUE(h.WriteAttribute("/placement", "num_slots", int64_t{36}).ok());
     ASSERT_TRUE(h.WriteAttribute("/placement", "num_ranks", int64_t{4}).ok());
-    ASSERT_TRUE(h.WriteAttribute("/placement", "num_nodes", int64_t{1}).ok());
-    ASSERT_TRUE(h.WriteAttribute("/placement", "num_groups", int64_t{1}).ok());
     ASSERT_TRUE(h.Write("/placement/cluster_0/phy2log", pl.per_cluster[0].phy2log, {4, 36}).ok());
     ASSERT_TRUE(h.Write("/placement/global/phy2log", pl.global.phy2log, {4, 36}).ok());
     ASSERT_TRUE(h.Close().ok());
   }
-  auto missing = ReadStoredPlacements(path, c);
-  ASSERT_FALSE(missing.ok());
-  EXPECT_NE(missing.status().message().find(path + ": /placement has no cluster_1/phy2log"), std::string::npos)
-      << missing.status().message();
-  {
-    auto f = h5::File::OpenReadWrite(path, path);
-    ASSERT_TRUE(f.ok());
-    ASSERT_TRUE(f.value().Write("/placement/cluster_1/phy2log", pl.per_cluster[1].phy2log, {4, 36}).ok());
-    ASSERT_TRUE(f.value().Close().ok());
-  }
-  auto stored = ReadStoredPlacements(path, c);
+  auto stored = ReadPlacements(path, 4, 32, 0, 2);
   ASSERT_TRUE(stored.ok()) << stored.status().message();
   const StoredPlacements& s = stored.value();
   EXPECT_TRUE(s.present);
-  EXPECT_EQ(s.algorithm, "eldr");
+  EXPECT_EQ(s.algorithm, "");
   EXPECT_EQ(s.num_ranks, 4);
   EXPECT_EQ(s.num_slots, 36);
+  EXPECT_EQ(s.num_nodes, 1);
+  EXPECT_FALSE(s.Matches(spec));  // the algorithm is not recorded
   ASSERT_EQ(s.per_cluster.size(), 2u);
-  EXPECT_EQ(s.per_cluster[1].phy2log, pl.per_cluster[1].phy2log);
-  EXPECT_EQ(s.per_cluster[1].logcnt, pl.per_cluster[1].logcnt);
+  EXPECT_EQ(s.per_cluster[0].phy2log, pl.per_cluster[0].phy2log);
+  EXPECT_EQ(s.per_cluster[0].logcnt, pl.per_cluster[0].logcnt);
+  EXPECT_EQ(s.per_cluster[1].phy2log, pl.global.phy2log);  // no cluster_1: the global placement
+  EXPECT_EQ(s.from_global, std::vector<int>{1});
   EXPECT_EQ(s.global.phy2log, pl.global.phy2log);
+  // Only cluster 1 asked for (a decoder's read).
+  auto one = ReadPlacements(path, 4, 32, 1, 2);
+  ASSERT_TRUE(one.ok());
+  ASSERT_EQ(one.value().per_cluster.size(), 1u);
+  EXPECT_EQ(one.value().per_cluster[0].phy2log, pl.global.phy2log);
+  // Another model's layer count: Corrupt, naming the file and the dataset.
+  auto other = ReadPlacements(path, 5, 32, 0, 2);
+  ASSERT_FALSE(other.ok());
+  EXPECT_EQ(other.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(other.status().message().find(path + ": /placement/global/phy2log is [4, 36], expected [L = 5, P = 36]"),
+            std::string::npos)
+      << other.status().message();
 }
 
 }  // namespace

@@ -11,7 +11,7 @@
 #include "runtime/calib/calibrate.h"
 #include "runtime/serve/workload.h"
 #include "runtime/signature/signature.h"
-#include "runtime/sim/cost_model.h"
+#include "runtime/cost/cost_model.h"
 #include "runtime/sim/simulator.h"
 #include "runtime/trace/synth.h"
 

@@ -1,4 +1,4 @@
-#include "runtime/router/replay.h"
+#include "runtime/eval/route_replay.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "runtime/common/distinct_experts.h"
 #include "runtime/common/json_util.h"
 #include "runtime/signature/signature.h"
 
@@ -62,8 +63,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
   report.num_decoders = K;
   report.num_requests = static_cast<int>(order.size());
   std::vector<RoutingPolicy> policies = o.policies.empty() ? AllRoutingPolicies() : o.policies;
-  std::vector<int64_t> stamp(E, -1);
-  int64_t stamp_id = 0;
+  ExpertUnion experts(L, E);  // one decode step's experts
   for (RoutingPolicy p : policies) {
     RouterConfig rc;
     rc.policy = p;
@@ -130,20 +130,12 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
       for (int dec = 0; dec < K; ++dec) {
         auto& batch = active[dec];
         if (batch.empty()) continue;
-        int64_t distinct = 0;
-        for (int l = 0; l < L; ++l) {
-          ++stamp_id;
-          for (const Active& a : batch) {
-            const TraceRequest& req = trace.requests[a.request];
-            const uint16_t* ids = trace.token_ids(req.offset + req.prompt_len + a.progress) + l * k;
-            for (int j = 0; j < k; ++j) {
-              if (stamp[ids[j]] != stamp_id) {
-                stamp[ids[j]] = stamp_id;
-                ++distinct;
-              }
-            }
-          }
+        experts.Clear();
+        for (const Active& a : batch) {
+          const TraceRequest& req = trace.requests[a.request];
+          experts.AddToken(trace.token_ids(req.offset + req.prompt_len + a.progress), k);
         }
+        const int64_t distinct = experts.Total();
         distinct_sum[dec] += static_cast<double>(distinct);
         batch_sum[dec] += static_cast<double>(batch.size());
         ++ps.decoders[dec].steps;

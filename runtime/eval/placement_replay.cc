@@ -1,4 +1,4 @@
-#include "runtime/router/placement_replay.h"
+#include "runtime/eval/placement_replay.h"
 
 #include <algorithm>
 #include <cmath>
@@ -7,8 +7,8 @@
 #include <sstream>
 
 #include "runtime/common/check.h"
-#include "runtime/common/hdf5.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/usable_request.h"
 #include "runtime/router/router.h"
 #include "runtime/signature/signature.h"
 
@@ -93,90 +93,17 @@ std::string Cell(double v, int decimals) { return std::isfinite(v) ? Fmt(v, deci
 
 }  // namespace
 
-std::vector<double> GlobalExpertLoad(const Calibration& calib) {
-  const size_t row = static_cast<size_t>(calib.shape.num_layers) * calib.shape.num_experts;
-  std::vector<double> global(row, 0.0);
-  for (int k = 0; k < calib.num_clusters; ++k) {
-    const float* load = calib.expert_load.data() + k * row;
-    for (size_t x = 0; x < row; ++x) global[x] += static_cast<double>(load[x]) * static_cast<double>(calib.sizes[k]);
-  }
-  return global;
-}
-
 Result<ComparedPlacements> PlaceForEvaluation(const Calibration& calib, const PlacementSpec& spec,
                                               const std::string& calib_name) {
-  const int K = calib.num_clusters, L = calib.shape.num_layers, E = calib.shape.num_experts;
-  const size_t row = static_cast<size_t>(L) * E;
   ComparedPlacements out;
-  auto contiguous = ContiguousPlacement(L, E, spec.num_ranks);
+  auto contiguous = ContiguousPlacement(calib.shape.num_layers, calib.shape.num_experts, spec.num_ranks);
   if (!contiguous.ok()) return contiguous.status().WithPrefix(calib_name);
   out.contiguous = std::move(contiguous).value();
-  PlacementProblem p;
-  p.num_layers = L;
-  p.num_experts = E;
-  p.num_slots = spec.num_slots;
-  p.num_ranks = spec.num_ranks;
-  p.num_nodes = spec.num_nodes;
-  p.num_groups = spec.num_groups;
-  for (int k = 0; k <= K; ++k) {
-    if (k < K) {
-      p.load.assign(calib.expert_load.begin() + k * row, calib.expert_load.begin() + (k + 1) * row);
-    } else {
-      p.load = GlobalExpertLoad(calib);
-    }
-    auto placed = Place(p, spec.algorithm);
-    if (!placed.ok()) return placed.status().WithPrefix(calib_name);
-    if (k < K) {
-      out.per_cluster.push_back(std::move(placed).value());
-    } else {
-      out.global = std::move(placed).value();
-    }
-  }
+  auto placed = PlaceClusters(calib, spec);
+  if (!placed.ok()) return placed.status().WithPrefix(calib_name);
+  out.global = std::move(placed.value().global);
+  out.per_cluster = std::move(placed.value().per_cluster);
   out.source = std::string("placed now with ") + PlacementAlgorithmName(spec.algorithm);
-  return out;
-}
-
-Result<StoredPlacements> ReadStoredPlacements(const std::string& path, const Calibration& calib) {
-  StoredPlacements out;
-  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
-  if (!f.Exists("/placement")) return out;
-  out.present = true;
-  ELDR_ASSIGN_OR_RETURN(out.algorithm, f.ReadStringAttribute("/placement", "algorithm"));
-  ELDR_ASSIGN_OR_RETURN(int64_t ranks, f.ReadIntAttribute("/placement", "num_ranks"));
-  ELDR_ASSIGN_OR_RETURN(int64_t slots, f.ReadIntAttribute("/placement", "num_slots"));
-  ELDR_ASSIGN_OR_RETURN(int64_t nodes, f.ReadIntAttribute("/placement", "num_nodes"));
-  ELDR_ASSIGN_OR_RETURN(int64_t groups, f.ReadIntAttribute("/placement", "num_groups"));
-  const int L = calib.shape.num_layers, E = calib.shape.num_experts;
-  if (ranks < 1 || ranks > (1 << 20) || slots < E || slots > (1 << 24) || nodes < 1 || groups < 1) {
-    return Status::Corrupt(path + ": /placement has num_ranks = " + std::to_string(ranks) + ", num_slots = " +
-                           std::to_string(slots) + " (needs R >= 1 and P >= E = " + std::to_string(E) + ")");
-  }
-  out.num_ranks = static_cast<int>(ranks);
-  out.num_slots = static_cast<int>(slots);
-  out.num_nodes = static_cast<int>(nodes);
-  out.num_groups = static_cast<int>(groups);
-  for (int k = 0; k <= calib.num_clusters; ++k) {
-    const std::string g =
-        k < calib.num_clusters ? "/placement/cluster_" + std::to_string(k) : std::string("/placement/global");
-    if (!f.Exists(g + "/phy2log")) {
-      return Status::Corrupt(path + ": /placement has no " + g.substr(11) + "/phy2log (the calibration has K = " +
-                             std::to_string(calib.num_clusters) + "); re-run eldr place --calib");
-    }
-    h5::Dims dims;
-    ELDR_ASSIGN_OR_RETURN(std::vector<int32_t> phy2log, f.Read<int32_t>(g + "/phy2log", &dims, 2));
-    if (dims[0] != static_cast<hsize_t>(L) || dims[1] != static_cast<hsize_t>(slots)) {
-      return Status::Corrupt(path + ": " + g + "/phy2log is [" + std::to_string(dims[0]) + ", " +
-                             std::to_string(dims[1]) + "], expected [L = " + std::to_string(L) +
-                             ", P = " + std::to_string(slots) + "]");
-    }
-    auto pl = PlacementFromPhy2Log(L, E, out.num_ranks, std::move(phy2log));
-    if (!pl.ok()) return Status::Corrupt(path + ": " + g + "/phy2log: " + pl.status().message());
-    if (k < calib.num_clusters) {
-      out.per_cluster.push_back(std::move(pl).value());
-    } else {
-      out.global = std::move(pl).value();
-    }
-  }
   return out;
 }
 
@@ -235,7 +162,7 @@ Result<PlacementReplayReport> ReplayPlacements(const Trace& trace, const Calibra
   for (size_t i = 0; i < trace.requests.size(); ++i) {
     const TraceRequest& r = trace.requests[i];
     const bool member = members.count(r.id) > 0;
-    if (r.prompt_len <= 0 || r.decode_len() <= 0) {
+    if (!IsUsableRequest(r.prompt_len, r.decode_len())) {
       ++rep.num_unusable;
       continue;
     }
@@ -352,7 +279,7 @@ nlohmann::json PlacementReplayReport::ToJson() const {
 
 std::string PlacementReplayReport::ToText() const {
   std::ostringstream os;
-  os << "# eldr place --evaluate: " << trace_name << " on the K = " << num_clusters << " decoder clusters of "
+  os << "# eldr place evaluate: " << trace_name << " on the K = " << num_clusters << " decoder clusters of "
      << calib_name << "\n";
   os << "# requests: " << num_requests
      << (holdout_only ? " held out (not calibration members)" : " (every usable one)");

@@ -1,4 +1,4 @@
-// `eldr place --evaluate`: replays the decode steps of a routing trace's requests through expert placements
+// `eldr place evaluate`: replays the decode steps of a routing trace's requests through expert placements
 // and measures how evenly each step's expert activations spread over the expert-parallel (EP) ranks of the
 // decoder that serves them. It compares, for every decoder cluster of a calibration, three placements:
 //  - contiguous:  no redundant slots, expert e on rank e / (E/R) (what an EP group does when nothing is placed);
@@ -37,6 +37,7 @@
 
 #include "placement/placement.h"
 #include "runtime/calib/calibration.h"
+#include "runtime/calib/placement_store.h"
 #include "runtime/common/status.h"
 #include "runtime/trace/trace.h"
 
@@ -50,36 +51,11 @@ struct ComparedPlacements {
   std::string source;                  // where global and per-cluster came from, for the report
 };
 
-struct PlacementSpec {
-  int num_ranks = 0;   // R
-  int num_slots = 0;   // P
-  int num_nodes = 1;   // N
-  int num_groups = 1;  // G
-  PlacementAlgorithm algorithm = PlacementAlgorithm::kEldr;
-};
-
-// The global load: Σ_k sizes[k] · /clusters/expert_load[k], [L, E] (the load `eldr place --calib` places
-// under /placement/global: every member request weighs the same).
-std::vector<double> GlobalExpertLoad(const Calibration& calib);
-
-// Places per-cluster (/clusters/expert_load[k]) and global (GlobalExpertLoad) with `spec`, and builds the
+// Places per-cluster and global (calib/placement_store.h PlaceClusters) with `spec`, and builds the
 // contiguous placement for spec.num_ranks. Errors (InvalidArgument from Place, E % R != 0) are prefixed with
-// `calib_name`.
+// `calib_name`. The stored placements, when they match, come from ReadPlacements (the CLI chooses).
 Result<ComparedPlacements> PlaceForEvaluation(const Calibration& calib, const PlacementSpec& spec,
                                               const std::string& calib_name);
-
-// What `eldr place --calib` stored under /placement of a calibration file.
-struct StoredPlacements {
-  bool present = false;  // false: the file has no /placement group (the other fields are empty)
-  std::string algorithm;
-  int num_ranks = 0, num_slots = 0, num_nodes = 1, num_groups = 1;
-  Placement global;
-  std::vector<Placement> per_cluster;  // [K]
-};
-// Reads /placement of `path`. Corrupt (naming the file and the object) when the group exists but lacks
-// global or cluster_k for some k < calib.num_clusters, or a phy2log is not a valid [L, P] placement of the
-// calibration's L and E on num_ranks ranks.
-Result<StoredPlacements> ReadStoredPlacements(const std::string& path, const Calibration& calib);
 
 // Step 3 of the replay: the decode steps of one decoder whose requests are `request_indices` (rows of
 // trace.requests, batched in this order). Returns the global token rows of each step.

@@ -1,4 +1,5 @@
-// The simulator's cost model (DESIGN.md §4 sim/): how long a prefill, a decode step and a KV transfer take.
+// The simulator's cost model (runtime/cost/, below sim/ and router/: the simulator and a cost-aware router read
+// it): how long a prefill, a decode step and a KV transfer take.
 //
 //   decode step   t = a + b·distinct_experts + c·batch_tokens + d·context_tokens
 //   prefill       t = a + b·computed_prompt_tokens

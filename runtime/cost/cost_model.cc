@@ -1,6 +1,4 @@
-#include "runtime/sim/cost_model.h"
-
-#include <yaml-cpp/yaml.h>
+#include "runtime/cost/cost_model.h"
 
 #include <Eigen/Dense>
 #include <algorithm>
@@ -13,6 +11,7 @@
 #include <sstream>
 
 #include "runtime/common/json_util.h"
+#include "runtime/common/yaml.h"
 
 namespace eldr {
 
@@ -50,24 +49,12 @@ Status ApplyYaml(const YAML::Node& y, const std::string& where, CostModel* m) {
       v = std::numeric_limits<double>::quiet_NaN();
     }
     if (!std::isfinite(v) || v < 0) {
-      return Status::InvalidArgument(where + ":" + std::to_string(n.Mark().line + 1) + ": " +
-                                     (*k.section ? std::string(k.section) + "." : std::string()) + k.name +
+      return YamlError(where, n, (*k.section ? std::string(k.section) + "." : std::string()) + k.name +
                                      " must be a number >= 0");
     }
     m->*k.field = v;
   }
   return Status::Ok();
-}
-
-Result<YAML::Node> ParseYaml(const std::string& path) {
-  if (!fs::exists(path)) return Status::NotFound(path + ": no such file");
-  try {
-    YAML::Node y = YAML::LoadFile(path);
-    if (!y.IsMap()) return Status::InvalidArgument(path + ": expected a YAML mapping");
-    return y;
-  } catch (const YAML::Exception& e) {
-    return Status::InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
-  }
 }
 
 int64_t DtypeBytes(const ModelConfig& m) { return m.torch_dtype == "bfloat16" ? 2 : 4; }
@@ -256,7 +243,7 @@ std::vector<double> NonNegativeLeastSquares(const std::vector<double>& x, const 
 }
 
 Result<CostModel> LoadCostModel(const std::string& path) {
-  ELDR_ASSIGN_OR_RETURN(YAML::Node y, ParseYaml(path));
+  ELDR_ASSIGN_OR_RETURN(YAML::Node y, LoadYamlFile(path, "a cost model"));
   CostModel m;
   m.name = fs::path(path).stem().string();
   m.source = "given (" + path + ")";
@@ -265,7 +252,7 @@ Result<CostModel> LoadCostModel(const std::string& path) {
 }
 
 Result<CostModel> LoadJobCostModel(const std::string& job_path) {
-  ELDR_ASSIGN_OR_RETURN(YAML::Node y, ParseYaml(job_path));
+  ELDR_ASSIGN_OR_RETURN(YAML::Node y, LoadYamlFile(job_path, "a job config"));
   YAML::Node sim = y["simulate"];
   if (!sim || !sim.IsMap()) {
     return Status::NotFound(job_path + ": no 'simulate:' section (give one with a cost_model, or pass --cost-model)");

@@ -1,0 +1,168 @@
+#include "runtime/calib/placement_store.h"
+
+#include <filesystem>
+
+#include "runtime/common/atomic_file.h"
+#include "runtime/common/hdf5.h"
+
+namespace eldr {
+
+namespace {
+
+constexpr const char* kRoot = "/placement";
+constexpr const char* kGlobal = "/placement/global";
+
+std::string ClusterGroup(int k) { return std::string(kRoot) + "/cluster_" + std::to_string(k); }
+
+PlacementProblem ProblemOf(const Calibration& calib, const PlacementSpec& spec) {
+  PlacementProblem p;
+  p.num_layers = calib.shape.num_layers;
+  p.num_experts = calib.shape.num_experts;
+  p.num_slots = spec.num_slots;
+  p.num_ranks = spec.num_ranks;
+  p.num_nodes = spec.num_nodes;
+  p.num_groups = spec.num_groups;
+  return p;
+}
+
+Status WriteGroup(h5::File& f, const std::string& g, const Placement& pl, double balancedness) {
+  const hsize_t L = pl.num_layers, E = pl.num_experts, P = pl.num_slots, R = pl.max_replicas;
+  ELDR_RETURN_IF_ERROR(f.Write(g + "/phy2log", pl.phy2log, {L, P}));
+  ELDR_RETURN_IF_ERROR(f.Write(g + "/log2phy", pl.log2phy, {L, E, R}));
+  ELDR_RETURN_IF_ERROR(f.Write(g + "/logcnt", pl.logcnt, {L, E}));
+  return f.WriteAttribute(g, "balancedness", balancedness);
+}
+
+Status WriteRoot(h5::File& f, const ClusterPlacements& p) {
+  ELDR_RETURN_IF_ERROR(f.Remove(kRoot));
+  ELDR_RETURN_IF_ERROR(f.CreateGroup(kRoot));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute(kRoot, "algorithm", std::string(PlacementAlgorithmName(p.spec.algorithm))));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute(kRoot, "num_slots", static_cast<int64_t>(p.spec.num_slots)));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute(kRoot, "num_ranks", static_cast<int64_t>(p.spec.num_ranks)));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute(kRoot, "num_nodes", static_cast<int64_t>(p.spec.num_nodes)));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute(kRoot, "num_groups", static_cast<int64_t>(p.spec.num_groups)));
+  ELDR_RETURN_IF_ERROR(f.WriteAttribute(kRoot, "num_clusters", static_cast<int64_t>(p.per_cluster.size())));
+  const size_t K = p.per_cluster.size();
+  for (size_t k = 0; k < K; ++k) {
+    ELDR_RETURN_IF_ERROR(WriteGroup(f, ClusterGroup(static_cast<int>(k)), p.per_cluster[k], p.balancedness[k]));
+  }
+  return WriteGroup(f, kGlobal, p.global, p.balancedness[K]);
+}
+
+// An optional integer attribute of /placement: `fallback` when absent.
+int64_t OptionalInt(const h5::File& f, const char* name, int64_t fallback) {
+  auto v = f.ReadIntAttribute(kRoot, name);
+  return v.ok() ? v.value() : fallback;
+}
+
+// Reads the header attributes into `out`.
+Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, StoredPlacements* out) {
+  auto algorithm = f.ReadStringAttribute(kRoot, "algorithm");
+  out->algorithm = algorithm.ok() ? algorithm.value() : std::string();
+  auto ranks = f.ReadIntAttribute(kRoot, "num_ranks");
+  auto slots = f.ReadIntAttribute(kRoot, "num_slots");
+  if (!ranks.ok() || !slots.ok()) {
+    return Status::Corrupt(path + ": /placement lacks its num_ranks or num_slots attribute; re-run eldr place calib");
+  }
+  const int64_t nodes = OptionalInt(f, "num_nodes", 1), groups = OptionalInt(f, "num_groups", 1);
+  const int64_t R = ranks.value(), P = slots.value();
+  if (R < 1 || R > (1 << 20) || P < num_experts || P > (1 << 24) || nodes < 1 || groups < 1) {
+    return Status::Corrupt(path + ": /placement has num_ranks = " + std::to_string(R) + ", num_slots = " +
+                           std::to_string(P) + " (needs R >= 1 and P >= E = " + std::to_string(num_experts) + ")");
+  }
+  out->num_ranks = static_cast<int>(R);
+  out->num_slots = static_cast<int>(P);
+  out->num_nodes = static_cast<int>(nodes);
+  out->num_groups = static_cast<int>(groups);
+  return Status::Ok();
+}
+
+// One group's placement, rebuilt from its phy2log.
+Result<Placement> ReadGroup(const h5::File& f, const std::string& path, const std::string& g, int L, int E,
+                            const StoredPlacements& root) {
+  h5::Dims dims;
+  ELDR_ASSIGN_OR_RETURN(std::vector<int32_t> phy2log, f.Read<int32_t>(g + "/phy2log", &dims, 2));
+  if (dims[0] != static_cast<hsize_t>(L) || dims[1] != static_cast<hsize_t>(root.num_slots)) {
+    return Status::Corrupt(path + ": " + g + "/phy2log is [" + std::to_string(dims[0]) + ", " +
+                           std::to_string(dims[1]) + "], expected [L = " + std::to_string(L) +
+                           ", P = " + std::to_string(root.num_slots) + "]");
+  }
+  auto pl = PlacementFromPhy2Log(L, E, root.num_ranks, std::move(phy2log));
+  if (!pl.ok()) return Status::Corrupt(path + ": " + g + "/phy2log: " + pl.status().message());
+  return pl;
+}
+
+}  // namespace
+
+std::vector<double> GlobalExpertLoad(const Calibration& calib) {
+  const size_t row = static_cast<size_t>(calib.shape.num_layers) * calib.shape.num_experts;
+  std::vector<double> global(row, 0.0);
+  for (int k = 0; k < calib.num_clusters; ++k) {
+    const float* load = calib.expert_load.data() + k * row;
+    for (size_t x = 0; x < row; ++x) global[x] += static_cast<double>(load[x]) * static_cast<double>(calib.sizes[k]);
+  }
+  return global;
+}
+
+Result<ClusterPlacements> PlaceClusters(const Calibration& calib, const PlacementSpec& spec) {
+  const size_t row = static_cast<size_t>(calib.shape.num_layers) * calib.shape.num_experts;
+  ClusterPlacements out;
+  out.spec = spec;
+  PlacementProblem p = ProblemOf(calib, spec);
+  for (int k = 0; k < calib.num_clusters; ++k) {
+    p.load.assign(calib.expert_load.begin() + k * row, calib.expert_load.begin() + (k + 1) * row);
+    ELDR_ASSIGN_OR_RETURN(Placement placed, Place(p, spec.algorithm));
+    out.balancedness.push_back(Balancedness(placed, p.load));
+    out.per_cluster.push_back(std::move(placed));
+  }
+  p.load = GlobalExpertLoad(calib);
+  ELDR_ASSIGN_OR_RETURN(out.global, Place(p, spec.algorithm));
+  out.balancedness.push_back(Balancedness(out.global, p.load));
+  return out;
+}
+
+Status WritePlacements(const ClusterPlacements& placements, const std::string& calib_path,
+                       const std::string& out_path) {
+  AtomicOutput out(out_path);
+  ELDR_RETURN_IF_ERROR(out.CheckWritable());
+  std::error_code ec;
+  std::filesystem::copy_file(calib_path, out.temp_path(), std::filesystem::copy_options::overwrite_existing, ec);
+  if (ec) return Status::IoError(out_path + ": cannot write: " + ec.message());
+  {
+    ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadWrite(out.temp_path(), out_path));
+    ELDR_RETURN_IF_ERROR(WriteRoot(f, placements));
+    ELDR_RETURN_IF_ERROR(f.Close());
+  }
+  return out.Commit();
+}
+
+bool StoredPlacements::Matches(const PlacementSpec& spec) const {
+  return present && num_ranks == spec.num_ranks && num_slots == spec.num_slots && num_nodes == spec.num_nodes &&
+         num_groups == spec.num_groups && algorithm == PlacementAlgorithmName(spec.algorithm);
+}
+
+Result<StoredPlacements> ReadPlacements(const std::string& path, int num_layers, int num_experts, int cluster_begin,
+                                        int cluster_end) {
+  StoredPlacements out;
+  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
+  if (!f.Exists(kRoot)) return out;
+  out.present = true;
+  ELDR_RETURN_IF_ERROR(ReadRoot(f, path, num_experts, &out));
+  if (!f.Exists(std::string(kGlobal) + "/phy2log")) {
+    return Status::Corrupt(path + ": /placement has no global/phy2log; re-run eldr place calib");
+  }
+  ELDR_ASSIGN_OR_RETURN(out.global, ReadGroup(f, path, kGlobal, num_layers, num_experts, out));
+  for (int k = cluster_begin; k < cluster_end; ++k) {
+    const std::string g = ClusterGroup(k);
+    if (!f.Exists(g + "/phy2log")) {  // the fallback rule
+      out.from_global.push_back(k);
+      out.per_cluster.push_back(out.global);
+      continue;
+    }
+    ELDR_ASSIGN_OR_RETURN(Placement pl, ReadGroup(f, path, g, num_layers, num_experts, out));
+    out.per_cluster.push_back(std::move(pl));
+  }
+  return out;
+}
+
+}  // namespace eldr

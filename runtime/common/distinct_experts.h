@@ -1,0 +1,49 @@
+// Distinct experts per step (DESIGN.md §3): Σ over MoE layers ℓ of |∪ over the tokens of the decode batch of
+// top-k(ℓ)|. The one implementation of the figure: the executor (serve's decode steps), the simulator,
+// `eldr route`'s replay and `eldr trace stats` all count through ExpertUnion.
+//
+// An ExpertUnion holds, per MoE layer, the set of experts the tokens added so far route to, as a bitset of
+// num_words() = ⌈E/64⌉ 64-bit words per layer: a step clears it, adds its tokens (their top-k ids, or a
+// token's precomputed set from TokenExpertSet, which is faster when a token is counted in many steps), then
+// reads Total() (the figure) or Layer(ℓ) (one layer's term).
+//
+// Thread safety: an ExpertUnion is not shared between threads; distinct objects are independent.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+namespace eldr {
+
+class ExpertUnion {
+ public:
+  // REQUIRES: num_layers >= 0, num_experts >= 1.
+  ExpertUnion(int num_layers, int num_experts);
+
+  // Empties every layer's set (the start of a step).
+  void Clear();
+  // Adds one token's routing. topk: [L, top_k] expert ids in [0, E), layer-major, as in a routing trace row.
+  void AddToken(const uint16_t* topk, int top_k);
+  void AddToken(const int32_t* topk, int top_k);
+  // Adds one token's set [L, num_words()], as TokenExpertSet builds it.
+  void AddTokenSet(const uint64_t* token_set);
+
+  // Σ over layers of the set sizes: the distinct experts of the step.
+  int64_t Total() const;
+  // The set size at layer ℓ. REQUIRES: 0 <= layer < num_layers.
+  int Layer(int layer) const;
+
+  int num_layers() const { return num_layers_; }
+  int num_words() const { return num_words_; }
+
+ private:
+  int num_layers_;
+  int num_words_;
+  std::vector<uint64_t> bits_;  // [L, num_words]
+};
+
+// One token's sets for ExpertUnion::AddTokenSet: sets the bits of topk [L, top_k] in out [L, ⌈E/64⌉], which the
+// caller zeroes first. REQUIRES: ids in [0, num_experts).
+void TokenExpertSet(const uint16_t* topk, int num_layers, int num_experts, int top_k, uint64_t* out);
+
+}  // namespace eldr

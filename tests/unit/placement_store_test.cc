@@ -1,0 +1,148 @@
+// /placement of calibration.h5 (runtime/calib/placement_store.h): the global load against a hand-computed sum,
+// the write/read round trip of `eldr place calib`, the fallback rule (cluster_k, else global) and corrupt
+// groups as clear errors.
+#include "runtime/calib/placement_store.h"
+
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "runtime/calib/calibrate.h"
+#include "runtime/common/hdf5.h"
+#include "runtime/trace/synth.h"
+
+namespace eldr {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(GlobalExpertLoad, SizeWeightedSumOfClusterLoads) {
+  Calibration c;
+  c.shape = {"hand", 1, 2, 1};
+  c.num_clusters = 2;
+  c.sizes = {3, 1};
+  c.expert_load = {0.5f, 0.5f, 1.0f, 0.0f};  // [K = 2, L = 1, E = 2]
+  // 3 · (0.5, 0.5) + 1 · (1, 0) = (2.5, 1.5).
+  const std::vector<double> g = GlobalExpertLoad(c);
+  ASSERT_EQ(g.size(), 2u);
+  EXPECT_DOUBLE_EQ(g[0], 2.5);
+  EXPECT_DOUBLE_EQ(g[1], 1.5);
+}
+
+class PlacementStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("eldr_placement_store_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_);
+    SynthOptions o;
+    o.num_domains = 3;
+    o.num_requests = 60;
+    o.num_layers = 3;
+    o.num_experts = 16;
+    o.top_k = 2;
+    o.prompt_len_min = o.prompt_len_max = 8;
+    o.output_len_min = o.output_len_max = 8;
+    o.seed = 3;
+    auto t = SynthesizeTrace(o);
+    ASSERT_TRUE(t.ok()) << t.status().message();
+    CalibrateOptions co;
+    co.num_decoders = 3;
+    co.progress = false;
+    auto c = Calibrate(t.value(), co, nullptr);
+    ASSERT_TRUE(c.ok()) << c.status().message();
+    calib_ = std::move(c).value();
+    path_ = (dir_ / "calib.h5").string();
+    ASSERT_TRUE(WriteCalibration(calib_, path_).ok());
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+  PlacementSpec Spec() const {
+    PlacementSpec s;
+    s.num_ranks = 4;
+    s.num_slots = 20;
+    return s;
+  }
+  fs::path dir_;
+  Calibration calib_;
+  std::string path_;
+};
+
+TEST_F(PlacementStoreTest, WriteThenReadRoundTrips) {
+  auto placed = PlaceClusters(calib_, Spec());
+  ASSERT_TRUE(placed.ok()) << placed.status().message();
+  const ClusterPlacements& p = placed.value();
+  ASSERT_EQ(p.per_cluster.size(), 3u);
+  ASSERT_EQ(p.balancedness.size(), 4u);
+  for (double b : p.balancedness) EXPECT_TRUE(b > 0 && b <= 1) << b;
+  const std::string out = (dir_ / "placed.h5").string();
+  ASSERT_TRUE(WritePlacements(p, path_, out).ok());
+  auto stored = ReadPlacements(out, 3, 16, 0, 3);
+  ASSERT_TRUE(stored.ok()) << stored.status().message();
+  const StoredPlacements& s = stored.value();
+  EXPECT_TRUE(s.present);
+  EXPECT_TRUE(s.Matches(Spec()));
+  EXPECT_EQ(s.algorithm, "eldr");
+  EXPECT_TRUE(s.from_global.empty());
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(s.per_cluster[k].phy2log, p.per_cluster[k].phy2log) << k;
+    EXPECT_EQ(s.per_cluster[k].logcnt, p.per_cluster[k].logcnt) << k;
+  }
+  EXPECT_EQ(s.global.phy2log, p.global.phy2log);
+  PlacementSpec other = Spec();
+  other.num_slots = 24;
+  EXPECT_FALSE(s.Matches(other));
+  // The written file is still a calibration, with the attributes of the layout.
+  EXPECT_TRUE(ReadCalibration(out).ok());
+  auto f = h5::File::OpenReadOnly(out);
+  ASSERT_TRUE(f.ok());
+  EXPECT_EQ(f.value().ReadIntAttribute("/placement", "num_clusters").value(), 3);
+  EXPECT_DOUBLE_EQ(f.value().ReadDoubleAttribute("/placement/global", "balancedness").value(), p.balancedness[3]);
+  EXPECT_TRUE(f.value().Exists("/placement/cluster_2/log2phy"));
+  // The source is untouched; writing in place replaces nothing but /placement.
+  EXPECT_FALSE(ReadPlacements(path_, 3, 16, 0, 3).value().present);
+  ASSERT_TRUE(WritePlacements(p, path_, path_).ok());
+  EXPECT_TRUE(ReadPlacements(path_, 3, 16, 0, 3).value().Matches(Spec()));
+}
+
+TEST_F(PlacementStoreTest, MissingClusterUsesGlobalAndCorruptGroupsAreErrors) {
+  const ClusterPlacements p = PlaceClusters(calib_, Spec()).value();
+  ASSERT_TRUE(WritePlacements(p, path_, path_).ok());
+  {
+    auto f = h5::File::OpenReadWrite(path_, path_);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f.value().Remove("/placement/cluster_1").ok());
+    ASSERT_TRUE(f.value().Close().ok());
+  }
+  auto s = ReadPlacements(path_, 3, 16, 0, 3);
+  ASSERT_TRUE(s.ok()) << s.status().message();
+  EXPECT_EQ(s.value().from_global, std::vector<int>{1});
+  EXPECT_EQ(s.value().per_cluster[1].phy2log, p.global.phy2log);
+  EXPECT_EQ(s.value().per_cluster[2].phy2log, p.per_cluster[2].phy2log);
+  // A cluster beyond the file's K (more decoders than clusters) also uses global.
+  EXPECT_EQ(ReadPlacements(path_, 3, 16, 7, 8).value().per_cluster[0].phy2log, p.global.phy2log);
+  {
+    auto f = h5::File::OpenReadWrite(path_, path_);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f.value().Remove("/placement/global").ok());
+    ASSERT_TRUE(f.value().Close().ok());
+  }
+  auto no_global = ReadPlacements(path_, 3, 16, 0, 3);
+  ASSERT_FALSE(no_global.ok());
+  EXPECT_EQ(no_global.status().code(), StatusCode::kCorrupt);
+  EXPECT_NE(no_global.status().message().find(path_ + ": /placement has no global/phy2log"), std::string::npos)
+      << no_global.status().message();
+  // An expert id outside [0, E): Corrupt naming the dataset.
+  ClusterPlacements bad = p;
+  bad.per_cluster[0].phy2log[0] = 99;
+  ASSERT_TRUE(WritePlacements(bad, path_, path_).ok());
+  auto out_of_range = ReadPlacements(path_, 3, 16, 0, 1);
+  ASSERT_FALSE(out_of_range.ok());
+  EXPECT_NE(out_of_range.status().message().find(path_ + ": /placement/cluster_0/phy2log: "), std::string::npos)
+      << out_of_range.status().message();
+}
+
+}  // namespace
+}  // namespace eldr
