@@ -35,6 +35,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <type_traits>
 
 #include "kernels/ops.h"
 #include "runtime/common/status.h"
@@ -164,18 +165,22 @@ Result<std::unique_ptr<Backend>> CreateBackend(const std::string& name, int devi
 
 // ---- inline ----
 
+// The DType of an element type (the types Buffer::As accepts).
 template <typename T>
-constexpr DType DTypeOf();
-template <>
-constexpr DType DTypeOf<float>() { return DType::kF32; }
-template <>
-constexpr DType DTypeOf<uint16_t>() { return DType::kBF16; }
-template <>
-constexpr DType DTypeOf<int32_t>() { return DType::kI32; }
-template <>
-constexpr DType DTypeOf<int64_t>() { return DType::kI64; }
-template <>
-constexpr DType DTypeOf<int8_t>() { return DType::kI8; }
+constexpr DType DTypeOf() {
+  if constexpr (std::is_same_v<T, float>) {
+    return DType::kF32;
+  } else if constexpr (std::is_same_v<T, uint16_t>) {
+    return DType::kBF16;
+  } else if constexpr (std::is_same_v<T, int32_t>) {
+    return DType::kI32;
+  } else if constexpr (std::is_same_v<T, int64_t>) {
+    return DType::kI64;
+  } else {
+    static_assert(std::is_same_v<T, int8_t>, "no DType for this element type");
+    return DType::kI8;
+  }
+}
 
 // Throws eldr::Error: a buffer of `have` read as `want`.
 [[noreturn]] void ThrowDTypeMismatch(DType have, DType want);

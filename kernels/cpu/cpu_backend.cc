@@ -43,9 +43,7 @@ class CpuBackendImpl : public Backend {
   const char* name() const override { return "cpu"; }
   bool host_memory() const override { return true; }
 
-  std::unique_ptr<Buffer> Alloc(DType dtype, int64_t size) override {
-    return std::make_unique<CpuBuffer>(dtype, size);
-  }
+  std::unique_ptr<Buffer> Alloc(DType dtype, int64_t size) override { return std::make_unique<CpuBuffer>(dtype, size); }
   void CopyHostToDevice(void* dst, const void* src, size_t bytes, Stream&) override { Copy(dst, src, bytes); }
   void CopyDeviceToHost(void* dst, const void* src, size_t bytes, Stream&) override { Copy(dst, src, bytes); }
   void CopyDeviceToDevice(void* dst, const void* src, size_t bytes, Stream&) override { Copy(dst, src, bytes); }
@@ -66,9 +64,7 @@ class CpuBackendImpl : public Backend {
   void ApplyRope(const RopeParams& p, Stream&) override { kernels::ApplyRope(p); }
   void WriteKvSlots(const KvSlotWriteParams& p, Stream&) override { kernels::WriteKvSlots(p); }
   void PrefillAttention(const PrefillAttentionParams& p, Stream&) override { kernels::PrefillAttention(p); }
-  void PagedAttentionDecode(const PagedAttentionDecodeParams& p, Stream&) override {
-    kernels::PagedAttentionDecode(p);
-  }
+  void PagedAttentionDecode(const PagedAttentionDecodeParams& p, Stream&) override { kernels::PagedAttentionDecode(p); }
   void ResidualAdd(const ResidualAddParams& p, Stream&) override { kernels::ResidualAdd(p); }
   void Mlp(const MlpParams& p, Stream&) override { kernels::Mlp(p); }
   void GateTopK(const GateTopKParams& p, Stream&) override { kernels::GateTopK(p); }

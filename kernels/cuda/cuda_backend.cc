@@ -30,8 +30,12 @@ const cuda::Bf16* Bf16Weights(const WeightMatrix& w, const char* op) {
 
 cuda::PagedKv Bf16Cache(const PagedKv& c, const char* op) {
   ELDR_CHECK(c.dtype == DType::kBF16, op << ": the CUDA backend keeps KV in bf16, not " << DTypeName(c.dtype));
-  return {static_cast<cuda::Bf16*>(c.k), static_cast<cuda::Bf16*>(c.v), c.num_blocks, c.block_size,
-          c.num_kv_heads, c.head_dim};
+  return {static_cast<cuda::Bf16*>(c.k),
+          static_cast<cuda::Bf16*>(c.v),
+          c.num_blocks,
+          c.block_size,
+          c.num_kv_heads,
+          c.head_dim};
 }
 
 class CudaBuffer : public Buffer {

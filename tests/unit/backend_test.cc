@@ -158,8 +158,8 @@ TEST(CpuBackendOps, EmbeddingGatherResidualAddArgMaxByHand) {
   std::vector<uint16_t> table_bf16(table.size());
   for (size_t i = 0; i < table.size(); ++i) table_bf16[i] = FloatToBf16(table[i]);
   const std::vector<int32_t> tokens = {2, 0, 2};
-  for (const WeightMatrix& m : {WeightMatrix{DType::kF32, table.data(), 3, 2},
-                                WeightMatrix{DType::kBF16, table_bf16.data(), 3, 2}}) {
+  for (const WeightMatrix& m :
+       {WeightMatrix{DType::kF32, table.data(), 3, 2}, WeightMatrix{DType::kBF16, table_bf16.data(), 3, 2}}) {
     std::vector<float> out(6, -9.f);
     b.EmbeddingGather({m, tokens.data(), 3, out.data()}, *s);
     EXPECT_EQ(out, (std::vector<float>{0.5f, -0.25f, 1.f, 2.f, 0.5f, -0.25f}));
@@ -194,9 +194,8 @@ TEST(CpuBackendOps, ReplayTopKByHand) {
   std::vector<int32_t> ids = {2, 0, -1, -1, -1, -1};
   std::vector<float> w = {0.7f, 0.3f, 0.f, 0.f, 0.f, 0.f};
   for (bool renorm : {true, false}) {
-    b.ReplayTopK({logits.data(), mode.data(), replay_ids.data(), replay_w.data(), 3, E, K, renorm, ids.data(),
-                  w.data()},
-                 *s);
+    b.ReplayTopK(
+        {logits.data(), mode.data(), replay_ids.data(), replay_w.data(), 3, E, K, renorm, ids.data(), w.data()}, *s);
     EXPECT_EQ(ids, (std::vector<int32_t>{2, 0, 2, 0, 1, 2}));
     EXPECT_EQ(w[0], 0.7f);
     EXPECT_EQ(w[1], 0.3f);
