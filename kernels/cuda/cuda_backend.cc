@@ -6,6 +6,8 @@
 //
 // Type rules of this backend: weights (WeightMatrix, ExpertWeights) are bf16; the paged KV cache is bf16;
 // activations are f32 (kernels/cuda/cuda_ops.h "Precision"). A descriptor of another dtype throws.
+// Streams: Linear, Mlp and MoeExperts share one cuBLAS handle and scratch buffer per backend, so issue them on
+// one stream at a time (one backend per worker, as kernels/backend.h says).
 // MoeParams::batch_invariant is not honoured: on a GPU the exact-token contract is replaced by a tolerance
 // against the CPU oracle (the GPU issue, "Exactness on GPU").
 #include "kernels/cuda/cuda_backend.h"
