@@ -114,11 +114,14 @@ class Backend {
   virtual void RecordEvent(Event& event, Stream& stream) = 0;
   // Later work on `stream` waits until `event` has completed (the host does not wait).
   virtual void StreamWaitEvent(Stream& stream, Event& event) = 0;
-  // The host waits until `event` (the work queued on `stream`) has completed.
+  // The host waits until `event` has completed.
   virtual void SynchronizeEvent(Event& event) = 0;
+  // The host waits until all work queued on `stream` has completed.
   virtual void SynchronizeStream(Stream& stream) = 0;
 
   // ---- operations (kernels/ops.h has each one's contract and shapes) ----
+  // Queued on `stream` after the work already there (a device backend returns before the work is done: read
+  // outputs on the host only after a copy and SynchronizeStream). Inputs must stay valid until then.
   // Attention block.
   virtual void EmbeddingGather(const EmbeddingGatherParams& p, Stream& stream) = 0;
   virtual void RmsNorm(const RmsNormParams& p, Stream& stream) = 0;
