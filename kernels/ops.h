@@ -3,6 +3,10 @@
 // multithreaded) is the reference every accelerated backend is compared against; kernels/cuda implements
 // the same launchers in bf16 on a CUDA stream (kernels/cuda/cuda_ops.h).
 //
+// The params structs are also those of the compute-backend interface (kernels/backend.h), which the runtime
+// calls: through a Backend their pointers are that backend's memory. The free functions here are the CPU
+// kernels behind the CPU backend; call them directly only in tests and benchmarks of the kernels.
+//
 // Tensors are dense, row-major, fp32 on the CPU; every pointer carries its shape in a comment.
 // Batch invariance (CPU): every operation computes a token's output from that token's inputs alone, by the same
 // arithmetic whatever the number of tokens in the call and the token's place among them (the matrix products
@@ -16,9 +20,20 @@
 
 namespace eldr::kernels {
 
-// Storage type of weight matrices (activations and KV are fp32 on the CPU).
-enum class DType { kF32, kBF16 };
-inline int DTypeBytes(DType t) { return t == DType::kF32 ? 4 : 2; }
+// Element types: of weight matrices and KV (fp32 or bf16; activations and KV are fp32 on the CPU), and of the
+// index and count tensors a compute backend holds (kernels/backend.h buffers).
+enum class DType { kF32, kBF16, kI32, kI64, kI8 };
+inline int DTypeBytes(DType t) {
+  switch (t) {
+    case DType::kF32: return 4;
+    case DType::kBF16: return 2;
+    case DType::kI32: return 4;
+    case DType::kI64: return 8;
+    case DType::kI8: return 1;
+  }
+  return 0;
+}
+const char* DTypeName(DType t);
 
 // bf16 <-> fp32 (round to nearest even), shared by host code and tests.
 uint16_t FloatToBf16(float f);
@@ -134,11 +149,13 @@ struct MlpParams {
 };
 void Mlp(const MlpParams& p);
 
-// Paged KV cache of one layer: K and V [num_blocks, block_size, num_kv_heads, head_dim].
+// Paged KV cache of one layer: K and V [num_blocks, block_size, num_kv_heads, head_dim] of `dtype`. The CPU
+// kernels take fp32 only (and check it); a device backend may keep its cache in bf16 (kernels/backend.h).
 struct PagedKv {
-  float* k = nullptr;
-  float* v = nullptr;
+  void* k = nullptr;
+  void* v = nullptr;
   int num_blocks = 0, block_size = 0, num_kv_heads = 0, head_dim = 0;
+  DType dtype = DType::kF32;
 };
 
 // Writes k/v of tokens at `positions` of one sequence into its blocks.
@@ -151,6 +168,30 @@ struct KvWriteParams {
   int num_tokens = 0;
 };
 void WriteKv(const KvWriteParams& p);
+
+// Writes k/v of tokens into the cache slots a host plan gives (vLLM's slot mapping): slot = block * block_size +
+// position % block_size. One call serves a prefill (one sequence) and a decode step (one token per sequence).
+// REQUIRES: slots distinct and in [0, num_blocks * block_size) (checked: out of range throws).
+struct KvSlotWriteParams {
+  PagedKv cache;
+  const int64_t* slots = nullptr;  // [num_tokens]
+  const float* k = nullptr;        // [num_tokens, num_kv_heads, head_dim]
+  const float* v = nullptr;        // [num_tokens, num_kv_heads, head_dim]
+  int num_tokens = 0;
+};
+void WriteKvSlots(const KvSlotWriteParams& p);
+
+// KV transfer of one layer (prefill → decode): PackKv copies the K and V rows of `slots` into `packed`,
+// UnpackKv copies them back into (another cache's) slots. packed holds the cache's dtype, K first:
+// [2, num_tokens, num_kv_heads, head_dim]. REQUIRES: slots in [0, num_blocks * block_size) (checked).
+struct KvPackParams {
+  PagedKv cache;
+  const int64_t* slots = nullptr;  // [num_tokens]
+  int num_tokens = 0;
+  void* packed = nullptr;          // [2, num_tokens, num_kv_heads, head_dim]; written by Pack, read by Unpack
+};
+void PackKv(const KvPackParams& p);
+void UnpackKv(const KvPackParams& p);
 
 // Decode attention: one query token per sequence over its whole context in the paged cache (GQA: query
 // head h reads KV head h / (num_q_heads / num_kv_heads)).
@@ -176,6 +217,49 @@ struct PrefillAttentionParams {
   float* out = nullptr;                  // [num_tokens, num_q_heads, head_dim]
 };
 void PrefillAttention(const PrefillAttentionParams& p);
+
+// Embedding gather: out[t] = fp32(table[tokens[t]]). REQUIRES: tokens in [0, table.rows) (checked).
+struct EmbeddingGatherParams {
+  WeightMatrix table;                // [vocab, hidden]
+  const int32_t* tokens = nullptr;   // [num_tokens]
+  int num_tokens = 0;
+  float* out = nullptr;              // [num_tokens, hidden]
+};
+void EmbeddingGather(const EmbeddingGatherParams& p);
+
+// Residual add: out[i] += x[i].
+struct ResidualAddParams {
+  const float* x = nullptr;  // [n]
+  float* out = nullptr;      // [n]
+  int64_t n = 0;
+};
+void ResidualAdd(const ResidualAddParams& p);
+
+// Greedy sampling: out[r] = the first index of the largest x[r, :] (std::max_element's order: a NaN compares
+// false, so a NaN entry is never chosen over an earlier one).
+struct ArgMaxParams {
+  const float* x = nullptr;  // [num_rows, num_cols]
+  int num_rows = 0, num_cols = 0;
+  int32_t* out = nullptr;    // [num_rows]
+};
+void ArgMax(const ArgMaxParams& p);
+
+// Replayed routing (a routing trace's top-k replaces the router's choice, runtime/model/executor.h): for each
+// token t with mode[t] != kKeep, topk_ids[t] = replay_ids[t] and topk_weights[t] = replay_weights[t]
+// (kIdsAndWeights), or the router's softmax probabilities of those ids, renormalised to sum 1 when
+// `renormalize` (kIds). Tokens with mode kKeep keep what GateTopK wrote.
+enum ReplayMode : int8_t { kReplayKeep = 0, kReplayIds = 1, kReplayIdsAndWeights = 2 };
+struct ReplayTopKParams {
+  const float* logits = nullptr;          // [num_tokens, num_experts] the router's logits
+  const int8_t* mode = nullptr;           // [num_tokens] ReplayMode
+  const int32_t* replay_ids = nullptr;    // [num_tokens, top_k] in [0, num_experts)
+  const float* replay_weights = nullptr;  // [num_tokens, top_k]; read where mode is kReplayIdsAndWeights
+  int num_tokens = 0, num_experts = 0, top_k = 0;
+  bool renormalize = true;
+  int32_t* topk_ids = nullptr;            // [num_tokens, top_k]
+  float* topk_weights = nullptr;          // [num_tokens, top_k]
+};
+void ReplayTopK(const ReplayTopKParams& p);
 
 // Signature-cache rows (DESIGN.md §3): row[b, ℓ, e] = #tokens of block b routed to e at ℓ.
 struct SignatureCountParams {

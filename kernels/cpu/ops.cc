@@ -126,6 +126,17 @@ uint16_t FloatToBf16(float f) {
   return static_cast<uint16_t>((bits + rounding) >> 16);
 }
 
+const char* DTypeName(DType t) {
+  switch (t) {
+    case DType::kF32: return "f32";
+    case DType::kBF16: return "bf16";
+    case DType::kI32: return "i32";
+    case DType::kI64: return "i64";
+    case DType::kI8: return "i8";
+  }
+  return "?";
+}
+
 float Bf16ToFloat(uint16_t b) {
   const uint32_t bits = static_cast<uint32_t>(b) << 16;
   float f;
@@ -281,16 +292,79 @@ void Mlp(const MlpParams& p) {
   for (size_t i = 0; i < y.size(); ++i) p.out[i] += y[i];
 }
 
+namespace {
+
+// The fp32 K and V of a CPU cache.
+float* KeysF32(const PagedKv& c) {
+  ELDR_CHECK(c.dtype == DType::kF32, "the CPU kernels keep KV in f32, not " << DTypeName(c.dtype));
+  return static_cast<float*>(c.k);
+}
+float* ValuesF32(const PagedKv& c) {
+  ELDR_CHECK(c.dtype == DType::kF32, "the CPU kernels keep KV in f32, not " << DTypeName(c.dtype));
+  return static_cast<float*>(c.v);
+}
+
+void CheckSlot(const PagedKv& c, int64_t slot) {
+  ELDR_CHECK(slot >= 0 && slot < static_cast<int64_t>(c.num_blocks) * c.block_size,
+             "KV slot " << slot << " out of range (block " << (slot < 0 ? -1 : slot / c.block_size) << " of "
+                        << c.num_blocks << ")");
+}
+
+}  // namespace
+
 void WriteKv(const KvWriteParams& p) {
   const PagedKv& c = p.cache;
   const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  float* ck = KeysF32(c);
+  float* cv = ValuesF32(c);
   for (int t = 0; t < p.num_tokens; ++t) {
     const int pos = p.positions[t];
     const int64_t block = p.block_table[pos / c.block_size];
     ELDR_CHECK(block >= 0 && block < c.num_blocks, "KV block " << block << " out of range");
     const int64_t slot = block * c.block_size + pos % c.block_size;
-    std::memcpy(c.k + slot * row, p.k + t * row, row * sizeof(float));
-    std::memcpy(c.v + slot * row, p.v + t * row, row * sizeof(float));
+    std::memcpy(ck + slot * row, p.k + t * row, row * sizeof(float));
+    std::memcpy(cv + slot * row, p.v + t * row, row * sizeof(float));
+  }
+}
+
+void WriteKvSlots(const KvSlotWriteParams& p) {
+  const PagedKv& c = p.cache;
+  const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  float* ck = KeysF32(c);
+  float* cv = ValuesF32(c);
+  for (int t = 0; t < p.num_tokens; ++t) {
+    const int64_t slot = p.slots[t];
+    CheckSlot(c, slot);
+    std::memcpy(ck + slot * row, p.k + t * row, row * sizeof(float));
+    std::memcpy(cv + slot * row, p.v + t * row, row * sizeof(float));
+  }
+}
+
+void PackKv(const KvPackParams& p) {
+  const PagedKv& c = p.cache;
+  const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  const float* src[2] = {KeysF32(c), ValuesF32(c)};
+  float* packed = static_cast<float*>(p.packed);
+  for (int kv = 0; kv < 2; ++kv) {
+    float* dst = packed + static_cast<int64_t>(kv) * p.num_tokens * row;
+    for (int t = 0; t < p.num_tokens; ++t) {
+      CheckSlot(c, p.slots[t]);
+      std::memcpy(dst + t * row, src[kv] + p.slots[t] * row, row * sizeof(float));
+    }
+  }
+}
+
+void UnpackKv(const KvPackParams& p) {
+  const PagedKv& c = p.cache;
+  const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
+  float* dst[2] = {KeysF32(c), ValuesF32(c)};
+  const float* packed = static_cast<const float*>(p.packed);
+  for (int kv = 0; kv < 2; ++kv) {
+    const float* src = packed + static_cast<int64_t>(kv) * p.num_tokens * row;
+    for (int t = 0; t < p.num_tokens; ++t) {
+      CheckSlot(c, p.slots[t]);
+      std::memcpy(dst[kv] + p.slots[t] * row, src + t * row, row * sizeof(float));
+    }
   }
 }
 
@@ -301,11 +375,13 @@ void AttendOne(const float* q, const PagedKv& c, const int32_t* block_table, int
                float* out, std::vector<float>* scores) {
   const int D = c.head_dim;
   const int64_t row = static_cast<int64_t>(c.num_kv_heads) * D;
+  const float* ck = KeysF32(c);
+  const float* cv = ValuesF32(c);
   scores->resize(len);
   float mx = -std::numeric_limits<float>::infinity();
   for (int pos = 0; pos < len; ++pos) {
     const int64_t slot = static_cast<int64_t>(block_table[pos / c.block_size]) * c.block_size + pos % c.block_size;
-    const float* k = c.k + slot * row + static_cast<int64_t>(kv_head) * D;
+    const float* k = ck + slot * row + static_cast<int64_t>(kv_head) * D;
     float s = 0;
     for (int d = 0; d < D; ++d) s += q[d] * k[d];
     (*scores)[pos] = s * scale;
@@ -317,7 +393,7 @@ void AttendOne(const float* q, const PagedKv& c, const int32_t* block_table, int
   std::fill(out, out + D, 0.f);
   for (int pos = 0; pos < len; ++pos) {
     const int64_t slot = static_cast<int64_t>(block_table[pos / c.block_size]) * c.block_size + pos % c.block_size;
-    const float* v = c.v + slot * row + static_cast<int64_t>(kv_head) * D;
+    const float* v = cv + slot * row + static_cast<int64_t>(kv_head) * D;
     const float w = (*scores)[pos] * inv;
     for (int d = 0; d < D; ++d) out[d] += w * v[d];
   }
@@ -347,6 +423,59 @@ void PrefillAttention(const PrefillAttentionParams& p) {
     thread_local std::vector<float> scores;
     AttendOne(p.q + i * D, p.cache, p.block_table, p.start + t + 1, h / group, p.scale, p.out + i * D, &scores);
   }, ThreadsFor(work));
+}
+
+void EmbeddingGather(const EmbeddingGatherParams& p) {
+  const WeightMatrix& table = p.table;
+  const int64_t H = table.cols;
+  for (int t = 0; t < p.num_tokens; ++t) {
+    const int32_t token = p.tokens[t];
+    ELDR_CHECK(token >= 0 && token < table.rows, "token id " << token << " outside the vocabulary");
+    float* out = p.out + t * H;
+    if (table.dtype == DType::kF32) {
+      std::memcpy(out, static_cast<const float*>(table.data) + token * H, H * sizeof(float));
+    } else {
+      ELDR_CHECK(table.dtype == DType::kBF16, "embedding table of " << DTypeName(table.dtype));
+      const uint16_t* row = static_cast<const uint16_t*>(table.data) + token * H;
+      for (int64_t h = 0; h < H; ++h) out[h] = Bf16ToFloat(row[h]);
+    }
+  }
+}
+
+void ResidualAdd(const ResidualAddParams& p) {
+  for (int64_t i = 0; i < p.n; ++i) p.out[i] += p.x[i];
+}
+
+void ArgMax(const ArgMaxParams& p) {
+  for (int r = 0; r < p.num_rows; ++r) {
+    const float* x = p.x + static_cast<int64_t>(r) * p.num_cols;
+    p.out[r] = static_cast<int32_t>(std::max_element(x, x + p.num_cols) - x);
+  }
+}
+
+void ReplayTopK(const ReplayTopKParams& p) {
+  const int E = p.num_experts, K = p.top_k;
+  for (int t = 0; t < p.num_tokens; ++t) {
+    if (p.mode[t] == kReplayKeep) continue;
+    const bool given = p.mode[t] == kReplayIdsAndWeights;
+    const int32_t* ids = p.replay_ids + static_cast<size_t>(t) * K;
+    const float* lg = p.logits + static_cast<size_t>(t) * E;
+    const float mx = *std::max_element(lg, lg + E);
+    double z = 0;
+    for (int e = 0; e < E; ++e) z += std::exp(static_cast<double>(lg[e] - mx));
+    double kept = 0;
+    for (int j = 0; j < K; ++j) {
+      ELDR_CHECK(ids[j] >= 0 && ids[j] < E, "replayed expert id " << ids[j] << " out of range");
+      p.topk_ids[t * K + j] = ids[j];
+      const double prob = given ? p.replay_weights[static_cast<size_t>(t) * K + j]
+                                : std::exp(static_cast<double>(lg[ids[j]] - mx)) / z;
+      p.topk_weights[t * K + j] = static_cast<float>(prob);
+      kept += prob;
+    }
+    if (!given && p.renormalize && kept > 0) {
+      for (int j = 0; j < K; ++j) p.topk_weights[t * K + j] = static_cast<float>(p.topk_weights[t * K + j] / kept);
+    }
+  }
 }
 
 void AccumulateSignatureCounts(const SignatureCountParams& p) {

@@ -14,7 +14,7 @@
 //
 // This header needs no CUDA header: cudaStream_t is declared here as the runtime declares it. The library is
 // built only when ELDR_HAVE_CUDA (its targets see the definition ELDR_HAVE_CUDA=1); code that must also
-// build without CUDA asks kernels/cuda_backend.h first.
+// build without CUDA asks kernels/backend.h (CudaBackendStatus, CreateBackend) first.
 #pragma once
 
 #include <cstdint>

@@ -1,6 +1,10 @@
 // The MoE model executor (DESIGN.md §2): prefill of one sequence into paged KV blocks and batched decode
-// steps, on the CPU reference kernels. The KV blocks are the ids a BlockManager hands out; the executor owns
-// the K/V tensors [layers][num_blocks, block_size, kv_heads, head_dim].
+// steps, written once against the compute-backend interface (kernels/backend.h; the CPU backend unless one is
+// given). Each call plans on the host (KV slot mapping, padded block tables, replayed routing), copies the plan
+// to the backend, runs every operation there on the executor's stream, and copies back only what the host
+// needs: each MoE layer's top-k ids (routing output, signature rows, EP dispatch), the logits and the greedy
+// tokens. The KV blocks are the ids a BlockManager hands out; the executor owns the K/V tensors, backend
+// buffers [layers][num_blocks, block_size, kv_heads, head_dim] in f32.
 //
 // Gate source: the model's own router (computed), or replayed from a routing trace: the trace's top-k ids
 // (and weights, when given) of each token and MoE layer replace the router's choice, so a real model's
@@ -12,12 +16,17 @@
 // which other tokens share its experts, so an EP group that splits an expert's tokens over replicas matches a
 // single-rank decoder bit for bit); on the CPU every product is batch-invariant anyway.
 //
+// Weights: ModelWeights are host views, so the compute backend must have host memory (the CPU backend);
+// device-resident weights are the GPU issue's work (the constructor says so for another backend).
+//
 // Thread safety: one thread calls an Executor at a time (the kernels use threads inside).
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "runtime/common/status.h"
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/signature_cache.h"
@@ -56,8 +65,9 @@ struct DecodeResult {
 
 class Executor {
  public:
-  // REQUIRES: weights outlive the executor.
-  Executor(const ModelWeights& weights, int num_blocks, int block_size);
+  // REQUIRES: weights and compute outlive the executor; compute->host_memory() (checked). compute nullptr:
+  // kernels::CpuBackend().
+  Executor(const ModelWeights& weights, int num_blocks, int block_size, kernels::Backend* compute = nullptr);
 
   // Computes tokens [num_cached_tokens, tokens.size()) of a sequence whose KV for [0, num_cached_tokens) is
   // already in `block_table` (prefix hit). `replay` covers the computed tokens. When `signatures` is given,
@@ -70,7 +80,7 @@ class Executor {
   Result<DecodeResult> Decode(const std::vector<DecodeSequence>& batch);
 
   // The backend of the routed experts; nullptr restores the local one. REQUIRES: it outlives its use.
-  void set_expert_backend(ExpertBackend* backend) { backend_ = backend; }
+  void set_expert_backend(ExpertBackend* backend) { expert_backend_ = backend; }
 
   // KV transfer between a prefill and a decode executor (same model): the K and V of a sequence's first
   // `num_tokens` tokens, all layers, packed as [layers, 2 (K then V), num_tokens, kv_heads, head_dim].
@@ -79,23 +89,38 @@ class Executor {
   void ImportKv(const std::vector<BlockId>& block_table, int num_tokens, const float* packed);
 
   const ModelConfig& config() const { return w_.config; }
+  kernels::Backend& compute() const { return compute_; }
   int block_size() const { return block_size_; }
   int num_blocks() const { return num_blocks_; }
   int64_t kv_bytes() const;
 
  private:
-  // Runs every layer over hidden states x [T, H] in place. attention(layer, q, k, v, out) does the
-  // attention of the mode; routing goes to topk_out [T, L_moe, k].
   struct Tokens;
-  Status Forward(float* x, int num_tokens, const int32_t* positions, const Tokens& mode, const GateReplay* replay,
+  struct Plan;
+  struct Activations;
+  // Runs every layer over hidden states x [T, H] (backend memory) in place; the routing goes to
+  // topk_out [T, L_moe, k] (host).
+  Status Forward(float* x, const std::vector<int32_t>& positions, const Tokens& mode, const GateReplay* replay,
                  uint16_t* topk_out);
-  void Logits(const float* x, int num_tokens, float* logits);
+  Plan MakePlan(const std::vector<int32_t>& positions, const Tokens& mode, const GateReplay* replay) const;
+  void Attention(int layer, float* x, int num_tokens, const Tokens& mode, const Plan& plan, Activations& a);
+  Status Ffn(int layer, int moe_layer, float* x, int num_tokens, const Plan& plan, Activations& a,
+             uint16_t* topk_out);
+  // logits [T, vocab] of hidden states x [T, H], with scratch h [T, H]; all backend memory.
+  void Logits(const float* x, int num_tokens, float* h, float* logits);
+  // The KV slot of a sequence's token at `position`, and of its first num_tokens tokens (checked: the table
+  // covers them and its blocks are in [0, num_blocks)).
+  int64_t SlotOf(const std::vector<BlockId>& block_table, int position) const;
+  std::vector<int64_t> Slots(const std::vector<BlockId>& block_table, int num_tokens) const;
+  kernels::PagedKv Cache(int layer) const;
 
   const ModelWeights& w_;
   int num_blocks_, block_size_;
+  kernels::Backend& compute_;
+  std::unique_ptr<kernels::Stream> stream_;
   LocalExpertBackend local_experts_;
-  ExpertBackend* backend_ = nullptr;  // nullptr: local_experts_
-  std::vector<std::vector<float>> k_cache_, v_cache_;  // [layers] of [num_blocks, block_size, kv_heads, head_dim]
+  ExpertBackend* expert_backend_ = nullptr;  // nullptr: local_experts_
+  std::vector<std::unique_ptr<kernels::Buffer>> k_cache_, v_cache_;  // [layers] of [num_blocks, block_size, kv_heads, head_dim]
 };
 
 }  // namespace eldr

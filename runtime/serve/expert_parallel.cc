@@ -4,7 +4,7 @@
 #include <cstring>
 #include <filesystem>
 
-#include "kernels/ops.h"
+#include "kernels/backend.h"
 #include "runtime/calib/placement_store.h"
 #include "runtime/common/check.h"
 
@@ -98,16 +98,24 @@ int64_t PlacementHash(const Placement& pl) {
 // SwiGLU of rows grouped by physical slot: x [n, H] (rows of equal slot consecutive), y [n, H]. Each run of one
 // slot is one ExpertFfn call on the logical expert in that slot.
 void ComputeSlotRuns(const ModelWeights& w, const Placement& pl, int layer, int moe_layer, const int32_t* slots,
-                     const float* x, int64_t n, bool batch_invariant, float* y) {
+                     const float* x, int64_t n, bool batch_invariant, float* y, kernels::Backend& compute,
+                     kernels::Stream& stream) {
   const int H = w.config.hidden_size;
   const int32_t* phy2log = pl.phy2log.data() + static_cast<size_t>(moe_layer) * pl.num_slots;
   for (int64_t begin = 0; begin < n;) {
     int64_t end = begin + 1;
     while (end < n && slots[end] == slots[begin]) ++end;
-    kernels::ExpertFfn({x + begin * H, static_cast<int>(end - begin), &w.layers[layer].experts, phy2log[slots[begin]],
-                        y + begin * H, batch_invariant});
+    compute.ExpertFfn({x + begin * H, static_cast<int>(end - begin), &w.layers[layer].experts, phy2log[slots[begin]],
+                       y + begin * H, batch_invariant},
+                      stream);
     begin = end;
   }
+}
+
+// The rows of a group travel through host memory (MPI on the host).
+void CheckHostCompute(const kernels::Backend& compute) {
+  ELDR_CHECK(compute.host_memory(), "EP groups exchange rows through host memory; the '"
+                                        << compute.name() << "' compute backend is not supported here yet");
 }
 
 void CheckGroup(const ModelWeights& w, const Placement& pl, const GroupComm& group) {
@@ -119,16 +127,26 @@ void CheckGroup(const ModelWeights& w, const Placement& pl, const GroupComm& gro
 
 }  // namespace
 
-EpExpertBackend::EpExpertBackend(const ModelWeights& weights, const Placement& placement, GroupComm& group)
-    : w_(weights), placement_(placement), group_(group), placement_hash_(PlacementHash(placement)) {
+EpExpertBackend::EpExpertBackend(const ModelWeights& weights, const Placement& placement, GroupComm& group,
+                                 kernels::Backend& compute)
+    : w_(weights),
+      placement_(placement),
+      group_(group),
+      compute_(compute),
+      stream_(compute.CreateStream()),
+      placement_hash_(PlacementHash(placement)) {
   CheckGroup(w_, placement_, group_);
+  CheckHostCompute(compute_);
   ELDR_CHECK(group_.rank() == 0, "the EP backend runs on the group's leader");
   step_.rank_load.assign(group_.size(), 0);
 }
 
 Status EpExpertBackend::RunExperts(const MoeLayerCall& call) {
   const int G = group_.size(), H = w_.config.hidden_size, T = call.num_tokens, K = call.top_k;
-  const EpDispatchPlan plan = PlanDispatch(placement_, call.moe_layer, call.topk_ids, T, K);
+  // The compute memory is host memory (CheckHostCompute), so call.topk_ids is readable when no copy is given.
+  const int32_t* host_ids = call.host_topk_ids ? call.host_topk_ids : call.topk_ids;
+  kernels::Stream& stream = call.stream ? *call.stream : *stream_;
+  const EpDispatchPlan plan = PlanDispatch(placement_, call.moe_layer, host_ids, T, K);
   std::vector<int64_t> header(kHeaderFixed + G);
   header[kCommand] = kRunLayer;
   header[kLayer] = call.layer;
@@ -169,7 +187,7 @@ Status EpExpertBackend::RunExperts(const MoeLayerCall& call) {
       std::memcpy(xin.data() + i * H, call.x + static_cast<size_t>(p / K) * H, H * sizeof(float));
     }
     ComputeSlotRuns(w_, placement_, call.layer, call.moe_layer, slots.data(), xin.data(), own, call.batch_invariant,
-                    yout.data());
+                    yout.data(), compute_, stream);
     for (int64_t i = 0; i < own; ++i) {
       std::memcpy(y.data() + static_cast<size_t>(plan.order[i]) * H, yout.data() + i * H, H * sizeof(float));
     }
@@ -188,7 +206,7 @@ Status EpExpertBackend::RunExperts(const MoeLayerCall& call) {
     std::memcpy(y.data() + static_cast<size_t>(plan.order[i]) * H, recv.data() + (i - plan.offset[1]) * H,
                 H * sizeof(float));
   }
-  kernels::MoeCombine({y.data(), call.topk_weights, T, K, H, call.out});
+  compute_.MoeCombine({y.data(), call.topk_weights, T, K, H, call.out}, stream);
 
   int64_t max_rows = 0;
   for (int r = 0; r < G; ++r) {
@@ -213,8 +231,10 @@ EpStepLoad EpExpertBackend::TakeStepLoad() {
   return out;
 }
 
-Status RunEpMember(const ModelWeights& w, const Placement& pl, GroupComm& group) {
+Status RunEpMember(const ModelWeights& w, const Placement& pl, GroupComm& group, kernels::Backend& compute) {
   CheckGroup(w, pl, group);
+  CheckHostCompute(compute);
+  const std::unique_ptr<kernels::Stream> stream = compute.CreateStream();
   ELDR_CHECK(group.rank() > 0, "RunEpMember on the group's leader");
   const int G = group.size(), me = group.rank(), H = w.config.hidden_size;
   const int slots_per_rank = pl.slots_per_rank();
@@ -250,7 +270,8 @@ Status RunEpMember(const ModelWeights& w, const Placement& pl, GroupComm& group)
                                                              << ", which lives on rank " << slots[i] / slots_per_rank);
       std::memcpy(x.data() + i * H, rec + sizeof(int32_t), H * sizeof(float));
     }
-    ComputeSlotRuns(w, pl, layer, moe_layer, slots.data(), x.data(), rows, header[kBatchInvariant] != 0, y.data());
+    ComputeSlotRuns(w, pl, layer, moe_layer, slots.data(), x.data(), rows, header[kBatchInvariant] != 0, y.data(),
+                    compute, *stream);
     bytes[0] = rows * H * static_cast<int64_t>(sizeof(float));
     group.Alltoallv(y.empty() ? static_cast<void*>(&dummy) : y.data(), bytes, zeros, &dummy, zeros, zeros);
   }

@@ -29,16 +29,19 @@
 // over the MoE layers of a step, and the step's balancedness Σ_layers mean-over-ranks ÷ Σ_layers
 // max-over-ranks (DESIGN.md §3).
 //
-// CPU/MPI only: the NCCL path for GPU builds is not implemented (the decode executor runs on the CPU
-// reference kernels).
+// Compute: the rows run on a compute backend (kernels/backend.h: ExpertFfn per slot run, MoeCombine), the CPU
+// backend unless one is given. CPU/MPI only: the rows travel through host memory, so the backend must have
+// host memory (checked); the NCCL path for GPU builds is not implemented.
 //
 // Thread safety: one thread per process; the leader's backend is called by its executor's thread.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "kernels/backend.h"
 #include "placement/placement.h"
 #include "runtime/comm/transport.h"
 #include "runtime/common/status.h"
@@ -78,8 +81,9 @@ struct EpStepLoad {
 class EpExpertBackend : public ExpertBackend {
  public:
   // REQUIRES: group.rank() == 0, group.size() == placement.num_ranks, the placement is for the model's MoE
-  // layers and experts; weights, placement and group outlive the backend.
-  EpExpertBackend(const ModelWeights& weights, const Placement& placement, GroupComm& group);
+  // layers and experts; compute.host_memory(); weights, placement, group and compute outlive the backend.
+  EpExpertBackend(const ModelWeights& weights, const Placement& placement, GroupComm& group,
+                  kernels::Backend& compute = kernels::CpuBackend());
   Status RunExperts(const MoeLayerCall& call) override;
   // Ends the members' loops (RunEpMember returns OK). Call once, when the decoder shuts down.
   void StopMembers();
@@ -90,12 +94,15 @@ class EpExpertBackend : public ExpertBackend {
   const ModelWeights& w_;
   const Placement& placement_;
   GroupComm& group_;
+  kernels::Backend& compute_;
+  std::unique_ptr<kernels::Stream> stream_;  // for calls that bring none
   int64_t placement_hash_;  // members check it against their own placement
   EpStepLoad step_;
 };
 
 // A member's loop: computes its rows of every layer the leader dispatches until the leader stops it.
 // REQUIRES: group.rank() > 0 and as for EpExpertBackend.
-Status RunEpMember(const ModelWeights& weights, const Placement& placement, GroupComm& group);
+Status RunEpMember(const ModelWeights& weights, const Placement& placement, GroupComm& group,
+                   kernels::Backend& compute = kernels::CpuBackend());
 
 }  // namespace eldr

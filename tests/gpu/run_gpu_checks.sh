@@ -39,8 +39,8 @@ if ! cmake -S "$ROOT" -B "$BUILD" -DCMAKE_BUILD_TYPE=Release -DELDR_WITH_CUDA=ON
 fi
 grep "eldr " "$BUILD/configure.log" | sed 's/^-- //'
 
-step "build cuda_ops_test moe_layer_gpu_bench"
-cmake --build "$BUILD" -j "$JOBS" --target cuda_ops_test moe_layer_gpu_bench
+step "build cuda_ops_test backend_gpu_test moe_layer_gpu_bench"
+cmake --build "$BUILD" -j "$JOBS" --target cuda_ops_test backend_gpu_test moe_layer_gpu_bench
 
 step "gpu tests (ctest -L gpu)"
 test_rc=0
