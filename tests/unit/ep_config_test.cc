@@ -9,7 +9,7 @@
 
 #include "runtime/common/hdf5.h"
 #include "runtime/serve/expert_parallel.h"
-#include "runtime/serve/metrics.h"
+#include "runtime/job/metrics.h"
 
 namespace eldr {
 namespace {
@@ -129,7 +129,8 @@ TEST(EpMetrics, DecoderFieldsAppearOnlyWithEpSize) {
   std::vector<RequestRecord> records(1);
   records[0].token_times = {1.0};
   DecoderStats plain;
-  plain.rank = 2;
+  plain.decoder = 0;
+  plain.leader_rank = 2;
   plain.requests = 1;
   plain.steps = 3;
   plain.batch_sum = 6;

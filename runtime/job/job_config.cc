@@ -1,4 +1,4 @@
-#include "runtime/serve/job_config.h"
+#include "runtime/job/job_config.h"
 
 #include <yaml-cpp/yaml.h>
 
