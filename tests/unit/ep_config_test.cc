@@ -144,7 +144,7 @@ TEST(EpMetrics, DecoderFieldsAppearOnlyWithEpSize) {
   two.p1_balancedness = 0.6;
   const nlohmann::json j = JobMetrics(c, "tiny", records, {plain, one, two}, {});
   const auto& d = j["decoders"];
-  EXPECT_FALSE(d[0].contains("ep_size"));  // not recorded (the simulator)
+  EXPECT_FALSE(d[0].contains("ep_size"));  // not recorded
   EXPECT_EQ(d[1]["ep_size"], 1);
   EXPECT_FALSE(d[1].contains("mean_rank_load"));
   EXPECT_EQ(d[2]["ep_size"], 2);
