@@ -152,7 +152,6 @@ class Simulation {
       Push(now_ + cost_.control_latency, EventKind::kPrefillEnqueue, p, i);
     };
     actions.send_route = [this](int64_t i, int d) {
-      std::vector<float>().swap(counts_[i]);
       Push(now_ + cost_.control_latency, EventKind::kRouteAtPrefill, d, i);
     };
     ELDR_ASSIGN_OR_RETURN(Frontend f, Frontend::Create(c_, in_, mc_.trace_shape(), calib, std::move(actions)));
@@ -406,7 +405,7 @@ class Simulation {
   std::deque<PrefillRank> prefill_;  // a deque: its elements never move (the block manager's eviction
                                      // callback points at the rank's signature cache)
   std::vector<Decoder> decoders_;
-  std::vector<std::vector<float>> counts_;        // per request, between prefill and the frontend
+  std::vector<std::vector<float>> counts_;        // per request, from its prefill until moved to the frontend
   std::vector<std::vector<BlockId>> allocations_; // per request, its prefill blocks until the KV ships
   std::map<int64_t, std::string> errors_;         // failed requests, until their failure reaches the frontend
   std::vector<uint64_t> step_acc_;
