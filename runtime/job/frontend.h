@@ -43,10 +43,10 @@ struct FrontendActions {
 
 // What the frontend learns of one decoder (DecoderStats is its metrics.json form).
 struct DecoderRecord {
-  int64_t requests = 0;              // routed to it
-  int64_t steps = 0;                 // decode steps with batch > 0
-  double batch_sum = 0;              // Σ batch over those steps
-  double distinct_sum = 0;           // Σ distinct experts over those steps
+  int64_t requests = 0;               // routed to it
+  int64_t steps = 0;                  // decode steps with batch > 0
+  double batch_sum = 0;               // Σ batch over those steps
+  double distinct_sum = 0;            // Σ distinct experts over those steps
   std::vector<double> rank_load_sum;  // [ep_size] Σ over the steps reporting EP loads of each EP rank's load
   std::vector<double> balancedness;   // one per step reporting EP loads
 };
@@ -111,9 +111,9 @@ class Frontend {
   std::vector<double> arrivals_;
   FrontendActions actions_;
   std::vector<RequestRecord> records_;
-  std::vector<int> prefill_of_;                // [N] -1 until sent
-  std::vector<int64_t> prefill_outstanding_;   // [prefill_ranks]
-  std::vector<DecoderRecord> decoders_;        // [decode_ranks]
+  std::vector<int> prefill_of_;                              // [N] -1 until sent
+  std::vector<int64_t> prefill_outstanding_;                 // [prefill_ranks]
+  std::vector<DecoderRecord> decoders_;                      // [decode_ranks]
   std::deque<std::pair<int64_t, std::vector<float>>> held_;  // every decoder at its cap: (request, counts)
   RoutingStats routing_;
   int64_t next_ = 0, active_ = 0, done_ = 0;

@@ -104,8 +104,8 @@ class Reader {
                 " bytes exceeds the " + std::to_string(Remaining()) + " bytes left");
   }
   bool Fail(const std::string& why) {
-    if (ok()) error_ = std::string("protocol: ") + name_ + " message of " + std::to_string(bytes_.size()) +
-                       " bytes: " + why;
+    if (!ok()) return false;  // the first failure is the one reported
+    error_ = std::string("protocol: ") + name_ + " message of " + std::to_string(bytes_.size()) + " bytes: " + why;
     return false;
   }
 
@@ -127,15 +127,24 @@ Result<T> Done(Reader& r, T msg) {
 
 const char* MessageTagName(int tag) {
   switch (tag) {
-    case kTagPrefill: return "prefill";
-    case kTagCounts: return "counts";
-    case kTagRoute: return "route";
-    case kTagKv: return "kv";
-    case kTagTokens: return "tokens";
-    case kTagFailed: return "failed";
-    case kTagShutdown: return "shutdown";
-    case kTagReady: return "ready";
-    default: return "unknown";
+    case kTagPrefill:
+      return "prefill";
+    case kTagCounts:
+      return "counts";
+    case kTagRoute:
+      return "route";
+    case kTagKv:
+      return "kv";
+    case kTagTokens:
+      return "tokens";
+    case kTagFailed:
+      return "failed";
+    case kTagShutdown:
+      return "shutdown";
+    case kTagReady:
+      return "ready";
+    default:
+      return "unknown";
   }
 }
 

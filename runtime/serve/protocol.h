@@ -51,11 +51,11 @@ struct PrefillRequestMsg {
 struct CountsMsg {
   static constexpr int kTag = kTagCounts;
   int64_t request = 0;
-  int32_t first_token = 0;       // sampled from the prefill's logits
-  std::vector<float> counts;     // [L_moe, E] the prompt's expert counts, summed from its blocks' signature rows
-  double seconds = 0;            // the prefill call's wall time
-  double cpu_seconds = 0;        // the prefill rank's CPU time over the same span
-  int64_t computed_tokens = 0;   // prompt tokens computed (not served from the prefix cache)
+  int32_t first_token = 0;      // sampled from the prefill's logits
+  std::vector<float> counts;    // [L_moe, E] the prompt's expert counts, summed from its blocks' signature rows
+  double seconds = 0;           // the prefill call's wall time
+  double cpu_seconds = 0;       // the prefill rank's CPU time over the same span
+  int64_t computed_tokens = 0;  // prompt tokens computed (not served from the prefix cache)
 
   std::vector<uint8_t> Encode() const;
   static Result<CountsMsg> Decode(std::span<const uint8_t> bytes);
@@ -78,7 +78,7 @@ struct KvMsg {
   static constexpr int kTag = kTagKv;
   int64_t request = 0;
   int64_t prompt_len = 0;
-  int64_t output_len = 0;            // output tokens, prefill's included
+  int64_t output_len = 0;  // output tokens, prefill's included
   int32_t first_token = 0;
   bool kv_inline = true;
   std::vector<float> kv;             // [layers, 2, prompt_len, kv_heads, head_dim] when kv_inline, else empty
@@ -96,7 +96,7 @@ uint64_t KvChecksum(const std::vector<float>& kv);
 // One output token as the decoder reports it.
 struct TokenRecord {
   int64_t request = 0;
-  int64_t index = 0;      // output token index (1 .. output_len - 1; 0 is prefill's)
+  int64_t index = 0;  // output token index (1 .. output_len - 1; 0 is prefill's)
   int32_t token = 0;
   bool finished = false;  // the request's last token
   bool operator==(const TokenRecord&) const = default;
