@@ -7,7 +7,7 @@
 
 #include "runtime/cli/commands.h"
 #include "runtime/comm/transport.h"
-#include "runtime/serve/job_config.h"
+#include "runtime/job/job_config.h"
 #include "runtime/serve/serve.h"
 
 namespace eldr::cli {

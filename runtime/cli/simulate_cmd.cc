@@ -11,9 +11,9 @@
 #include "runtime/cli/commands.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
-#include "runtime/serve/job_config.h"
-#include "runtime/serve/metrics.h"
-#include "runtime/serve/workload.h"
+#include "runtime/job/job_config.h"
+#include "runtime/job/metrics.h"
+#include "runtime/job/workload.h"
 #include "runtime/cost/cost_model.h"
 #include "runtime/sim/simulator.h"
 

@@ -19,7 +19,7 @@ int DecodeWorker::BlocksFor(const DecodeWork& w) const {
 
 Status DecodeWorker::Submit(DecodeWork w) {
   const ModelConfig& c = executor_.config();
-  const std::string where = "request '" + w.id + "': ";
+  const std::string where = "request " + std::to_string(w.id) + ": ";
   if (w.prompt_len < 1) return Status::InvalidArgument(where + "prompt_len must be >= 1");
   if (w.output_len < 1) return Status::InvalidArgument(where + "output_len must be >= 1");
   if (static_cast<int64_t>(w.kv.size()) != w.prompt_len * executor_.KvFloatsPerToken()) {

@@ -19,7 +19,7 @@
 namespace eldr {
 
 struct DecodeWork {
-  std::string id;
+  int64_t id = 0;                       // the workload request index (job/workload.h)
   int64_t prompt_len = 0;
   int64_t output_len = 0;               // output tokens in all, the first one (from prefill) included; >= 1
   int32_t first_token = 0;              // sampled by prefill
@@ -29,7 +29,7 @@ struct DecodeWork {
 };
 
 struct TokenEvent {
-  std::string id;
+  int64_t id = 0;          // DecodeWork::id
   int64_t index = 0;       // output token index (1 .. output_len - 1; 0 is prefill's)
   int32_t token = 0;
   bool finished = false;   // the request's last token

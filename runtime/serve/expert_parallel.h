@@ -48,7 +48,7 @@
 #include "runtime/model/expert_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
-#include "runtime/serve/job_config.h"
+#include "runtime/job/job_config.h"
 
 namespace eldr {
 

@@ -10,9 +10,8 @@
 #include <cstdio>
 #include <ctime>
 #include <deque>
-#include <functional>
 #include <map>
-#include <random>
+#include <optional>
 #include <thread>
 
 #include "runtime/calib/calibration.h"
@@ -25,24 +24,15 @@
 #include "runtime/router/router.h"
 #include "runtime/serve/decode_worker.h"
 #include "runtime/serve/expert_parallel.h"
-#include "runtime/serve/metrics.h"
-#include "runtime/serve/workload.h"
+#include "runtime/serve/protocol.h"
+#include "runtime/job/frontend.h"
+#include "runtime/job/metrics.h"
+#include "runtime/job/workload.h"
 #include "runtime/trace/trace.h"
 
 namespace eldr {
 
 namespace {
-
-enum Tag : int {
-  kTagPrefill = 1,   // 0 → prefill: {request}
-  kTagCounts = 2,    // prefill → 0: {request, first token, counts [L, E]}
-  kTagRoute = 3,     // 0 → prefill: {request, decoder rank}
-  kTagKv = 4,        // prefill → decode: the DecodeWork (its KV floats inline, or over the KV transport)
-  kTagTokens = 5,    // decode → 0: {step stats, token events, EP rank loads [G] and balancedness}
-  kTagFailed = 6,    // prefill/decode → 0: {request, reason}
-  kTagShutdown = 7,  // 0 → all
-  kTagReady = 8,     // every other rank → 0, once its weights are loaded: the clock starts when all are
-};
 
 // Blocking receive that sleeps between polls: Open MPI's blocking receive spins a core, and on a node
 // where ranks outnumber cores (this demo: 6 ranks, 2 cores) the spinning steals the workers' time.
@@ -55,12 +45,21 @@ Message WaitMessage(Transport& tr) {
   return tr.Recv(Transport::kAnySource, Transport::kAnyTag);
 }
 
-// FNV-1a over the KV payload's bytes: the decoder checks that the blocks arrived intact.
-uint64_t Checksum(const std::vector<float>& v) {
-  uint64_t h = 1469598103934665603ULL;
-  const auto* p = reinterpret_cast<const uint8_t*>(v.data());
-  for (size_t i = 0; i < v.size() * sizeof(float); ++i) h = (h ^ p[i]) * 1099511628211ULL;
-  return h;
+template <typename Msg>
+void SendMsg(Transport& tr, int dest, const Msg& m) {
+  const std::vector<uint8_t> bytes = m.Encode();
+  tr.Send(dest, Msg::kTag, bytes.data(), bytes.size());
+}
+
+// The message `msg` carries, checked against its MPI tag; errors name the sender.
+template <typename Msg>
+Result<Msg> DecodeMsg(const Message& msg) {
+  Result<Msg> m = msg.tag == Msg::kTag ? Msg::Decode(msg.payload)
+                                       : Result<Msg>(Status::Corrupt(std::string("protocol: expected a ") +
+                                                                     MessageTagName(Msg::kTag) + " message, got MPI tag " +
+                                                                     std::to_string(msg.tag)));
+  if (!m.ok()) return m.status().WithPrefix("from rank " + std::to_string(msg.source));
+  return m;
 }
 
 // Fault injection for the watchdog test: ELDR_FAULT_HANG_RANK=r makes rank r stop answering after its first
@@ -118,425 +117,441 @@ Status CheckShapes(const JobConfig& c, const ModelConfig& mc, const Trace& t) {
 }
 
 // ---------------------------------------------------------------- prefill rank
-// `kv_data`: the KV data plane (NCCL), or null to ship the KV inside the kTagKv message (MPI).
-Status RunPrefill(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelWeights& w, KvTransport* kv_data) {
-  const ModelConfig& mc = w.config;
-  const std::vector<std::string> domains = in.trace.Domains();
-  Executor ex(w, c.prefill_blocks, c.block_size);
-  BlockManager bm(c.prefill_blocks, c.block_size);
-  SignatureCache sig(c.prefill_blocks, mc.num_moe_layers(), mc.num_experts, c.block_size);
-  AttachSignatureCache(bm, sig);
+// Prefills the requests rank 0 sends, returns their counts and first token, and ships each one's KV to the
+// decoder rank 0 routes it to. `kv_data`: the KV data plane (NCCL), or null to ship the KV inside the KvMsg.
+class PrefillRank {
+ public:
+  PrefillRank(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelWeights& w, KvTransport* kv_data)
+      : c_(c),
+        tr_(tr),
+        in_(in),
+        kv_data_(kv_data),
+        domains_(in.trace.Domains()),
+        ex_(w, c.prefill_blocks, c.block_size),
+        bm_(c.prefill_blocks, c.block_size),
+        sig_(c.prefill_blocks, w.config.num_moe_layers(), w.config.num_experts, c.block_size) {
+    AttachSignatureCache(bm_, sig_);
+  }
+
+  Status Run() {
+    const bool hang = ShouldHang(tr_.rank());
+    while (true) {
+      // Routing decisions first: shipping a routed request's KV lets its decoder start and frees its blocks, so
+      // a burst of new prompts must not hold the requests already prefilled and routed (DESIGN.md §2: the KV
+      // moves as soon as the router has decided).
+      Message msg = tr_.Poll(0, kTagRoute) ? tr_.Recv(0, kTagRoute) : WaitMessage(tr_);
+      if (msg.tag == kTagShutdown) return Status::Ok();
+      if (hang) HangForever();
+      MaybeDie(tr_.rank());
+      if (msg.tag == kTagPrefill) {
+        ELDR_RETURN_IF_ERROR(OnPrefill(msg));
+      } else if (msg.tag == kTagRoute) {
+        ELDR_RETURN_IF_ERROR(OnRoute(msg));
+      } else {
+        return Status::Corrupt("prefill: unexpected " + std::string(MessageTagName(msg.tag)) + " message (tag " +
+                               std::to_string(msg.tag) + ") from rank " + std::to_string(msg.source));
+      }
+    }
+  }
+
+ private:
   struct Pending {
     std::vector<BlockId> blocks;
     int32_t first_token;
   };
-  std::map<int64_t, Pending> waiting_route;
-  std::deque<int64_t> waiting_blocks;  // requests whose prompt does not fit until KV is shipped
-  auto try_prefill = [&](int64_t req) -> Result<bool> {
-    const TraceRequest& r = in.trace.requests[in.order[req]];
-    const std::vector<int32_t> tokens = PromptTokens(r, domains, mc.vocab_size);
-    auto alloc = bm.AllocatePrompt(tokens);
+
+  Status OnPrefill(const Message& msg) {
+    ELDR_ASSIGN_OR_RETURN(PrefillRequestMsg m, DecodeMsg<PrefillRequestMsg>(msg));
+    if (m.request < 0 || m.request >= in_.size()) {
+      return Status::Corrupt("prefill: request " + std::to_string(m.request) + " is not in the workload");
+    }
+    if (!waiting_blocks_.empty()) {
+      waiting_blocks_.push_back(m.request);
+      return Status::Ok();
+    }
+    ELDR_ASSIGN_OR_RETURN(bool done, TryPrefill(m.request));
+    if (!done) waiting_blocks_.push_back(m.request);
+    return Status::Ok();
+  }
+
+  // Prefills `req` and sends its counts: true when done (or failed for good), false when it must wait for
+  // blocks.
+  Result<bool> TryPrefill(int64_t req) {
+    const TraceRequest& r = in_.request(req);
+    const std::vector<int32_t> tokens = PromptTokens(r, domains_, ex_.config().vocab_size);
+    auto alloc = bm_.AllocatePrompt(tokens);
     if (!alloc.ok()) {
-      if (static_cast<int64_t>((tokens.size() + c.block_size - 1) / c.block_size) > c.prefill_blocks) {
-        Wire f;
-        f.Put<int64_t>(req).PutString("prompt of " + std::to_string(tokens.size()) + " tokens exceeds the prefill KV cache");
-        tr.Send(0, kTagFailed, f.bytes().data(), f.bytes().size());
-        return true;
-      }
-      return false;  // wait for blocks
+      if (static_cast<int64_t>((tokens.size() + c_.block_size - 1) / c_.block_size) <= c_.prefill_blocks) return false;
+      SendMsg(tr_, 0, FailedMsg{req, "prompt of " + std::to_string(tokens.size()) + " tokens exceeds the prefill KV cache"});
+      return true;
     }
     const int cached = alloc->num_cached_tokens();
     // A full hit still recomputes the last token (its logits give the first output token).
     const int from = std::min(cached, static_cast<int>(tokens.size()) - 1);
     std::vector<uint16_t> replay_ids;
     GateReplay replay;
-    if (c.replay_gates) {
-      replay_ids = RoutingRows(in.trace, r, from, r.prompt_len - from);
+    if (c_.replay_gates) {
+      replay_ids = RoutingRows(in_.trace, r, from, r.prompt_len - from);
       replay.ids = replay_ids.data();
     }
-    const double prefill_start = Now(), prefill_cpu_start = CpuNow();
-    auto pre = ex.Prefill(tokens, alloc->blocks, from, c.replay_gates ? &replay : nullptr, from == cached ? &sig : nullptr);
+    const double start = Now(), cpu_start = CpuNow();
+    auto pre = ex_.Prefill(tokens, alloc->blocks, from, c_.replay_gates ? &replay : nullptr, from == cached ? &sig_ : nullptr);
     if (!pre.ok()) return pre.status();
-    const double prefill_seconds = Now() - prefill_start, prefill_cpu = CpuNow() - prefill_cpu_start;
-    std::vector<float> counts(sig.row_size());
-    sig.SumCounts(alloc->blocks, nullptr, counts.data());
-    Wire m;
-    m.Put<int64_t>(req).Put<int32_t>(pre->next_token).PutVector(counts);
-    m.Put<double>(prefill_seconds).Put<double>(prefill_cpu).Put<int64_t>(static_cast<int64_t>(tokens.size()) - from);
-    tr.Send(0, kTagCounts, m.bytes().data(), m.bytes().size());
-    waiting_route[req] = {alloc->blocks, pre->next_token};
+    CountsMsg m{req, pre->next_token, std::vector<float>(sig_.row_size()), Now() - start, CpuNow() - cpu_start,
+                static_cast<int64_t>(tokens.size()) - from};
+    sig_.SumCounts(alloc->blocks, nullptr, m.counts.data());
+    SendMsg(tr_, 0, m);
+    waiting_route_[req] = {alloc->blocks, pre->next_token};
     return true;
-  };
-  const bool hang = ShouldHang(tr.rank());
-  while (true) {
-    // Routing decisions first: shipping a routed request's KV lets its decoder start and frees its blocks, so a
-    // burst of new prompts must not hold the requests already prefilled and routed (DESIGN.md §2: the KV moves
-    // as soon as the router has decided).
-    Message msg = tr.Poll(0, kTagRoute) ? tr.Recv(0, kTagRoute) : WaitMessage(tr);
-    if (msg.tag == kTagShutdown) return Status::Ok();
-    if (hang) HangForever();
-    MaybeDie(tr.rank());
-    Wire in_msg(std::move(msg.payload));
-    if (msg.tag == kTagPrefill) {
-      const int64_t req = in_msg.Get<int64_t>();
-      if (!waiting_blocks.empty()) {
-        waiting_blocks.push_back(req);
-        continue;
-      }
-      ELDR_ASSIGN_OR_RETURN(bool done, try_prefill(req));
-      if (!done) waiting_blocks.push_back(req);
-    } else if (msg.tag == kTagRoute) {
-      const int64_t req = in_msg.Get<int64_t>();
-      const int32_t decoder_rank = in_msg.Get<int32_t>();
-      auto it = waiting_route.find(req);
-      if (it == waiting_route.end()) return Status::FailedPrecondition("prefill: routing decision for an unknown request");
-      const TraceRequest& r = in.trace.requests[in.order[req]];
-      DecodeWork d;
-      d.id = std::to_string(req);
-      d.prompt_len = r.prompt_len;
-      d.output_len = in.output_len[req];
-      d.first_token = it->second.first_token;
-      d.kv.resize(static_cast<size_t>(r.prompt_len * ex.KvFloatsPerToken()));
-      ex.ExportKv(it->second.blocks, static_cast<int>(r.prompt_len), d.kv.data());
-      Wire kv;
-      kv.Put<int64_t>(req).Put<int64_t>(d.prompt_len).Put<int64_t>(d.output_len).Put<int32_t>(d.first_token);
-      if (kv_data) {
-        kv.Put<uint64_t>(d.kv.size());  // the floats follow over the KV transport
-      } else {
-        kv.PutVector(d.kv);
-      }
-      kv.Put<uint64_t>(Checksum(d.kv));
-      kv.PutVector(c.replay_gates && d.output_len > 1 ? RoutingRows(in.trace, r, r.prompt_len, d.output_len - 1)
-                                                      : std::vector<uint16_t>{});
-      tr.Send(decoder_rank, kTagKv, kv.bytes().data(), kv.bytes().size());
-      // Right after its control message, in the same order: the decoder posts the matching receive when it
-      // handles that message, so a pair's NCCL sends and receives always pair up in order.
-      if (kv_data) ELDR_RETURN_IF_ERROR(kv_data->SendFromHost(decoder_rank, d.kv.data(), d.kv.size() * sizeof(float)));
-      bm.Free(it->second.blocks);
-      waiting_route.erase(it);
-      while (!waiting_blocks.empty()) {
-        ELDR_ASSIGN_OR_RETURN(bool done, try_prefill(waiting_blocks.front()));
-        if (!done) break;
-        waiting_blocks.pop_front();
-      }
-    }
   }
-}
+
+  Status OnRoute(const Message& msg) {
+    ELDR_ASSIGN_OR_RETURN(RouteMsg m, DecodeMsg<RouteMsg>(msg));
+    auto it = waiting_route_.find(m.request);
+    if (it == waiting_route_.end()) return Status::FailedPrecondition("prefill: routing decision for an unknown request");
+    ELDR_RETURN_IF_ERROR(ShipKv(m.request, m.decoder_rank, it->second));
+    bm_.Free(it->second.blocks);
+    waiting_route_.erase(it);
+    while (!waiting_blocks_.empty()) {
+      ELDR_ASSIGN_OR_RETURN(bool done, TryPrefill(waiting_blocks_.front()));
+      if (!done) break;
+      waiting_blocks_.pop_front();
+    }
+    return Status::Ok();
+  }
+
+  Status ShipKv(int64_t req, int decoder_rank, const Pending& p) {
+    const TraceRequest& r = in_.request(req);
+    KvMsg m;
+    m.request = req;
+    m.prompt_len = r.prompt_len;
+    m.output_len = in_.output_len[req];
+    m.first_token = p.first_token;
+    std::vector<float> kv(static_cast<size_t>(r.prompt_len * ex_.KvFloatsPerToken()));
+    ex_.ExportKv(p.blocks, static_cast<int>(r.prompt_len), kv.data());
+    m.kv_inline = kv_data_ == nullptr;
+    m.kv_floats = kv.size();
+    m.kv_checksum = KvChecksum(kv);
+    if (c_.replay_gates && m.output_len > 1) m.replay_ids = RoutingRows(in_.trace, r, r.prompt_len, m.output_len - 1);
+    if (m.kv_inline) m.kv = std::move(kv);
+    SendMsg(tr_, decoder_rank, m);
+    // Right after its control message, in the same order: the decoder posts the matching receive when it
+    // handles that message, so a pair's NCCL sends and receives always pair up in order.
+    if (kv_data_) ELDR_RETURN_IF_ERROR(kv_data_->SendFromHost(decoder_rank, kv.data(), kv.size() * sizeof(float)));
+    return Status::Ok();
+  }
+
+  const JobConfig& c_;
+  Transport& tr_;
+  const JobRequests& in_;
+  KvTransport* kv_data_;
+  const std::vector<std::string> domains_;
+  Executor ex_;
+  BlockManager bm_;
+  SignatureCache sig_;
+  std::map<int64_t, Pending> waiting_route_;
+  std::deque<int64_t> waiting_blocks_;  // requests whose prompt does not fit until KV is shipped
+};
 
 // ---------------------------------------------------------------- decode rank
-// With an EP group (ep_size > 1) this is the group's leader: its MoE layers go through EpExpertBackend, and it
-// stops the members when rank 0 shuts it down.
-// `kv_data`: the KV data plane (NCCL), or null when the KV comes inside the kTagKv message (MPI).
-Status RunDecode(const JobConfig& c, Transport& tr, const ModelWeights& w, const Placement& placement,
-                 GroupComm* group, KvTransport* kv_data) {
-  std::unique_ptr<EpExpertBackend> ep;
-  if (group) ep = std::make_unique<EpExpertBackend>(w, placement, *group);
-  DecodeWorker worker(w, {c.decode_blocks, c.block_size, c.max_batch, ep.get()});
-  const bool hang = ShouldHang(tr.rank());
-  auto handle = [&](Message msg, bool* stop) -> Status {
+// Receives prefilled requests, batches them and reports every step's tokens to rank 0. With an EP group
+// (ep_size > 1) this is the group's leader: its MoE layers go through EpExpertBackend, and it stops the members
+// when rank 0 shuts it down. `kv_data`: the KV data plane (NCCL), or null when the KV comes inside the KvMsg.
+class DecodeRank {
+ public:
+  DecodeRank(const JobConfig& c, Transport& tr, const ModelWeights& w, const Placement& placement, GroupComm* group,
+             KvTransport* kv_data)
+      : tr_(tr),
+        kv_data_(kv_data),
+        kv_floats_per_token_(2LL * w.config.num_hidden_layers * w.config.num_key_value_heads * w.config.head_dim),
+        ep_(group ? std::make_unique<EpExpertBackend>(w, placement, *group) : nullptr),
+        worker_(w, {c.decode_blocks, c.block_size, c.max_batch, ep_.get()}),
+        hang_(ShouldHang(tr.rank())) {}
+
+  Status Run() {
+    bool stop = false;
+    // A step's logged time is the decoder's whole busy iteration: receiving and importing KV, admission, the
+    // step itself and sending the previous step's tokens — everything but waiting idle for work.
+    ResetIteration();
+    while (!stop) {
+      while (!stop && tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
+        ELDR_RETURN_IF_ERROR(Handle(tr_.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
+      }
+      if (stop) break;
+      if (worker_.in_flight() == 0) {
+        Message msg = WaitMessage(tr_);
+        ResetIteration();
+        ELDR_RETURN_IF_ERROR(Handle(std::move(msg), &stop));
+        continue;
+      }
+      ELDR_RETURN_IF_ERROR(StepAndReport());
+    }
+    if (ep_) ep_->StopMembers();
+    return Status::Ok();
+  }
+
+ private:
+  void ResetIteration() {
+    iteration_start_ = Now();
+    iteration_cpu_start_ = CpuNow();
+  }
+
+  Status Handle(Message msg, bool* stop) {
     if (msg.tag == kTagShutdown) {
       *stop = true;
       return Status::Ok();
     }
-    if (hang) HangForever();
-    MaybeDie(tr.rank());
-    if (msg.tag != kTagKv) return Status::FailedPrecondition("decode: unexpected message tag " + std::to_string(msg.tag));
-    Wire m(std::move(msg.payload));
-    DecodeWork d;
-    const int64_t req = m.Get<int64_t>();
-    d.id = std::to_string(req);
-    d.prompt_len = m.Get<int64_t>();
-    d.output_len = m.Get<int64_t>();
-    d.first_token = m.Get<int32_t>();
-    if (kv_data) {
-      // Posted before anything else is handled: the sender's transfer follows this message (see RunPrefill).
-      d.kv.resize(m.Get<uint64_t>());
-      ELDR_RETURN_IF_ERROR(kv_data->RecvToHost(msg.source, d.kv.data(), d.kv.size() * sizeof(float)));
-    } else {
-      d.kv = m.GetVector<float>();
+    if (hang_) HangForever();
+    MaybeDie(tr_.rank());
+    ELDR_ASSIGN_OR_RETURN(KvMsg m, DecodeMsg<KvMsg>(msg));
+    DecodeWork d{m.request, m.prompt_len, m.output_len, m.first_token, std::move(m.kv), {}, std::move(m.replay_ids)};
+    if (m.kv_inline == (kv_data_ != nullptr)) {
+      return Status::Corrupt("decode: the KV of request " + std::to_string(m.request) +
+                             (m.kv_inline ? " came inline, expected over the KV transport" : " is not inline"));
     }
-    const uint64_t checksum = m.Get<uint64_t>();
-    d.replay_ids = m.GetVector<uint16_t>();
-    Status st = Checksum(d.kv) == checksum
-                    ? worker.Submit(std::move(d))
-                    : Status::Corrupt("KV blocks arrived corrupted (checksum mismatch)");
-    if (!st.ok()) {
-      Wire f;
-      f.Put<int64_t>(req).PutString(st.message());
-      tr.Send(0, kTagFailed, f.bytes().data(), f.bytes().size());
+    if (kv_data_) {
+      // Posted before anything else is handled: the sender's transfer follows this message (PrefillRank::ShipKv).
+      if (m.prompt_len < 0 || m.kv_floats != static_cast<uint64_t>(m.prompt_len * kv_floats_per_token_)) {
+        return Status::Corrupt("decode: request " + std::to_string(m.request) + " announces " +
+                               std::to_string(m.kv_floats) + " KV floats for a prompt of " + std::to_string(m.prompt_len));
+      }
+      d.kv.resize(m.kv_floats);
+      ELDR_RETURN_IF_ERROR(kv_data_->RecvToHost(msg.source, d.kv.data(), d.kv.size() * sizeof(float)));
     }
+    Status st = KvChecksum(d.kv) == m.kv_checksum ? worker_.Submit(std::move(d))
+                                                  : Status::Corrupt("KV blocks arrived corrupted (checksum mismatch)");
+    if (!st.ok()) SendMsg(tr_, 0, FailedMsg{m.request, st.message()});
     return Status::Ok();
-  };
-  bool stop = false;
-  // A step's logged time is the decoder's whole busy iteration: receiving and importing KV, admission, the
-  // step itself and sending the previous step's tokens — everything but waiting idle for work.
-  double iteration_start = Now(), iteration_cpu_start = CpuNow();
-  while (!stop) {
-    while (!stop && tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
-      ELDR_RETURN_IF_ERROR(handle(tr.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
-    }
-    if (stop) break;
-    if (worker.in_flight() == 0) {
-      Message msg = WaitMessage(tr);
-      iteration_start = Now();
-      iteration_cpu_start = CpuNow();
-      ELDR_RETURN_IF_ERROR(handle(std::move(msg), &stop));
-      continue;
-    }
-    ELDR_ASSIGN_OR_RETURN(StepReport rep, worker.Step());
-    const double step_end = Now(), step_cpu_end = CpuNow();
-    const double step_seconds = step_end - iteration_start, step_cpu = step_cpu_end - iteration_cpu_start;
-    iteration_start = step_end;
-    iteration_cpu_start = step_cpu_end;
-    Wire m;
-    m.Put<int32_t>(rep.batch).Put<int64_t>(rep.distinct_experts).Put<int64_t>(rep.context_tokens);
-    m.Put<double>(step_seconds).Put<double>(step_cpu).Put<uint64_t>(rep.tokens.size());
-    for (const auto& t : rep.tokens) {
-      m.Put<int64_t>(std::stoll(t.id)).Put<int64_t>(t.index).Put<int32_t>(t.token).Put<uint8_t>(t.finished ? 1 : 0);
-    }
-    const EpStepLoad load = ep ? ep->TakeStepLoad() : EpStepLoad();
-    m.PutVector(load.rank_load).Put<double>(load.balancedness());
-    tr.Send(0, kTagTokens, m.bytes().data(), m.bytes().size());
   }
-  if (ep) ep->StopMembers();
-  return Status::Ok();
-}
+
+  Status StepAndReport() {
+    ELDR_ASSIGN_OR_RETURN(StepReport rep, worker_.Step());
+    const double end = Now(), cpu_end = CpuNow();
+    TokensMsg m;
+    m.batch = rep.batch;
+    m.distinct_experts = rep.distinct_experts;
+    m.context_tokens = rep.context_tokens;
+    m.seconds = end - iteration_start_;
+    m.cpu_seconds = cpu_end - iteration_cpu_start_;
+    iteration_start_ = end;
+    iteration_cpu_start_ = cpu_end;
+    m.tokens.reserve(rep.tokens.size());
+    for (const TokenEvent& t : rep.tokens) m.tokens.push_back({t.id, t.index, t.token, t.finished});
+    const EpStepLoad load = ep_ ? ep_->TakeStepLoad() : EpStepLoad();
+    m.rank_load = load.rank_load;
+    m.balancedness = load.balancedness();
+    SendMsg(tr_, 0, m);
+    return Status::Ok();
+  }
+
+  Transport& tr_;
+  KvTransport* kv_data_;
+  const int64_t kv_floats_per_token_;  // Executor::KvFloatsPerToken
+  std::unique_ptr<EpExpertBackend> ep_;
+  DecodeWorker worker_;
+  const bool hang_;
+  double iteration_start_ = 0, iteration_cpu_start_ = 0;
+};
 
 // ---------------------------------------------------------------- rank 0: frontend + router
-Status RunRouter(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, bool progress,
-                 const char* kv_transport) {
-  const int64_t N = static_cast<int64_t>(in.order.size());
-  std::unique_ptr<Calibration> calib;
-  if (!c.calibration.empty()) {
-    ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c.calibration));
-    calib = std::make_unique<Calibration>(std::move(cal));
-  }
-  const RouterConfig rc = JobRouterConfig(c, mc.trace_shape(), in.trace);
-  auto router_or = Router::Create(rc, calib.get());
-  if (!router_or.ok()) return router_or.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
-  Router router = std::move(router_or).value();
-  ELDR_ASSIGN_OR_RETURN(std::vector<double> arrivals,
-                        ArrivalTimes({N, c.request_rate, c.burstiness, c.workload_seed}));
+// The Frontend (job/frontend.h) decides; this class moves its decisions and the workers' reports over MPI,
+// stamps arrival times, keeps the step log and runs the ready barrier and the watchdog.
+class RouterRank {
+ public:
+  RouterRank(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, const char* kv_transport)
+      : c_(c), tr_(tr), in_(in), mc_(mc), kv_transport_(kv_transport), last_heard_(tr.size(), 0) {}
 
-  std::vector<RequestRecord> records(N);
-  for (int64_t i = 0; i < N; ++i) {
-    const TraceRequest& r = in.trace.requests[in.order[i]];
-    records[i].id = in.ReportId(i);
-    records[i].domain = r.domain;
-    records[i].prompt_len = r.prompt_len;
+  Status Run(bool progress) {
+    ELDR_RETURN_IF_ERROR(CreateFrontend());
+    ELDR_RETURN_IF_ERROR(WaitReady());
+    ProgressBar bar("serving " + std::string(RoutingPolicyName(c_.policy)), in_.size(), progress);
+    start_ = Now();
+    std::fill(last_heard_.begin(), last_heard_.end(), start_);
+    const Status served = Serve(bar);
+    bar.Finish();
+    if (!served.ok()) {
+      ShutdownWorkers();
+      return served;
+    }
+    const std::string watchdog = frontend_->done() ? "" : WatchdogReport();
+    const Status written = WriteOutputs(watchdog);
+    ShutdownWorkers();
+    ELDR_RETURN_IF_ERROR(written);
+    if (!watchdog.empty()) return Status::FailedPrecondition(watchdog + " metrics written to " + c_.output_dir);
+    return Status::Ok();
   }
-  std::vector<int64_t> prefill_outstanding(c.prefill_ranks, 0);
-  std::vector<int> prefill_of(N, -1);
-  std::vector<int64_t> decoder_requests(c.decode_ranks, 0), decoder_steps(c.decode_ranks, 0);
-  std::vector<double> decoder_distinct(c.decode_ranks, 0), decoder_batch(c.decode_ranks, 0);
-  // EP groups: Σ over steps of each EP rank's load, and every step's balancedness, per decoder.
-  std::vector<std::vector<double>> decoder_rank_load(c.decode_ranks, std::vector<double>(c.ep_size, 0.0));
-  std::vector<std::vector<double>> decoder_balancedness(c.decode_ranks);
-  std::deque<std::pair<int64_t, std::vector<float>>> held;  // routed later: every decoder at its cap
-  std::vector<StepRecord> step_log;  // every prefill and decode step, for `eldr simulate --fit`
-  std::vector<double> last_heard(tr.size(), 0);
-  int64_t next = 0, active = 0, done = 0, band_sum = 0, band_n = 0, fallbacks = 0;
+
+ private:
+  Status CreateFrontend() {
+    std::unique_ptr<Calibration> calib;
+    if (!c_.calibration.empty()) {
+      ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c_.calibration));
+      calib = std::make_unique<Calibration>(std::move(cal));
+    }
+    FrontendActions actions;
+    actions.send_to_prefill = [this](int64_t req, int p) { SendMsg(tr_, 1 + p, PrefillRequestMsg{req}); };
+    actions.send_route = [this](int64_t req, int d) {
+      SendMsg(tr_, 1 + frontend_->prefill_of(req), RouteMsg{req, c_.DecoderLeaderRank(d)});
+    };
+    ELDR_ASSIGN_OR_RETURN(Frontend f, Frontend::Create(c_, in_, mc_.trace_shape(), calib.get(), std::move(actions)));
+    frontend_.emplace(std::move(f));
+    return Status::Ok();
+  }
+
   // Loading weights is not serving time: the arrival clock starts when every other rank has reported ready.
-  {
-    std::vector<bool> ready(tr.size(), false);
+  Status WaitReady() {
+    std::vector<bool> ready(tr_.size(), false);
     int num_ready = 0;
     const double wait_start = Now();
-    while (num_ready < tr.size() - 1) {
-      if (tr.Poll(Transport::kAnySource, kTagReady)) {
-        const Message m = tr.Recv(Transport::kAnySource, kTagReady);
+    while (num_ready < tr_.size() - 1) {
+      if (tr_.Poll(Transport::kAnySource, kTagReady)) {
+        const Message m = tr_.Recv(Transport::kAnySource, kTagReady);
+        ELDR_RETURN_IF_ERROR(DecodeMsg<ReadyMsg>(m).status());
         if (!ready[m.source]) ++num_ready;
         ready[m.source] = true;
         continue;
       }
-      if (g_terminate_requested || Now() - wait_start > c.watchdog_s) {
+      if (g_terminate_requested || Now() - wait_start > c_.watchdog_s) {
         std::string missing;
-        for (int r = 1; r < tr.size(); ++r) {
-          if (!ready[r]) missing += (missing.empty() ? "" : ", ") + c.RoleOf(r) + " (rank " + std::to_string(r) + ")";
+        for (int r = 1; r < tr_.size(); ++r) {
+          if (!ready[r]) missing += (missing.empty() ? "" : ", ") + c_.RoleOf(r) + " (rank " + std::to_string(r) + ")";
         }
-        for (int r = 1; r < tr.size(); ++r) tr.Send(r, kTagShutdown, nullptr, 0);
+        for (int r = 1; r < tr_.size(); ++r) SendMsg(tr_, r, ShutdownMsg{});
         return Status::FailedPrecondition("not ready after " + Fmt(Now() - wait_start, 0) +
                                           " s (loading weights; raise watchdog_s for a large model): " + missing);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
+    return Status::Ok();
   }
-  ProgressBar bar("serving " + std::string(RoutingPolicyName(c.policy)), N, progress);
-  const double start = Now();
-  double last_progress = start;
-  std::fill(last_heard.begin(), last_heard.end(), start);
 
-  auto route = [&](int64_t req, const std::vector<float>& counts) -> bool {
-    const RoutingDecision d = router.Route(counts.data(), nullptr, records[req].domain);
-    if (d.decoder < 0) return false;
-    router.Dispatch(d.decoder);
-    if (UsesSignature(c.policy)) {
-      band_sum += d.band_size;
-      ++band_n;
+  // Until every request is accounted for, or the watchdog (no message for watchdog_s, or the launcher ending
+  // the job) stops it with work outstanding. Errors: a malformed message.
+  Status Serve(ProgressBar& bar) {
+    double last_progress = Now();
+    while (!frontend_->done()) {
+      // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work.
+      const double now = Now() - start_;
+      frontend_->Admit(frontend_->DueBy(now), now);
+      if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
+        if (Now() - last_progress > c_.watchdog_s || g_terminate_requested) return Status::Ok();
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+      const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
+      last_progress = Now();
+      last_heard_[msg.source] = last_progress;
+      ELDR_RETURN_IF_ERROR(Handle(msg, last_progress - start_));
+      bar.Update(frontend_->num_done());
     }
-    fallbacks += d.fallback ? 1 : 0;
-    records[req].decoder = d.decoder;
-    ++decoder_requests[d.decoder];
-    Wire m;
-    m.Put<int64_t>(req).Put<int32_t>(c.DecoderLeaderRank(d.decoder));
-    tr.Send(1 + prefill_of[req], kTagRoute, m.bytes().data(), m.bytes().size());
-    return true;
-  };
-  auto finish = [&](int64_t req, bool ok, const std::string& err) {
-    records[req].success = ok;
-    records[req].error = err;
-    records[req].output_len = static_cast<int64_t>(records[req].token_times.size());
-    if (records[req].decoder >= 0) router.Complete(records[req].decoder);  // failed at the decoder: its slot frees too
-    --active;
-    ++done;
-    bar.Update(done);
-  };
+    return Status::Ok();
+  }
 
-  while (done < N) {
-    const double now = Now();
-    // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work.
-    while (next < N && arrivals[next] <= now - start && (c.max_concurrency == 0 || active < c.max_concurrency)) {
-      const int p = static_cast<int>(std::min_element(prefill_outstanding.begin(), prefill_outstanding.end()) -
-                                     prefill_outstanding.begin());
-      records[next].arrival = now - start;
-      prefill_of[next] = p;
-      ++prefill_outstanding[p];
-      Wire m;
-      m.Put<int64_t>(next);
-      tr.Send(1 + p, kTagPrefill, m.bytes().data(), m.bytes().size());
-      ++next;
-      ++active;
-    }
-    if (!tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
-      if (Now() - last_progress > c.watchdog_s || g_terminate_requested) break;  // handled below
-      std::this_thread::sleep_for(std::chrono::microseconds(100));
-      continue;
-    }
-    Message msg = tr.Recv(Transport::kAnySource, Transport::kAnyTag);
-    const double t = Now() - start;
-    last_progress = Now();
-    last_heard[msg.source] = last_progress;
-    Wire m(std::move(msg.payload));
-    if (msg.tag == kTagCounts) {
-      const int64_t req = m.Get<int64_t>();
-      records[req].tokens.push_back(m.Get<int32_t>());
-      std::vector<float> counts = m.GetVector<float>();
-      const double seconds = m.Get<double>();
-      const double cpu = m.Get<double>();
-      const int64_t computed = m.Get<int64_t>();
-      step_log.push_back({"prefill", prefill_of[req], t, seconds, 1, 0, computed, cpu});
-      records[req].token_times.push_back(t);
-      --prefill_outstanding[prefill_of[req]];
-      if (!held.empty() || !route(req, counts)) held.emplace_back(req, std::move(counts));
-    } else if (msg.tag == kTagTokens) {
-      const int decoder = c.DecoderOfRank(msg.source);
-      const int32_t batch = m.Get<int32_t>();
-      const int64_t distinct = m.Get<int64_t>();
-      const int64_t context = m.Get<int64_t>();
-      const double seconds = m.Get<double>();
-      const double cpu = m.Get<double>();
-      const uint64_t n = m.Get<uint64_t>();
-      if (batch > 0) step_log.push_back({"decode", decoder, t, seconds, batch, distinct, context, cpu});
-      if (batch > 0) {
-        ++decoder_steps[decoder];
-        decoder_distinct[decoder] += static_cast<double>(distinct);
-        decoder_batch[decoder] += batch;
-      }
-      for (uint64_t i = 0; i < n; ++i) {
-        const int64_t req = m.Get<int64_t>();
-        m.Get<int64_t>();  // token index (tokens of one request arrive in order from its decoder)
-        const int32_t token = m.Get<int32_t>();
-        const bool finished = m.Get<uint8_t>() != 0;
-        if (records[req].token_times.size() < static_cast<size_t>(in.output_len[req])) {
-          records[req].token_times.push_back(t);
-          records[req].tokens.push_back(token);
-        }
-        if (finished) finish(req, true, "");
-      }
-      const std::vector<int64_t> rank_load = m.GetVector<int64_t>();  // empty unless ep_size > 1
-      const double balancedness = m.Get<double>();
-      if (batch > 0 && !rank_load.empty()) {
-        for (size_t r = 0; r < rank_load.size() && r < decoder_rank_load[decoder].size(); ++r) {
-          decoder_rank_load[decoder][r] += static_cast<double>(rank_load[r]);
-        }
-        decoder_balancedness[decoder].push_back(balancedness);
-      }
-      while (!held.empty() && route(held.front().first, held.front().second)) held.pop_front();
-    } else if (msg.tag == kTagFailed) {
-      const int64_t req = m.Get<int64_t>();
-      const std::string why = c.RoleOf(msg.source) + " (rank " + std::to_string(msg.source) + "): " + m.GetString();
-      if (prefill_of[req] >= 0 && records[req].token_times.empty()) --prefill_outstanding[prefill_of[req]];
-      finish(req, false, why);
+  Status Handle(const Message& msg, double t) {
+    switch (msg.tag) {
+      case kTagCounts: return OnCounts(msg, t);
+      case kTagTokens: return OnTokens(msg, t);
+      case kTagFailed: return OnFailed(msg);
+      default:
+        return Status::Corrupt("router: unexpected " + std::string(MessageTagName(msg.tag)) + " message (tag " +
+                               std::to_string(msg.tag) + ") from rank " + std::to_string(msg.source));
     }
   }
-  bar.Finish();
-  std::string watchdog;
-  if (done < N) {
-    // No message for watchdog_s with work outstanding, or the launcher is ending the job because a rank died:
-    // name the ranks that hold work.
-    watchdog = g_terminate_requested ? std::string("job terminated by the launcher (a rank exited);")
-                                     : "watchdog: no progress for " + Fmt(c.watchdog_s, 0) + " s;";
-    // The ranks holding work, the longest silent first: a hung rank has been silent since it hung, while a
-    // rank blocked sending to it went silent later.
-    struct Holder {
-      int rank;
-      int64_t requests;
-    };
-    std::vector<Holder> holders;
-    for (int p = 0; p < c.prefill_ranks; ++p) {
-      if (prefill_outstanding[p] > 0) holders.push_back({1 + p, prefill_outstanding[p]});
+
+  // A request id from `source` must be one rank 0 has sent.
+  Status CheckRequest(int64_t req, int source) const {
+    if (req >= 0 && req < frontend_->sent()) return Status::Ok();
+    return Status::Corrupt("router: rank " + std::to_string(source) + " reports request " + std::to_string(req) +
+                           ", which was never sent");
+  }
+
+  Status OnCounts(const Message& msg, double t) {
+    ELDR_ASSIGN_OR_RETURN(CountsMsg m, DecodeMsg<CountsMsg>(msg));
+    ELDR_RETURN_IF_ERROR(CheckRequest(m.request, msg.source));
+    if (m.counts.size() != static_cast<size_t>(mc_.num_moe_layers()) * mc_.num_experts) {
+      return Status::Corrupt("router: counts of request " + std::to_string(m.request) + " have " +
+                             std::to_string(m.counts.size()) + " entries, expected L x E");
     }
-    for (int d = 0; d < c.decode_ranks; ++d) {
-      if (router.decoders()[d].in_flight > 0) holders.push_back({c.DecoderLeaderRank(d), router.decoders()[d].in_flight});
+    step_log_.push_back({"prefill", frontend_->prefill_of(m.request), t, m.seconds, 1, 0, m.computed_tokens, m.cpu_seconds});
+    frontend_->OnFirstToken(m.request, t, m.first_token, std::move(m.counts));
+    return Status::Ok();
+  }
+
+  Status OnTokens(const Message& msg, double t) {
+    ELDR_ASSIGN_OR_RETURN(TokensMsg m, DecodeMsg<TokensMsg>(msg));
+    const int decoder = c_.DecoderOfRank(msg.source);
+    if (decoder < 0) return Status::Corrupt("router: tokens from rank " + std::to_string(msg.source) + ", not a decoder");
+    for (const TokenRecord& tok : m.tokens) ELDR_RETURN_IF_ERROR(CheckRequest(tok.request, msg.source));
+    if (m.batch > 0) {
+      step_log_.push_back({"decode", decoder, t, m.seconds, m.batch, m.distinct_experts, m.context_tokens, m.cpu_seconds});
+    }
+    frontend_->OnDecodeStep(decoder, m.batch, m.distinct_experts, m.rank_load, m.balancedness);
+    for (const TokenRecord& tok : m.tokens) {
+      // Tokens of one request arrive in order from its decoder: the index needs no check.
+      frontend_->OnToken(tok.request, t, tok.token);
+      if (tok.finished) frontend_->Finish(tok.request, true);
+    }
+    return Status::Ok();
+  }
+
+  Status OnFailed(const Message& msg) {
+    ELDR_ASSIGN_OR_RETURN(FailedMsg m, DecodeMsg<FailedMsg>(msg));
+    ELDR_RETURN_IF_ERROR(CheckRequest(m.request, msg.source));
+    frontend_->Finish(m.request, false, c_.RoleOf(msg.source) + " (rank " + std::to_string(msg.source) + "): " + m.reason);
+    return Status::Ok();
+  }
+
+  // Names the ranks that hold work, the longest silent first (a hung rank has been silent since it hung, while
+  // a rank blocked sending to it went silent later), and marks the unfinished requests failed.
+  std::string WatchdogReport() {
+    std::string report = g_terminate_requested ? std::string("job terminated by the launcher (a rank exited);")
+                                               : "watchdog: no progress for " + Fmt(c_.watchdog_s, 0) + " s;";
+    std::vector<std::pair<int, int64_t>> holders;  // (rank, requests)
+    for (int p = 0; p < c_.prefill_ranks; ++p) {
+      if (frontend_->prefill_outstanding(p) > 0) holders.emplace_back(1 + p, frontend_->prefill_outstanding(p));
+    }
+    for (int d = 0; d < c_.decode_ranks; ++d) {
+      if (frontend_->decoder_in_flight(d) > 0) holders.emplace_back(c_.DecoderLeaderRank(d), frontend_->decoder_in_flight(d));
     }
     std::stable_sort(holders.begin(), holders.end(),
-                     [&](const Holder& a, const Holder& b) { return last_heard[a.rank] < last_heard[b.rank]; });
+                     [&](const auto& a, const auto& b) { return last_heard_[a.first] < last_heard_[b.first]; });
     const double now = Now();
-    for (const Holder& h : holders) {
-      watchdog += " " + c.RoleOf(h.rank) + " (rank " + std::to_string(h.rank) + ") holds " + std::to_string(h.requests) +
-                  " requests, silent " + Fmt(now - last_heard[h.rank], 1) + " s;";
+    for (const auto& [rank, requests] : holders) {
+      report += " " + c_.RoleOf(rank) + " (rank " + std::to_string(rank) + ") holds " + std::to_string(requests) +
+                " requests, silent " + Fmt(now - last_heard_[rank], 1) + " s;";
     }
-    for (int64_t i = 0; i < N; ++i) {
-      if (records[i].success && (i >= next || records[i].token_times.size() < static_cast<size_t>(in.output_len[i]))) {
-        records[i].success = false;
-        records[i].error = i >= next ? "never sent (job ended by the watchdog)" : "unfinished (job ended by the watchdog)";
-        records[i].output_len = static_cast<int64_t>(records[i].token_times.size());
-      }
-    }
+    frontend_->AbandonUnfinished("never sent (job ended by the watchdog)", "unfinished (job ended by the watchdog)");
+    return report;
   }
-  // Metrics JSON (vLLM keys + eldr's), per-request JSONL, summary.
-  std::vector<DecoderStats> stats(c.decode_ranks);
-  for (int d = 0; d < c.decode_ranks; ++d) {
-    stats[d].rank = c.DecoderLeaderRank(d);
-    stats[d].requests = decoder_requests[d];
-    stats[d].steps = decoder_steps[d];
-    stats[d].batch_sum = decoder_batch[d];
-    stats[d].distinct_sum = decoder_distinct[d];
-    stats[d].ep_size = c.ep_size;
-    if (c.ep_size > 1) {
-      std::vector<double>& bal = decoder_balancedness[d];
-      const double steps = static_cast<double>(bal.size());
-      stats[d].mean_rank_load = decoder_rank_load[d];
-      for (double& v : stats[d].mean_rank_load) v = steps > 0 ? v / steps : 0.0;
-      double sum = 0;
-      for (double b : bal) sum += b;
-      std::sort(bal.begin(), bal.end());
-      stats[d].mean_balancedness = steps > 0 ? sum / steps : 0.0;
-      stats[d].p1_balancedness = bal.empty() ? 0.0 : Percentile(bal, 1);
-    }
+
+  // Metrics JSON (vLLM keys + eldr's), per-request JSONL, the step log and the summary.
+  Status WriteOutputs(const std::string& watchdog) {
+    nlohmann::json j = JobMetrics(c_, mc_.name, frontend_->records(), frontend_->DecoderStatistics(), frontend_->routing());
+    j["kv_transport"] = kv_transport_;
+    if (!watchdog.empty()) j["watchdog"] = watchdog;
+    ELDR_RETURN_IF_ERROR(WriteJobOutputs(c_.output_dir, j, frontend_->records(), c_.output_tokens));
+    ELDR_RETURN_IF_ERROR(WriteStepLog(c_.output_dir + "/steps.jsonl", step_log_));
+    std::printf("%s", FormatServingSummary(j).c_str());
+    std::fflush(stdout);
+    return Status::Ok();
   }
-  nlohmann::json j = JobMetrics(c, mc.name, records, stats, {router.tau(), band_sum, band_n, fallbacks});
-  j["kv_transport"] = kv_transport;
-  if (!watchdog.empty()) j["watchdog"] = watchdog;
-  ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, j, records, c.output_tokens));
-  ELDR_RETURN_IF_ERROR(WriteStepLog(c.output_dir + "/steps.jsonl", step_log));
-  std::printf("%s", FormatServingSummary(j).c_str());
-  std::fflush(stdout);
+
   // Prefill ranks and decoder leaders; a leader stops its EP members.
-  for (int r = 1; r <= c.prefill_ranks; ++r) tr.Send(r, kTagShutdown, nullptr, 0);
-  for (int d = 0; d < c.decode_ranks; ++d) tr.Send(c.DecoderLeaderRank(d), kTagShutdown, nullptr, 0);
-  if (!watchdog.empty()) return Status::FailedPrecondition(watchdog + " metrics written to " + c.output_dir);
-  return Status::Ok();
-}
+  void ShutdownWorkers() {
+    for (int r = 1; r <= c_.prefill_ranks; ++r) SendMsg(tr_, r, ShutdownMsg{});
+    for (int d = 0; d < c_.decode_ranks; ++d) SendMsg(tr_, c_.DecoderLeaderRank(d), ShutdownMsg{});
+  }
+
+  const JobConfig& c_;
+  Transport& tr_;
+  const JobRequests& in_;
+  const ModelConfig& mc_;
+  const char* kv_transport_;
+  std::optional<Frontend> frontend_;
+  std::vector<StepRecord> step_log_;  // every prefill and decode step, for `eldr simulate --fit`
+  std::vector<double> last_heard_;    // [world] when each rank was last heard from
+  double start_ = 0;
+};
 
 }  // namespace
 
@@ -580,14 +595,14 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   }
   if (rank == 0) {
     std::signal(SIGTERM, OnTerminate);
-    return RunRouter(c, tr, in, mc, progress, kv_name);
+    return RouterRank(c, tr, in, mc, kv_name).Run(progress);
   }
   ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
-  tr.Send(0, kTagReady, nullptr, 0);
-  if (rank <= c.prefill_ranks) return RunPrefill(c, tr, in, w, kv_data);
-  if (!group.valid()) return RunDecode(c, tr, w, placements[c.DecoderOfRank(rank)], nullptr, kv_data);
+  SendMsg(tr, 0, ReadyMsg{});
+  if (rank <= c.prefill_ranks) return PrefillRank(c, tr, in, w, kv_data).Run();
   const Placement& placement = placements[c.DecoderOfRank(rank)];
-  return group.rank() == 0 ? RunDecode(c, tr, w, placement, &group, kv_data) : RunEpMember(w, placement, group);
+  if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data).Run();
+  return group.rank() == 0 ? DecodeRank(c, tr, w, placement, &group, kv_data).Run() : RunEpMember(w, placement, group);
 }
 
 }  // namespace eldr

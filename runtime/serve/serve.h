@@ -8,6 +8,10 @@
 // chosen decoder → the decoder batches it (continuous batching, queue when full) and streams tokens to
 // rank 0, which stamps their arrival (the client's view, as vLLM's benchmark does).
 //
+// Rank 0's decisions (admission, routing, holding at the admission cap, accounting, routing statistics) are the
+// job's Frontend (runtime/job/frontend.h), the same code `eldr simulate` runs. Every message between ranks is a
+// struct of runtime/serve/protocol.h; a malformed one ends the receiving rank with Status::Corrupt.
+//
 // Prompt token ids: a routing trace records routing, not text, so each request's prompt token ids are
 // drawn deterministically (seeded by its id) from its domain's token range of the synthetic vocabulary;
 // repeated requests therefore share prefixes.
@@ -41,7 +45,7 @@
 #include <string>
 
 #include "runtime/comm/transport.h"
-#include "runtime/serve/job_config.h"
+#include "runtime/job/job_config.h"
 
 namespace eldr {
 

@@ -5,14 +5,15 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <optional>
 #include <queue>
 
 #include "runtime/common/distinct_experts.h"
 #include "runtime/common/progress.h"
+#include "runtime/job/frontend.h"
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
 #include "runtime/kvcache/signature_cache.h"
-#include "runtime/router/router.h"
 
 namespace eldr {
 
@@ -100,7 +101,6 @@ struct Decoder {
 struct PrefillRank {
   std::deque<int64_t> queue;
   bool busy = false;
-  int64_t outstanding = 0;  // sent by the router, first token not yet back
   BlockManager blocks;
   SignatureCache signatures;
   PrefillRank(int num_blocks, int block_size, int L, int E)
@@ -111,11 +111,46 @@ struct PrefillRank {
 
 class Simulation {
  public:
-  Simulation(const JobConfig& c, const JobRequests& in, const ModelConfig& mc, const CostModel& cost, Router router)
-      : c_(c), in_(in), mc_(mc), cost_(cost), router_(std::move(router)), N_(in.size()) {}
+  Simulation(const JobConfig& c, const JobRequests& in, const ModelConfig& mc, const CostModel& cost)
+      : c_(c), in_(in), mc_(mc), cost_(cost), N_(in.size()) {}
 
   Result<SimulationResult> Run(const Calibration* calib, bool progress) {
-    ELDR_ASSIGN_OR_RETURN(arrivals_, ArrivalTimes({N_, c_.request_rate, c_.burstiness, c_.workload_seed}));
+    ELDR_RETURN_IF_ERROR(Setup(calib));
+    ProgressBar bar("simulating " + std::string(RoutingPolicyName(c_.policy)), N_, progress);
+    if (N_ > 0) Push(frontend_->arrivals()[0], EventKind::kArrival, 0, 0);
+    while (!events_.empty()) {
+      const Event e = events_.top();
+      events_.pop();
+      now_ = e.time;
+      ++result_.events;
+      ELDR_RETURN_IF_ERROR(Handle(e));
+      const int64_t done = frontend_->num_done();
+      if ((done & 255) == 0 || done == N_) bar.Update(done);
+    }
+    bar.Finish();
+    if (!frontend_->done()) {
+      return Status::FailedPrecondition("internal: simulation ended with " + std::to_string(N_ - frontend_->num_done()) +
+                                        " of " + std::to_string(N_) + " requests unaccounted for");
+    }
+    result_.simulated_seconds = now_;
+    result_.routing = frontend_->routing();
+    result_.decoders = frontend_->DecoderStatistics();
+    result_.records = frontend_->TakeRecords();
+    return std::move(result_);
+  }
+
+ private:
+  // The frontend (its router and arrivals), the trace's decode routing, the workers.
+  Status Setup(const Calibration* calib) {
+    FrontendActions actions;
+    actions.send_to_prefill = [this](int64_t i, int p) {
+      Push(now_ + cost_.control_latency, EventKind::kPrefillEnqueue, p, i);
+    };
+    actions.send_route = [this](int64_t i, int d) {
+      Push(now_ + cost_.control_latency, EventKind::kRouteAtPrefill, d, i);
+    };
+    ELDR_ASSIGN_OR_RETURN(Frontend f, Frontend::Create(c_, in_, mc_.trace_shape(), calib, std::move(actions)));
+    frontend_.emplace(std::move(f));
     masks_ = DecodeMasks::Build(in_.trace);
     domains_ = in_.trace.Domains();
     const int L = in_.trace.shape.num_layers, E = in_.trace.shape.num_experts;
@@ -128,42 +163,12 @@ class Simulation {
                           (mc_.torch_dtype == "bfloat16" ? 2.0 : 4.0);
     for (int p = 0; p < c_.prefill_ranks; ++p) prefill_.emplace_back(c_.prefill_blocks, c_.block_size, L, E);
     for (int d = 0; d < c_.decode_ranks; ++d) decoders_.emplace_back(c_.decode_blocks, c_.block_size);
-    result_.records.resize(N_);
-    result_.decoders.resize(c_.decode_ranks);
-    for (int d = 0; d < c_.decode_ranks; ++d) result_.decoders[d].rank = 1 + c_.prefill_ranks + d;
-    for (int64_t i = 0; i < N_; ++i) {
-      RequestRecord& r = result_.records[i];
-      r.id = in_.ReportId(i);
-      r.domain = in_.request(i).domain;
-      r.prompt_len = in_.request(i).prompt_len;
-      r.token_times.reserve(static_cast<size_t>(in_.output_len[i]));
-    }
-    prefill_of_.assign(N_, -1);
     counts_.resize(N_);
     allocations_.resize(N_);
     step_experts_ = ExpertUnion(masks_.L, in_.trace.shape.num_experts);
-
-    ProgressBar bar("simulating " + std::string(RoutingPolicyName(c_.policy)), N_, progress);
-    if (N_ > 0) Push(arrivals_[0], EventKind::kArrival, 0, 0);
-    while (!events_.empty()) {
-      const Event e = events_.top();
-      events_.pop();
-      now_ = e.time;
-      ++result_.events;
-      ELDR_RETURN_IF_ERROR(Handle(e));
-      if ((done_ & 255) == 0 || done_ == N_) bar.Update(done_);
-    }
-    bar.Finish();
-    if (done_ != N_) {
-      return Status::FailedPrecondition("internal: simulation ended with " + std::to_string(N_ - done_) + " of " + std::to_string(N_) +
-                              " requests unaccounted for");
-    }
-    result_.simulated_seconds = now_;
-    result_.routing.tau = router_.tau();
-    return std::move(result_);
+    return Status::Ok();
   }
 
- private:
   void Push(double t, EventKind kind, int32_t a, int64_t b, uint64_t version = 0) {
     events_.push({t, seq_++, kind, a, b, version});
   }
@@ -219,8 +224,8 @@ class Simulation {
     switch (e.kind) {
       case EventKind::kArrival:
         arrival_due_ = e.b + 1;
-        SendArrivals();
-        if (arrival_due_ < N_) Push(arrivals_[arrival_due_], EventKind::kArrival, 0, arrival_due_);
+        frontend_->Admit(arrival_due_, now_);
+        if (arrival_due_ < N_) Push(frontend_->arrivals()[arrival_due_], EventKind::kArrival, 0, arrival_due_);
         return Status::Ok();
       case EventKind::kPrefillEnqueue:
         prefill_[e.a].queue.push_back(e.b);
@@ -229,7 +234,7 @@ class Simulation {
         if (!EndWork(e)) return Status::Ok();
         return PrefillDone(e.a, e.b);
       case EventKind::kCountsAtRouter:
-        CountsAtRouter(e.b);
+        frontend_->OnFirstToken(e.b, now_, std::nullopt, std::move(counts_[e.b]));
         return Status::Ok();
       case EventKind::kFailedAtRouter:
         Finish(e.b, false);
@@ -246,27 +251,10 @@ class Simulation {
         if (EndWork(e)) StepDone(e.a);
         return Status::Ok();
       case EventKind::kDoneAtRouter:
-        router_.Complete(e.a);
         Finish(e.b, true);
         return Status::Ok();
     }
     return Status::Ok();
-  }
-
-  // Frontend: sends the requests that are due, within max_concurrency, to the least-outstanding prefill rank.
-  void SendArrivals() {
-    while (next_ < arrival_due_ && (c_.max_concurrency == 0 || active_ < c_.max_concurrency)) {
-      int p = 0;
-      for (int q = 1; q < c_.prefill_ranks; ++q) {
-        if (prefill_[q].outstanding < prefill_[p].outstanding) p = q;
-      }
-      result_.records[next_].arrival = now_;
-      prefill_of_[next_] = p;
-      ++prefill_[p].outstanding;
-      Push(now_ + cost_.control_latency, EventKind::kPrefillEnqueue, p, next_);
-      ++next_;
-      ++active_;
-    }
   }
 
   Status StartPrefill(int p) {
@@ -281,9 +269,8 @@ class Simulation {
       const int64_t need = (r.prompt_len + c_.block_size - 1) / c_.block_size;
       if (need <= c_.prefill_blocks) return Status::Ok();  // waits, head of line, for shipped requests' blocks
       pr.queue.pop_front();
-      --pr.outstanding;
-      result_.records[i].error = "prefill " + std::to_string(p) + ": prompt of " + std::to_string(r.prompt_len) +
-                                 " tokens exceeds the prefill KV cache";
+      errors_[i] = "prefill " + std::to_string(p) + ": prompt of " + std::to_string(r.prompt_len) +
+                   " tokens exceeds the prefill KV cache";
       Push(now_ + cost_.control_latency, EventKind::kFailedAtRouter, p, i);
       return StartPrefill(p);
     }
@@ -303,31 +290,8 @@ class Simulation {
     return StartPrefill(p);
   }
 
-  void CountsAtRouter(int64_t i) {
-    RequestRecord& rec = result_.records[i];
-    rec.token_times.push_back(now_);
-    --prefill_[prefill_of_[i]].outstanding;
-    if (!held_.empty() || !Route(i)) held_.push_back(i);
-  }
-
-  bool Route(int64_t i) {
-    const RoutingDecision d = router_.Route(counts_[i].data(), nullptr, result_.records[i].domain);
-    if (d.decoder < 0) return false;
-    router_.Dispatch(d.decoder);
-    if (UsesSignature(c_.policy)) {
-      result_.routing.band_sum += d.band_size;
-      ++result_.routing.band_n;
-    }
-    result_.routing.fallbacks += d.fallback ? 1 : 0;
-    result_.records[i].decoder = d.decoder;
-    ++result_.decoders[d.decoder].requests;
-    std::vector<float>().swap(counts_[i]);
-    Push(now_ + cost_.control_latency, EventKind::kRouteAtPrefill, d.decoder, i);
-    return true;
-  }
-
   Status RouteAtPrefill(int d, int64_t i) {
-    const int p = prefill_of_[i];
+    const int p = frontend_->prefill_of(i);
     const double bytes = kv_bytes_per_token_ * static_cast<double>(in_.request(i).prompt_len);
     Push(now_ + cost_.KvTransfer(bytes), EventKind::kKvAtDecoder, d, i);
     prefill_[p].blocks.Free(allocations_[i]);
@@ -342,10 +306,8 @@ class Simulation {
 
   void KvAtDecoder(int d, int64_t i) {
     if (ContextBlocks(i) > c_.decode_blocks) {
-      result_.records[i].error = "decode " + std::to_string(d) + ": context of " +
-                                 std::to_string(in_.request(i).prompt_len + in_.output_len[i]) +
-                                 " tokens exceeds the decode KV cache";
-      router_.Complete(d);
+      errors_[i] = "decode " + std::to_string(d) + ": context of " +
+                   std::to_string(in_.request(i).prompt_len + in_.output_len[i]) + " tokens exceeds the decode KV cache";
       Push(now_ + cost_.control_latency, EventKind::kFailedAtRouter, d, i);
       return;
     }
@@ -383,10 +345,7 @@ class Simulation {
       context += in_.request(s.request).prompt_len + s.produced;
     }
     const int64_t distinct = step_experts_.Total();
-    DecoderStats& st = result_.decoders[d];
-    ++st.steps;
-    st.batch_sum += static_cast<double>(dec.running.size());
-    st.distinct_sum += static_cast<double>(distinct);
+    frontend_->OnDecodeStep(d, static_cast<int64_t>(dec.running.size()), distinct, {}, 0.0);
     dec.stepping = true;
     BeginWork(cost_.DecodeStep(static_cast<double>(distinct), static_cast<double>(dec.running.size()),
                                static_cast<double>(context)),
@@ -399,8 +358,7 @@ class Simulation {
     size_t kept = 0;
     for (size_t x = 0; x < dec.running.size(); ++x) {
       Sequence& s = dec.running[x];
-      RequestRecord& rec = result_.records[s.request];
-      rec.token_times.push_back(at_frontend);
+      frontend_->OnToken(s.request, at_frontend, std::nullopt);
       if (++s.produced >= in_.output_len[s.request]) {
         dec.blocks.Free(s.blocks);
         Push(at_frontend, EventKind::kDoneAtRouter, d, s.request);
@@ -413,24 +371,25 @@ class Simulation {
     Push(now_, EventKind::kStepStart, d, 0);
   }
 
+  // The request's end reached the frontend: its decoder's slot frees (held requests may route), and arrivals
+  // that max_concurrency held may go.
   void Finish(int64_t i, bool ok) {
-    RequestRecord& rec = result_.records[i];
-    rec.success = ok;
-    rec.output_len = static_cast<int64_t>(rec.token_times.size());
-    --active_;
-    ++done_;
-    while (!held_.empty() && Route(held_.front())) held_.pop_front();
-    SendArrivals();
+    std::string error;
+    if (auto it = errors_.find(i); it != errors_.end()) {
+      error = std::move(it->second);
+      errors_.erase(it);
+    }
+    frontend_->Finish(i, ok, error);
+    frontend_->Admit(arrival_due_, now_);
   }
 
   const JobConfig& c_;
   const JobRequests& in_;
   const ModelConfig& mc_;
   const CostModel& cost_;
-  Router router_;
   const int64_t N_;
 
-  std::vector<double> arrivals_;
+  std::optional<Frontend> frontend_;
   DecodeMasks masks_;
   std::vector<std::string> domains_;
   std::vector<uint8_t> count_mask_;
@@ -438,16 +397,15 @@ class Simulation {
   std::deque<PrefillRank> prefill_;  // a deque: its elements never move (the block manager's eviction
                                      // callback points at the rank's signature cache)
   std::vector<Decoder> decoders_;
-  std::vector<int> prefill_of_;
-  std::vector<std::vector<float>> counts_;        // per request, between prefill and routing
+  std::vector<std::vector<float>> counts_;        // per request, from its prefill until moved to the frontend
   std::vector<std::vector<BlockId>> allocations_; // per request, its prefill blocks until the KV ships
-  std::deque<int64_t> held_;                      // routed later: every decoder at its cap
-  ExpertUnion step_experts_{0, 1};  // the experts of the decode step being formed
+  std::map<int64_t, std::string> errors_;         // failed requests, until their failure reaches the frontend
+  ExpertUnion step_experts_{0, 1};                // the experts of the decode step being formed
 
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   uint64_t seq_ = 0;
   double now_ = 0;
-  int64_t next_ = 0, arrival_due_ = 0, active_ = 0, done_ = 0;
+  int64_t arrival_due_ = 0;  // requests whose arrival event has passed
   std::vector<Work> working_;  // shared cores only: the works in progress
   double work_clock_ = 0;      // when working_'s remaining times were last brought up to date
   uint64_t work_version_ = 0;
@@ -463,10 +421,11 @@ Result<SimulationResult> Simulate(const JobConfig& c, const JobRequests& in, con
                                       " differs from the model " + c.model_config + " (" +
                                       mc.trace_shape().ToString() + ")");
   }
-  const RouterConfig rc = JobRouterConfig(c, mc.trace_shape(), in.trace);
-  auto router = Router::Create(rc, calib);
-  if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
-  Simulation sim(c, in, mc, cost, std::move(router).value());
+  if (c.ep_size > 1) {
+    return Status::InvalidArgument(c.path + ": decode.ep_size " + std::to_string(c.ep_size) +
+                                   ": eldr simulate does not model expert-parallel decoders; simulate with ep_size 1");
+  }
+  Simulation sim(c, in, mc, cost);
   return sim.Run(calib, progress);
 }
 

@@ -1,7 +1,8 @@
 // `eldr simulate` (DESIGN.md §4 sim/): a discrete-event simulation of an `eldr serve` job — the same job
-// config, the same requests (workload.h), the same router (router.h, every policy), the same prefix cache
-// and signature cache (kvcache/), the same decoder admission rules (decode_worker.h) — with the model's
-// compute replaced by a cost model (cost_model.h). It scales to what this machine cannot run: 40+ decoders,
+// config, the same requests (job/workload.h), the same frontend and router (job/frontend.h: admission, routing
+// with every policy, holding at the admission cap, accounting and the routing statistics are the very code
+// serve's rank 0 runs), the same prefix cache and signature cache (kvcache/), the same decoder admission rules
+// (serve/decode_worker.h) — with the model's compute replaced by a cost model (cost_model.h). It scales to what this machine cannot run: 40+ decoders,
 // 100k requests.
 //
 // What happens to a request, in simulated time (one hop to or from the router costs control_latency):
@@ -21,10 +22,14 @@
 //     routing (rows wrap as in serve when output_len exceeds the recording), and the step takes
 //     DecodeStep(distinct, batch, context tokens). Each sequence gets a token at the step's end;
 //  6. tokens reach the frontend after control_latency; a finished request frees its blocks, and its
-//     completion reaches the router (Complete) after control_latency.
+//     completion reaches the router (Complete) after control_latency. A failure (a prompt larger than the
+//     prefill cache, a context larger than a decoder's) reaches the frontend after control_latency too, and
+//     only then frees the decoder's slot and the prefill rank's outstanding count, as in serve.
 // With cost.cores > 0 (ranks sharing CPU cores), prefills and decode steps share the cores (processor
 // sharing: while n compute, each progresses at min(1, cores / n) of its dedicated speed).
 // TTFT, TPOT, ITL and E2EL are computed from these times exactly as `eldr serve` computes them.
+//
+// Expert parallelism is not modelled: decode.ep_size > 1 is refused (InvalidArgument, one line).
 //
 // Deterministic: the same config and seed give the same result (ties in time break by event order).
 #pragma once
@@ -35,16 +40,16 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/common/status.h"
 #include "runtime/model/model_config.h"
-#include "runtime/serve/job_config.h"
-#include "runtime/serve/metrics.h"
-#include "runtime/serve/workload.h"
+#include "runtime/job/job_config.h"
+#include "runtime/job/metrics.h"
+#include "runtime/job/workload.h"
 #include "runtime/cost/cost_model.h"
 
 namespace eldr {
 
 struct SimulationResult {
   std::vector<RequestRecord> records;   // per workload request, as `eldr serve` reports them
-  std::vector<DecoderStats> decoders;   // per decoder
+  std::vector<DecoderStats> decoders;   // per decoder: index, leader rank (1 + P + k, as in serve), counts
   RoutingStats routing;
   double simulated_seconds = 0;         // the job's duration in simulated time
   int64_t events = 0;                   // events processed
@@ -53,7 +58,7 @@ struct SimulationResult {
 // Runs the job. `calib` is required for signature policies (as for serve) and may be null otherwise.
 // Requests that can never run (a prompt larger than the prefill cache, a context larger than a decoder's
 // cache) are reported as failed with the reason, like serve.
-// `progress` shows a progress bar on a terminal.
+// InvalidArgument for decode.ep_size > 1. `progress` shows a progress bar on a terminal.
 Result<SimulationResult> Simulate(const JobConfig& config, const JobRequests& requests, const ModelConfig& model,
                                   const Calibration* calib, const CostModel& cost, bool progress);
 

@@ -134,6 +134,11 @@ expect_error "malformed step log" "badsteps.jsonl:1: not a step record" fit2.yam
 expect_error "missing trace" "nope.h5" - "$ELDR" simulate -c job.yaml --trace nope.h5 --no-output
 expect_error "unknown policy" "policy" - "$ELDR" simulate -c job.yaml --policy fastest --no-output
 expect_error "unwritable output" "cannot" - "$ELDR" simulate -c job.yaml --output-dir /proc/nope --quiet
+# Expert-parallel decoders are not modelled: refused, not simulated as ep_size 1 (and no metrics written).
+sed 's/^decode: {max_batch: 8}/decode: {max_batch: 8, ep_size: 2}/' job.yaml > ep2.yaml
+grep -q "ep_size: 2" ep2.yaml || bad "ep2.yaml has ep_size 2"
+expect_error "decode.ep_size 2 refused" "ep2.yaml: decode.ep_size 2: eldr simulate does not model expert-parallel" \
+  ep2run/metrics.json "$ELDR" simulate -c ep2.yaml --output-dir ep2run --quiet
 "$ELDR" trace synth --domains 2 --requests 20 --layers 3 --experts 8 --top-k 2 --out other.h5 >/dev/null
 expect_error "trace of another shape" "differs from the model" - \
   "$ELDR" simulate -c job.yaml --trace other.h5 --policy jsq --no-output

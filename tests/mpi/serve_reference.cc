@@ -20,8 +20,8 @@
 #include "runtime/model/executor.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
-#include "runtime/serve/job_config.h"
-#include "runtime/serve/workload.h"
+#include "runtime/job/job_config.h"
+#include "runtime/job/workload.h"
 
 namespace eldr {
 namespace {

@@ -238,7 +238,8 @@ for d in m1['decoders']:
 for run in ('ep2', 'ep2p'):
     m = json.load(open('$WORK/out-%s/metrics.json' % run))
     assert m['topology']['ep_size'] == 2
-    assert [d['rank'] for d in m['decoders']] == [2, 4], m['decoders']  # the leaders
+    assert [d['leader_rank'] for d in m['decoders']] == [2, 4], m['decoders']  # the leaders: 1 + P + k·G
+    assert [d['decoder'] for d in m['decoders']] == [0, 1], m['decoders']
     for d in m['decoders']:
         assert d['ep_size'] == 2 and len(d['mean_rank_load']) == 2, d
         assert all(x > 0 for x in d['mean_rank_load']), d

@@ -23,7 +23,7 @@ std::vector<int32_t> Prompt(int n, uint64_t seed) {
 }
 
 // Prefill on a separate executor (a "prefill rank") and package the work for a decoder.
-DecodeWork Prefilled(const ModelWeights& w, const std::string& id, const std::vector<int32_t>& prompt, int64_t out_len) {
+DecodeWork Prefilled(const ModelWeights& w, int64_t id, const std::vector<int32_t>& prompt, int64_t out_len) {
   Executor pre(w, 64, 4);
   BlockManager bm(64, 4);
   auto a = bm.AllocatePrompt(prompt).value();
@@ -56,10 +56,10 @@ std::vector<int32_t> SingleExecutorRun(const ModelWeights& w, const std::vector<
 TEST(DecodeWorker, ShippedKvDecodesLikeASingleExecutor) {
   ModelWeights w = TinyWeights();
   DecodeWorker worker(w, {64, 4, 8});
-  std::map<std::string, std::vector<int32_t>> got, want;
+  std::map<int64_t, std::vector<int32_t>> got, want;
   for (int i = 0; i < 3; ++i) {
     auto p = Prompt(5 + 4 * i, i);
-    const std::string id = "r" + std::to_string(i);
+    const int64_t id = i;
     DecodeWork d = Prefilled(w, id, p, 6 + i);
     got[id] = {d.first_token};
     want[id] = SingleExecutorRun(w, p, 6 + i);
@@ -81,10 +81,10 @@ TEST(DecodeWorker, BatchAndKvCapacityQueueButNeverDrop) {
   // 10 blocks of 4 tokens; each request needs ceil((6 + 5 - 1) / 4) = 3 blocks → at most 3 at once by KV,
   // and max_batch 2 caps it further.
   DecodeWorker worker(w, {10, 4, 2});
-  std::map<std::string, int64_t> tokens;
-  std::map<std::string, int> finished;
+  std::map<int64_t, int64_t> tokens;
+  std::map<int64_t, int> finished;
   for (int i = 0; i < 7; ++i) {
-    const std::string id = "q" + std::to_string(i);
+    const int64_t id = 100 + i;
     ASSERT_TRUE(worker.Submit(Prefilled(w, id, Prompt(6, 100 + i), 5)).ok());
     tokens[id] = 1;
   }
@@ -105,11 +105,11 @@ TEST(DecodeWorker, BatchAndKvCapacityQueueButNeverDrop) {
   }
   // KV capacity binds when the batch does not: 3 requests of 3 blocks fit in 10 blocks, not 4.
   DecodeWorker kv_bound(w, {10, 4, 8});
-  for (int i = 0; i < 5; ++i) ASSERT_TRUE(kv_bound.Submit(Prefilled(w, "k" + std::to_string(i), Prompt(6, i), 5)).ok());
+  for (int i = 0; i < 5; ++i) ASSERT_TRUE(kv_bound.Submit(Prefilled(w, i, Prompt(6, i), 5)).ok());
   EXPECT_EQ(kv_bound.Step().value().batch, 3);
   EXPECT_EQ(kv_bound.queued(), 2);
   // A request that can never fit is refused at submission, with the numbers.
-  auto st = kv_bound.Submit(Prefilled(w, "huge", Prompt(40, 9), 20));
+  auto st = kv_bound.Submit(Prefilled(w, 99, Prompt(40, 9), 20));
   EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
   EXPECT_NE(st.message().find("needs 15 KV blocks"), std::string::npos) << st.message();
 }
@@ -118,7 +118,7 @@ TEST(DecodeWorker, TeacherForcingAndReplay) {
   ModelWeights w = TinyWeights();
   const int Lm = w.config.num_moe_layers(), K = w.config.num_experts_per_tok;
   DecodeWorker worker(w, {32, 4, 4});
-  DecodeWork d = Prefilled(w, "t", Prompt(7, 1), 4);
+  DecodeWork d = Prefilled(w, 1, Prompt(7, 1), 4);
   d.forced_tokens = {5, 9, 2, 7};
   // Replay: step i routes every layer to experts {i, i + 1}.
   for (int i = 0; i < 3; ++i) {
@@ -145,7 +145,7 @@ TEST(DecodeWorker, TeacherForcingAndReplay) {
   }
   EXPECT_EQ(worker.in_flight(), 0);
   // Malformed work is refused.
-  DecodeWork bad = Prefilled(w, "b", Prompt(3, 2), 3);
+  DecodeWork bad = Prefilled(w, 2, Prompt(3, 2), 3);
   bad.kv.pop_back();
   EXPECT_EQ(worker.Submit(bad).code(), StatusCode::kInvalidArgument);
 }

@@ -9,7 +9,7 @@
 
 #include "runtime/common/hdf5.h"
 #include "runtime/serve/expert_parallel.h"
-#include "runtime/serve/metrics.h"
+#include "runtime/job/metrics.h"
 
 namespace eldr {
 namespace {
@@ -129,7 +129,8 @@ TEST(EpMetrics, DecoderFieldsAppearOnlyWithEpSize) {
   std::vector<RequestRecord> records(1);
   records[0].token_times = {1.0};
   DecoderStats plain;
-  plain.rank = 2;
+  plain.decoder = 0;
+  plain.leader_rank = 2;
   plain.requests = 1;
   plain.steps = 3;
   plain.batch_sum = 6;
@@ -143,7 +144,7 @@ TEST(EpMetrics, DecoderFieldsAppearOnlyWithEpSize) {
   two.p1_balancedness = 0.6;
   const nlohmann::json j = JobMetrics(c, "tiny", records, {plain, one, two}, {});
   const auto& d = j["decoders"];
-  EXPECT_FALSE(d[0].contains("ep_size"));  // not recorded (the simulator)
+  EXPECT_FALSE(d[0].contains("ep_size"));  // not recorded
   EXPECT_EQ(d[1]["ep_size"], 1);
   EXPECT_FALSE(d[1].contains("mean_rank_load"));
   EXPECT_EQ(d[2]["ep_size"], 2);

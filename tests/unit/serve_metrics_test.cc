@@ -3,8 +3,8 @@
 
 #include <cmath>
 
-#include "runtime/serve/metrics.h"
-#include "runtime/serve/workload.h"
+#include "runtime/job/metrics.h"
+#include "runtime/job/workload.h"
 
 namespace eldr {
 namespace {

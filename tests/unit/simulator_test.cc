@@ -9,7 +9,7 @@
 #include <set>
 
 #include "runtime/calib/calibrate.h"
-#include "runtime/serve/workload.h"
+#include "runtime/job/workload.h"
 #include "runtime/signature/signature.h"
 #include "runtime/cost/cost_model.h"
 #include "runtime/sim/simulator.h"
@@ -283,6 +283,34 @@ TEST(Simulator, SignaturePolicyWithoutCalibrationIsAnError) {
   const Synth s = MakeSynth(3);
   auto r = Simulate(Job(RoutingPolicy::kEldr, 3), InOrder(s.trace, {3}), Tiny(), nullptr, CostModel{}, false);
   EXPECT_FALSE(r.ok());
+}
+
+// decode.ep_size > 1 is not modelled: refused with one line, not simulated as if it were 1.
+TEST(Simulator, EpSizeAboveOneIsRefused) {
+  const Synth s = MakeSynth(3);
+  JobConfig c = Job(RoutingPolicy::kRoundRobin, 3);
+  c.ep_size = 2;
+  auto r = Simulate(c, InOrder(s.trace, {3}), Tiny(), nullptr, CostModel{}, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(r.status().message(),
+            "test.yaml: decode.ep_size 2: eldr simulate does not model expert-parallel decoders; simulate with ep_size 1");
+  EXPECT_EQ(r.status().message().find('\n'), std::string::npos);
+}
+
+// Per-decoder stats name the decoder and its leader rank as serve does: 1 + P + k (ep_size 1).
+TEST(Simulator, DecoderStatsCarryDecoderAndLeaderRank) {
+  const Synth s = MakeSynth(3);
+  JobConfig c = Job(RoutingPolicy::kRoundRobin, 3);
+  c.prefill_ranks = 2;
+  auto r = Simulate(c, InOrder(s.trace, {3, 3, 3}), Tiny(), nullptr, CostModel{}, false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  ASSERT_EQ(r->decoders.size(), 3u);
+  for (int k = 0; k < 3; ++k) {
+    EXPECT_EQ(r->decoders[k].decoder, k);
+    EXPECT_EQ(r->decoders[k].leader_rank, 1 + 2 + k);
+    EXPECT_EQ(r->decoders[k].requests, 1);
+  }
 }
 
 TEST(CostModel, NonNegativeLeastSquaresRecoversKnownCoefficients) {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "runtime/common/status.h"
-#include "runtime/serve/job_config.h"
+#include "runtime/job/job_config.h"
 
 namespace eldr {
 
@@ -55,7 +55,8 @@ nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens = fals
 
 // What a job observed per decoder and at the router, beyond the per-request records.
 struct DecoderStats {
-  int rank = -1;              // the decode rank (serve) or decoder index (simulate)
+  int decoder = -1;           // the decoder index k
+  int leader_rank = -1;       // the rank of its leader, 1 + P + k·ep_size (JobConfig::DecoderLeaderRank)
   int64_t requests = 0;       // routed to it
   int64_t steps = 0;          // decode steps that ran (batch > 0)
   double batch_sum = 0;       // Σ batch over those steps
@@ -76,7 +77,7 @@ struct RoutingStats {
 
 // The job's metrics JSON: SummarizeServing's vLLM keys plus policy, tau, workload parameters, topology,
 // mean_distinct_experts_per_step, distinct_experts_per_token, mean_band_size, fallbacks and per-decoder
-// {rank, requests, steps, mean_batch, mean_distinct_experts_per_step, and with ep_size set: ep_size, and when it
+// {decoder, leader_rank, requests, steps, mean_batch, mean_distinct_experts_per_step, and with ep_size set: ep_size, and when it
 // is > 1 mean_rank_load, mean_balancedness, p1_balancedness}. `eldr serve` and `eldr simulate` both
 // write it, so every table and plot works on either.
 nlohmann::json JobMetrics(const JobConfig& config, const std::string& model, const std::vector<RequestRecord>& records,

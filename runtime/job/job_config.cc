@@ -1,4 +1,4 @@
-#include "runtime/serve/job_config.h"
+#include "runtime/job/job_config.h"
 
 #include <yaml-cpp/yaml.h>
 
@@ -25,6 +25,49 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
   const fs::path near_config = fs::path(base_dir) / p;
   if (fs::exists(near_config)) return near_config.lexically_normal().string();
   return p;  // relative to the working directory
+}
+
+// Checks the fields read from c->path and sets the parsed gate source and policy.
+Status Validate(const std::string& gate, const std::string& policy, JobConfig* c_out) {
+  JobConfig& c = *c_out;
+  const std::string& path = c.path;
+  auto bad = [&](const std::string& m) { return Status::InvalidArgument(path + ": " + m); };
+  if (c.prefill_ranks < 1 || c.decode_ranks < 1) return bad("topology needs at least 1 prefill and 1 decode rank");
+  if (c.model_config.empty()) return bad("model.config (a model YAML) is required");
+  if (c.trace.empty()) return bad("workload.trace (an HDF5 routing trace) is required");
+  if (gate != "replay" && gate != "computed") return bad("model.gate must be replay or computed, got '" + gate + "'");
+  c.replay_gates = gate == "replay";
+  auto p = ParseRoutingPolicy(policy);
+  if (!p.ok()) return p.status().WithPrefix(path);
+  c.policy = p.value();
+  if (UsesSignature(c.policy) && c.calibration.empty()) {
+    return bad(std::string("routing.policy ") + policy + " needs routing.calibration (run 'eldr calibrate')");
+  }
+  if (c.block_size < 1 || c.block_size > 127) return bad("kv_cache.block_size must be in [1, 127]");
+  if (c.prefill_blocks < 1 || c.decode_blocks < 1) return bad("kv_cache blocks must be positive");
+  if (c.kv_transport != "auto" && c.kv_transport != "mpi" && c.kv_transport != "nccl") {
+    return bad("kv_cache.transport must be auto, mpi or nccl, got '" + c.kv_transport + "'");
+  }
+  if (c.max_batch < 1) return bad("decode.max_batch must be >= 1");
+  if (c.ep_size < 1) return bad("decode.ep_size must be >= 1, got " + std::to_string(c.ep_size));
+  if (c.placement.empty()) return bad("decode.placement must be contiguous or a calibration.h5 path");
+  if (c.num_requests < 0 || c.output_len < 0 || c.max_concurrency < 0 || c.admission_cap < 0) {
+    return bad("workload counts and caps must be >= 0");
+  }
+  if (!(c.request_rate > 0)) return bad("workload.request_rate must be > 0 or inf");
+  if (!(c.load_bound >= 0)) return bad("routing.load_bound must be >= 0 (0 = off)");
+  if (!(c.burstiness > 0)) return bad("workload.burstiness must be > 0");
+  if (!(c.watchdog_s > 0)) return bad("watchdog_s must be > 0");
+  return Status::Ok();
+}
+
+// Relative paths: against the config file's directory `dir` when the file is there, else the working directory.
+void ResolvePaths(const std::string& dir, JobConfig* c) {
+  c->model_config = Resolve(dir, c->model_config);
+  c->trace = Resolve(dir, c->trace);
+  c->calibration = Resolve(dir, c->calibration);
+  if (c->placement != "contiguous") c->placement = Resolve(dir, c->placement);
+  if (c->weights != "synthetic") c->weights = Resolve(dir, c->weights);
 }
 
 }  // namespace
@@ -105,38 +148,8 @@ Result<JobConfig> LoadJobConfig(const std::string& path) {
     }
   }
   ELDR_RETURN_IF_ERROR(error);
-  auto bad = [&](const std::string& m) { return Status::InvalidArgument(path + ": " + m); };
-  if (c.prefill_ranks < 1 || c.decode_ranks < 1) return bad("topology needs at least 1 prefill and 1 decode rank");
-  if (c.model_config.empty()) return bad("model.config (a model YAML) is required");
-  if (c.trace.empty()) return bad("workload.trace (an HDF5 routing trace) is required");
-  if (gate != "replay" && gate != "computed") return bad("model.gate must be replay or computed, got '" + gate + "'");
-  c.replay_gates = gate == "replay";
-  auto p = ParseRoutingPolicy(policy);
-  if (!p.ok()) return p.status().WithPrefix(path);
-  c.policy = p.value();
-  if (UsesSignature(c.policy) && c.calibration.empty()) {
-    return bad(std::string("routing.policy ") + policy + " needs routing.calibration (run 'eldr calibrate')");
-  }
-  if (c.block_size < 1 || c.block_size > 127) return bad("kv_cache.block_size must be in [1, 127]");
-  if (c.prefill_blocks < 1 || c.decode_blocks < 1) return bad("kv_cache blocks must be positive");
-  if (c.kv_transport != "auto" && c.kv_transport != "mpi" && c.kv_transport != "nccl") {
-    return bad("kv_cache.transport must be auto, mpi or nccl, got '" + c.kv_transport + "'");
-  }
-  if (c.max_batch < 1) return bad("decode.max_batch must be >= 1");
-  if (c.ep_size < 1) return bad("decode.ep_size must be >= 1, got " + std::to_string(c.ep_size));
-  if (c.placement.empty()) return bad("decode.placement must be contiguous or a calibration.h5 path");
-  if (c.num_requests < 0 || c.output_len < 0 || c.max_concurrency < 0 || c.admission_cap < 0) {
-    return bad("workload counts and caps must be >= 0");
-  }
-  if (!(c.request_rate > 0)) return bad("workload.request_rate must be > 0 or inf");
-  if (!(c.load_bound >= 0)) return bad("routing.load_bound must be >= 0 (0 = off)");
-  if (!(c.burstiness > 0)) return bad("workload.burstiness must be > 0");
-  if (!(c.watchdog_s > 0)) return bad("watchdog_s must be > 0");
-  c.model_config = Resolve(dir, c.model_config);
-  c.trace = Resolve(dir, c.trace);
-  c.calibration = Resolve(dir, c.calibration);
-  if (c.placement != "contiguous") c.placement = Resolve(dir, c.placement);
-  if (c.weights != "synthetic") c.weights = Resolve(dir, c.weights);
+  ELDR_RETURN_IF_ERROR(Validate(gate, policy, &c));
+  ResolvePaths(dir, &c);
   return c;
 }
 

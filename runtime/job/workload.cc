@@ -1,4 +1,4 @@
-#include "runtime/serve/workload.h"
+#include "runtime/job/workload.h"
 
 #include <algorithm>
 #include <cmath>

@@ -1,4 +1,4 @@
-#include "runtime/serve/metrics.h"
+#include "runtime/job/metrics.h"
 
 #include <algorithm>
 #include <cmath>
@@ -172,7 +172,8 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
     steps += static_cast<double>(d.steps);
     distinct += d.distinct_sum;
     batch += d.batch_sum;
-    dec.push_back({{"rank", d.rank},
+    dec.push_back({{"decoder", d.decoder},
+                   {"leader_rank", d.leader_rank},
                    {"requests", d.requests},
                    {"steps", d.steps},
                    {"mean_batch", d.steps ? d.batch_sum / static_cast<double>(d.steps) : 0.0},

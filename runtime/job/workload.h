@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "runtime/common/status.h"
-#include "runtime/serve/job_config.h"
+#include "runtime/job/job_config.h"
 #include "runtime/trace/trace.h"
 
 namespace eldr {

@@ -1,0 +1,152 @@
+#include "runtime/job/frontend.h"
+
+#include <algorithm>
+
+namespace eldr {
+
+Result<Frontend> Frontend::Create(const JobConfig& c, const JobRequests& in, const TraceShape& model_shape,
+                                  const Calibration* calib, FrontendActions actions) {
+  auto router = Router::Create(JobRouterConfig(c, model_shape, in.trace), calib);
+  if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
+  ELDR_ASSIGN_OR_RETURN(std::vector<double> arrivals,
+                        ArrivalTimes({in.size(), c.request_rate, c.burstiness, c.workload_seed}));
+  return Frontend(c, in, std::move(router).value(), std::move(arrivals), std::move(actions));
+}
+
+Frontend::Frontend(const JobConfig& c, const JobRequests& in, Router router, std::vector<double> arrivals,
+                   FrontendActions actions)
+    : config_(&c),
+      requests_(&in),
+      router_(std::move(router)),
+      arrivals_(std::move(arrivals)),
+      actions_(std::move(actions)),
+      records_(in.size()),
+      prefill_of_(in.size(), -1),
+      prefill_outstanding_(c.prefill_ranks, 0),
+      decoders_(c.decode_ranks) {
+  for (int64_t i = 0; i < in.size(); ++i) {
+    RequestRecord& r = records_[i];
+    r.id = in.ReportId(i);
+    r.domain = in.request(i).domain;
+    r.prompt_len = in.request(i).prompt_len;
+    r.token_times.reserve(static_cast<size_t>(in.output_len[i]));
+  }
+  for (DecoderRecord& d : decoders_) d.rank_load_sum.assign(c.ep_size, 0.0);
+  routing_.tau = router_.tau();
+}
+
+int64_t Frontend::DueBy(double t) const {
+  return std::upper_bound(arrivals_.begin(), arrivals_.end(), t) - arrivals_.begin();
+}
+
+void Frontend::Admit(int64_t due, double now) {
+  const int64_t cap = config_->max_concurrency;
+  while (next_ < std::min(due, num_requests()) && (cap == 0 || active_ < cap)) {
+    const int p = static_cast<int>(std::min_element(prefill_outstanding_.begin(), prefill_outstanding_.end()) -
+                                   prefill_outstanding_.begin());
+    records_[next_].arrival = now;
+    prefill_of_[next_] = p;
+    ++prefill_outstanding_[p];
+    ++active_;
+    actions_.send_to_prefill(next_++, p);
+  }
+}
+
+void Frontend::OnFirstToken(int64_t request, double t, std::optional<int32_t> token, std::vector<float> counts) {
+  OnToken(request, t, token);
+  --prefill_outstanding_[prefill_of_[request]];
+  if (!held_.empty() || !Route(request, counts)) held_.emplace_back(request, std::move(counts));
+}
+
+void Frontend::OnToken(int64_t request, double t, std::optional<int32_t> token) {
+  RequestRecord& r = records_[request];
+  if (r.token_times.size() >= static_cast<size_t>(requests_->output_len[request])) return;
+  r.token_times.push_back(t);
+  if (token) r.tokens.push_back(*token);
+}
+
+void Frontend::OnDecodeStep(int decoder, int64_t batch, int64_t distinct_experts, std::span<const int64_t> rank_load,
+                            double balancedness) {
+  if (batch <= 0) return;
+  DecoderRecord& d = decoders_[decoder];
+  ++d.steps;
+  d.batch_sum += static_cast<double>(batch);
+  d.distinct_sum += static_cast<double>(distinct_experts);
+  if (rank_load.empty()) return;
+  for (size_t r = 0; r < rank_load.size() && r < d.rank_load_sum.size(); ++r) {
+    d.rank_load_sum[r] += static_cast<double>(rank_load[r]);
+  }
+  d.balancedness.push_back(balancedness);
+}
+
+bool Frontend::Route(int64_t request, const std::vector<float>& counts) {
+  RequestRecord& r = records_[request];
+  const RoutingDecision d = router_.Route(counts.data(), nullptr, r.domain);
+  if (d.decoder < 0) return false;
+  router_.Dispatch(d.decoder);
+  if (UsesSignature(config_->policy)) {
+    routing_.band_sum += d.band_size;
+    ++routing_.band_n;
+  }
+  routing_.fallbacks += d.fallback ? 1 : 0;
+  r.decoder = d.decoder;
+  ++decoders_[d.decoder].requests;
+  actions_.send_route(request, d.decoder);
+  return true;
+}
+
+void Frontend::ReleaseHeld() {
+  while (!held_.empty() && Route(held_.front().first, held_.front().second)) held_.pop_front();
+}
+
+void Frontend::Finish(int64_t request, bool ok, const std::string& error) {
+  RequestRecord& r = records_[request];
+  if (!ok && r.token_times.empty() && prefill_of_[request] >= 0) --prefill_outstanding_[prefill_of_[request]];
+  r.success = ok;
+  r.error = error;
+  r.output_len = static_cast<int64_t>(r.token_times.size());
+  if (r.decoder >= 0) router_.Complete(r.decoder);  // failed at the decoder: its slot frees too
+  --active_;
+  ++done_;
+  ReleaseHeld();
+}
+
+void Frontend::AbandonUnfinished(const std::string& never_sent, const std::string& unfinished) {
+  for (int64_t i = 0; i < num_requests(); ++i) {
+    RequestRecord& r = records_[i];
+    if (!r.success) continue;
+    const bool sent = i < next_;
+    if (sent && r.token_times.size() >= static_cast<size_t>(requests_->output_len[i])) continue;
+    r.success = false;
+    r.error = sent ? unfinished : never_sent;
+    r.output_len = static_cast<int64_t>(r.token_times.size());
+  }
+}
+
+std::vector<DecoderStats> Frontend::DecoderStatistics() const {
+  std::vector<DecoderStats> stats(decoders_.size());
+  for (size_t k = 0; k < decoders_.size(); ++k) {
+    const DecoderRecord& d = decoders_[k];
+    DecoderStats& s = stats[k];
+    s.decoder = static_cast<int>(k);
+    s.leader_rank = config_->DecoderLeaderRank(s.decoder);
+    s.requests = d.requests;
+    s.steps = d.steps;
+    s.batch_sum = d.batch_sum;
+    s.distinct_sum = d.distinct_sum;
+    s.ep_size = config_->ep_size;
+    if (config_->ep_size <= 1) continue;
+    const double steps = static_cast<double>(d.balancedness.size());
+    s.mean_rank_load = d.rank_load_sum;
+    for (double& v : s.mean_rank_load) v = steps > 0 ? v / steps : 0.0;
+    double sum = 0;
+    for (double b : d.balancedness) sum += b;
+    std::vector<double> sorted = d.balancedness;
+    std::sort(sorted.begin(), sorted.end());
+    s.mean_balancedness = steps > 0 ? sum / steps : 0.0;
+    s.p1_balancedness = sorted.empty() ? 0.0 : Percentile(sorted, 1);
+  }
+  return stats;
+}
+
+}  // namespace eldr
