@@ -55,7 +55,11 @@ void BM_CalibrateFit(benchmark::State& state) {
   state.counters["s_kmeans"] = rep.seconds_kmeans;
   state.counters["s_total"] = rep.seconds_total;
 }
-BENCHMARK(BM_CalibrateFit)->Setup([](const benchmark::State&) { FitTrace(); })->Unit(benchmark::kMillisecond)->UseRealTime()->Iterations(3);
+BENCHMARK(BM_CalibrateFit)
+    ->Setup([](const benchmark::State&) { FitTrace(); })
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime()
+    ->Iterations(3);
 
 // Error of ρ from the default 20k sampled pairs against all N(N-1)/2 = 499500 pairs, for every greedy
 // prefix of the fit's layer order (reported as the max and mean absolute error).

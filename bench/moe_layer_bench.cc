@@ -8,7 +8,6 @@
 #include <benchmark/benchmark.h>
 
 #include <Eigen/Dense>
-
 #include <cstring>
 #include <memory>
 #include <random>
@@ -50,16 +49,18 @@ Layer& SharedLayer() {
   return layer;
 }
 
-
 void BM_Copy(benchmark::State& state) {
   const size_t n = (1u << 30) / sizeof(float);
   std::vector<float> a(n, 1.f), b(n, 0.f);
   const int threads = DefaultThreads();
   for (auto _ : state) {
-    ParallelFor(threads, [&](int64_t t) {
-      const size_t begin = n / threads * t, end = t == threads - 1 ? n : n / threads * (t + 1);
-      std::memcpy(b.data() + begin, a.data() + begin, (end - begin) * sizeof(float));
-    }, threads);
+    ParallelFor(
+        threads,
+        [&](int64_t t) {
+          const size_t begin = n / threads * t, end = t == threads - 1 ? n : n / threads * (t + 1);
+          std::memcpy(b.data() + begin, a.data() + begin, (end - begin) * sizeof(float));
+        },
+        threads);
     benchmark::ClobberMemory();
   }
   // STREAM counts a copy as read + write.
@@ -76,10 +77,13 @@ void BM_Read(benchmark::State& state) {
   const int threads = DefaultThreads();
   std::vector<double> sums(threads);
   for (auto _ : state) {
-    ParallelFor(threads, [&](int64_t t) {
-      const size_t begin = n / threads * t, end = t == threads - 1 ? n : n / threads * (t + 1);
-      sums[t] = Eigen::Map<const Eigen::VectorXf>(a.data() + begin, static_cast<Eigen::Index>(end - begin)).sum();
-    }, threads);
+    ParallelFor(
+        threads,
+        [&](int64_t t) {
+          const size_t begin = n / threads * t, end = t == threads - 1 ? n : n / threads * (t + 1);
+          sums[t] = Eigen::Map<const Eigen::VectorXf>(a.data() + begin, static_cast<Eigen::Index>(end - begin)).sum();
+        },
+        threads);
     benchmark::DoNotOptimize(sums.data());
   }
   const double bytes = static_cast<double>(n) * sizeof(float);
@@ -158,7 +162,8 @@ void BM_DemoDecode(benchmark::State& state) {
     ++step_count;
     ++pos;
   }
-  state.counters["tokens_per_s"] = benchmark::Counter(static_cast<double>(B) * state.iterations(), benchmark::Counter::kIsRate);
+  state.counters["tokens_per_s"] =
+      benchmark::Counter(static_cast<double>(B) * state.iterations(), benchmark::Counter::kIsRate);
   state.counters["distinct_experts_per_step"] = static_cast<double>(distinct) / std::max<int64_t>(step_count, 1);
 }
 BENCHMARK(BM_DemoDecode)->Arg(1)->Arg(16)->Arg(64)->ArgName("batch")->Unit(benchmark::kMillisecond)->UseRealTime();

@@ -25,11 +25,16 @@ namespace eldr::kernels {
 enum class DType { kF32, kBF16, kI32, kI64, kI8 };
 inline int DTypeBytes(DType t) {
   switch (t) {
-    case DType::kF32: return 4;
-    case DType::kBF16: return 2;
-    case DType::kI32: return 4;
-    case DType::kI64: return 8;
-    case DType::kI8: return 1;
+    case DType::kF32:
+      return 4;
+    case DType::kBF16:
+      return 2;
+    case DType::kI32:
+      return 4;
+    case DType::kI64:
+      return 8;
+    case DType::kI8:
+      return 1;
   }
   return 0;
 }
@@ -58,8 +63,8 @@ void RmsNorm(const RmsNormParams& p);
 
 // Rotary embedding, rotate-half (GPT-NeoX / Hugging Face Llama, Qwen) convention, in place.
 struct RopeParams {
-  float* q = nullptr;                // [num_tokens, num_q_heads, head_dim]
-  float* k = nullptr;                // [num_tokens, num_kv_heads, head_dim]
+  float* q = nullptr;                  // [num_tokens, num_q_heads, head_dim]
+  float* k = nullptr;                  // [num_tokens, num_kv_heads, head_dim]
   const int32_t* positions = nullptr;  // [num_tokens]
   int num_tokens = 0, num_q_heads = 0, num_kv_heads = 0, head_dim = 0;
   float theta = 10000.f;
@@ -81,8 +86,8 @@ struct GateTopKParams {
   const float* logits = nullptr;  // [num_tokens, num_experts]
   int num_tokens = 0, num_experts = 0, top_k = 0;
   bool renormalize = true;
-  int32_t* topk_ids = nullptr;     // [num_tokens, top_k]
-  float* topk_weights = nullptr;   // [num_tokens, top_k]
+  int32_t* topk_ids = nullptr;    // [num_tokens, top_k]
+  float* topk_weights = nullptr;  // [num_tokens, top_k]
 };
 void GateTopK(const GateTopKParams& p);
 
@@ -111,8 +116,8 @@ struct MoeParams {
   const float* topk_weights = nullptr;  // [num_tokens, top_k]
   int num_tokens = 0, top_k = 0;
   const ExpertWeights* experts = nullptr;
-  float* out = nullptr;                 // [num_tokens, hidden], accumulated into
-  bool batch_invariant = false;         // see ExpertFfnParams
+  float* out = nullptr;          // [num_tokens, hidden], accumulated into
+  bool batch_invariant = false;  // see ExpertFfnParams
 };
 void MoeExperts(const MoeParams& p);
 
@@ -125,8 +130,8 @@ struct ExpertFfnParams {
   const float* x = nullptr;  // [num_rows, hidden]
   int num_rows = 0;
   const ExpertWeights* experts = nullptr;
-  int expert = 0;            // in [0, experts->num_experts)
-  float* y = nullptr;        // [num_rows, hidden], overwritten
+  int expert = 0;      // in [0, experts->num_experts)
+  float* y = nullptr;  // [num_rows, hidden], overwritten
   bool batch_invariant = false;
 };
 void ExpertFfn(const ExpertFfnParams& p);
@@ -136,7 +141,7 @@ struct MoeCombineParams {
   const float* y = nullptr;             // [num_tokens * top_k, hidden] expert outputs, one row per (token, slot)
   const float* topk_weights = nullptr;  // [num_tokens, top_k]
   int num_tokens = 0, top_k = 0, hidden = 0;
-  float* out = nullptr;                 // [num_tokens, hidden], accumulated into
+  float* out = nullptr;  // [num_tokens, hidden], accumulated into
 };
 void MoeCombine(const MoeCombineParams& p);
 
@@ -145,7 +150,7 @@ struct MlpParams {
   const float* x = nullptr;  // [num_tokens, hidden]
   WeightMatrix gate_proj, up_proj, down_proj;
   int num_tokens = 0;
-  float* out = nullptr;      // [num_tokens, hidden], accumulated into
+  float* out = nullptr;  // [num_tokens, hidden], accumulated into
 };
 void Mlp(const MlpParams& p);
 
@@ -188,7 +193,7 @@ struct KvPackParams {
   PagedKv cache;
   const int64_t* slots = nullptr;  // [num_tokens]
   int num_tokens = 0;
-  void* packed = nullptr;          // [2, num_tokens, num_kv_heads, head_dim]; written by Pack, read by Unpack
+  void* packed = nullptr;  // [2, num_tokens, num_kv_heads, head_dim]; written by Pack, read by Unpack
 };
 void PackKv(const KvPackParams& p);
 void UnpackKv(const KvPackParams& p);
@@ -196,34 +201,34 @@ void UnpackKv(const KvPackParams& p);
 // Decode attention: one query token per sequence over its whole context in the paged cache (GQA: query
 // head h reads KV head h / (num_q_heads / num_kv_heads)).
 struct PagedAttentionDecodeParams {
-  const float* q = nullptr;               // [num_seqs, num_q_heads, head_dim]
+  const float* q = nullptr;  // [num_seqs, num_q_heads, head_dim]
   PagedKv cache;
   const int32_t* block_tables = nullptr;  // [num_seqs, max_blocks_per_seq]
   const int32_t* context_lens = nullptr;  // [num_seqs] tokens in the cache, the new one included
   int num_seqs = 0, num_q_heads = 0, max_blocks_per_seq = 0;
   float scale = 1.f;
-  float* out = nullptr;                   // [num_seqs, num_q_heads, head_dim]
+  float* out = nullptr;  // [num_seqs, num_q_heads, head_dim]
 };
 void PagedAttentionDecode(const PagedAttentionDecodeParams& p);
 
 // Prefill attention of one sequence: queries at positions [start, start + num_tokens) attend causally to
 // the cached context [0, position] (the new tokens' K/V already written).
 struct PrefillAttentionParams {
-  const float* q = nullptr;              // [num_tokens, num_q_heads, head_dim]
+  const float* q = nullptr;  // [num_tokens, num_q_heads, head_dim]
   PagedKv cache;
   const int32_t* block_table = nullptr;  // [num_table_blocks]
   int start = 0, num_tokens = 0, num_q_heads = 0;
   float scale = 1.f;
-  float* out = nullptr;                  // [num_tokens, num_q_heads, head_dim]
+  float* out = nullptr;  // [num_tokens, num_q_heads, head_dim]
 };
 void PrefillAttention(const PrefillAttentionParams& p);
 
 // Embedding gather: out[t] = fp32(table[tokens[t]]). REQUIRES: tokens in [0, table.rows) (checked).
 struct EmbeddingGatherParams {
-  WeightMatrix table;                // [vocab, hidden]
-  const int32_t* tokens = nullptr;   // [num_tokens]
+  WeightMatrix table;               // [vocab, hidden]
+  const int32_t* tokens = nullptr;  // [num_tokens]
   int num_tokens = 0;
-  float* out = nullptr;              // [num_tokens, hidden]
+  float* out = nullptr;  // [num_tokens, hidden]
 };
 void EmbeddingGather(const EmbeddingGatherParams& p);
 
@@ -240,7 +245,7 @@ void ResidualAdd(const ResidualAddParams& p);
 struct ArgMaxParams {
   const float* x = nullptr;  // [num_rows, num_cols]
   int num_rows = 0, num_cols = 0;
-  int32_t* out = nullptr;    // [num_rows]
+  int32_t* out = nullptr;  // [num_rows]
 };
 void ArgMax(const ArgMaxParams& p);
 
@@ -256,8 +261,8 @@ struct ReplayTopKParams {
   const float* replay_weights = nullptr;  // [num_tokens, top_k]; read where mode is kReplayIdsAndWeights
   int num_tokens = 0, num_experts = 0, top_k = 0;
   bool renormalize = true;
-  int32_t* topk_ids = nullptr;            // [num_tokens, top_k]
-  float* topk_weights = nullptr;          // [num_tokens, top_k]
+  int32_t* topk_ids = nullptr;    // [num_tokens, top_k]
+  float* topk_weights = nullptr;  // [num_tokens, top_k]
 };
 void ReplayTopK(const ReplayTopKParams& p);
 

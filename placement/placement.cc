@@ -250,9 +250,10 @@ RankLoadSummary SummarizeRankLoad(const Placement& pl, const double* load) {
 
 Result<Placement> ContiguousPlacement(int num_layers, int num_experts, int num_ranks) {
   if (num_layers < 1 || num_experts < 1 || num_ranks < 1 || num_experts % num_ranks != 0) {
-    return Status::InvalidArgument("the contiguous placement (expert e on rank e / (E/R)) needs experts E = " +
-                                   std::to_string(num_experts) + " to be a multiple of ranks R = " +
-                                   std::to_string(num_ranks) + " (and L = " + std::to_string(num_layers) + " >= 1)");
+    return Status::InvalidArgument(
+        "the contiguous placement (expert e on rank e / (E/R)) needs experts E = " + std::to_string(num_experts) +
+        " to be a multiple of ranks R = " + std::to_string(num_ranks) + " (and L = " + std::to_string(num_layers) +
+        " >= 1)");
   }
   std::vector<int32_t> phy2log(static_cast<size_t>(num_layers) * num_experts);
   for (size_t i = 0; i < phy2log.size(); ++i) phy2log[i] = static_cast<int32_t>(i % num_experts);

@@ -87,10 +87,17 @@ void MatMulT(const float* x, int64_t n, const WeightMatrix& w, float* y) {
       int64_t t = t0;
       for (; t + 4 <= t1; t += 4) DotRows<4>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows);
       switch (t1 - t) {
-        case 3: DotRows<3>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows); break;
-        case 2: DotRows<2>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows); break;
-        case 1: DotRows<1>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows); break;
-        default: break;
+        case 3:
+          DotRows<3>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows);
+          break;
+        case 2:
+          DotRows<2>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows);
+          break;
+        case 1:
+          DotRows<1>(wb, num_rows, cols, x + t * cols, y + t * rows + o0, rows);
+          break;
+        default:
+          break;
       }
     }
   }
@@ -128,11 +135,16 @@ uint16_t FloatToBf16(float f) {
 
 const char* DTypeName(DType t) {
   switch (t) {
-    case DType::kF32: return "f32";
-    case DType::kBF16: return "bf16";
-    case DType::kI32: return "i32";
-    case DType::kI64: return "i64";
-    case DType::kI8: return "i8";
+    case DType::kF32:
+      return "f32";
+    case DType::kBF16:
+      return "bf16";
+    case DType::kI32:
+      return "i32";
+    case DType::kI64:
+      return "i64";
+    case DType::kI8:
+      return "i8";
   }
   return "?";
 }
@@ -146,75 +158,87 @@ float Bf16ToFloat(uint16_t b) {
 
 void RmsNorm(const RmsNormParams& p) {
   const int threads = ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.hidden * 8);
-  ParallelFor(p.num_tokens, [&](int64_t t) {
-    const float* x = p.x + t * p.hidden;
-    float* o = p.out + t * p.hidden;
-    double ss = 0;
-    for (int i = 0; i < p.hidden; ++i) ss += static_cast<double>(x[i]) * x[i];
-    const float inv = static_cast<float>(1.0 / std::sqrt(ss / p.hidden + p.eps));
-    for (int i = 0; i < p.hidden; ++i) o[i] = x[i] * inv * p.weight[i];
-  }, threads);
+  ParallelFor(
+      p.num_tokens,
+      [&](int64_t t) {
+        const float* x = p.x + t * p.hidden;
+        float* o = p.out + t * p.hidden;
+        double ss = 0;
+        for (int i = 0; i < p.hidden; ++i) ss += static_cast<double>(x[i]) * x[i];
+        const float inv = static_cast<float>(1.0 / std::sqrt(ss / p.hidden + p.eps));
+        for (int i = 0; i < p.hidden; ++i) o[i] = x[i] * inv * p.weight[i];
+      },
+      threads);
 }
 
 void ApplyRope(const RopeParams& p) {
   const int half = p.head_dim / 2;
-  const int threads = ThreadsFor(static_cast<int64_t>(p.num_tokens) * (p.num_q_heads + p.num_kv_heads + 8) * p.head_dim * 8);
-  ParallelFor(p.num_tokens, [&](int64_t t) {
-    const double pos = p.positions[t];
-    thread_local std::vector<float> cs, sn;
-    cs.resize(half);
-    sn.resize(half);
-    for (int i = 0; i < half; ++i) {
-      const double inv_freq = std::pow(static_cast<double>(p.theta), -2.0 * i / p.head_dim);
-      cs[i] = static_cast<float>(std::cos(pos * inv_freq));
-      sn[i] = static_cast<float>(std::sin(pos * inv_freq));
-    }
-    auto rotate = [&](float* v) {
-      for (int i = 0; i < half; ++i) {
-        const float a = v[i], b = v[i + half];
-        v[i] = a * cs[i] - b * sn[i];
-        v[i + half] = b * cs[i] + a * sn[i];
-      }
-    };
-    for (int h = 0; h < p.num_q_heads; ++h) rotate(p.q + (t * p.num_q_heads + h) * p.head_dim);
-    for (int h = 0; h < p.num_kv_heads; ++h) rotate(p.k + (t * p.num_kv_heads + h) * p.head_dim);
-  }, threads);
+  const int threads =
+      ThreadsFor(static_cast<int64_t>(p.num_tokens) * (p.num_q_heads + p.num_kv_heads + 8) * p.head_dim * 8);
+  ParallelFor(
+      p.num_tokens,
+      [&](int64_t t) {
+        const double pos = p.positions[t];
+        thread_local std::vector<float> cs, sn;
+        cs.resize(half);
+        sn.resize(half);
+        for (int i = 0; i < half; ++i) {
+          const double inv_freq = std::pow(static_cast<double>(p.theta), -2.0 * i / p.head_dim);
+          cs[i] = static_cast<float>(std::cos(pos * inv_freq));
+          sn[i] = static_cast<float>(std::sin(pos * inv_freq));
+        }
+        auto rotate = [&](float* v) {
+          for (int i = 0; i < half; ++i) {
+            const float a = v[i], b = v[i + half];
+            v[i] = a * cs[i] - b * sn[i];
+            v[i + half] = b * cs[i] + a * sn[i];
+          }
+        };
+        for (int h = 0; h < p.num_q_heads; ++h) rotate(p.q + (t * p.num_q_heads + h) * p.head_dim);
+        for (int h = 0; h < p.num_kv_heads; ++h) rotate(p.k + (t * p.num_kv_heads + h) * p.head_dim);
+      },
+      threads);
 }
 
 void Linear(const LinearParams& p) {
   // Split tokens across threads only when there are enough of them and the product is big; one GEMM otherwise.
   const int threads = p.num_tokens >= 64 ? ThreadsFor(p.num_tokens * p.weight.rows * p.weight.cols) : 1;
   const int64_t per = (p.num_tokens + threads - 1) / threads;
-  ParallelFor(threads, [&](int64_t i) {
-    const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
-    if (begin < end) MatMulT(p.x + begin * p.weight.cols, end - begin, p.weight, p.y + begin * p.weight.rows);
-  }, threads);
+  ParallelFor(
+      threads,
+      [&](int64_t i) {
+        const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
+        if (begin < end) MatMulT(p.x + begin * p.weight.cols, end - begin, p.weight, p.y + begin * p.weight.rows);
+      },
+      threads);
 }
 
 void GateTopK(const GateTopKParams& p) {
   ELDR_CHECK(p.top_k >= 1 && p.top_k <= p.num_experts, "top_k " << p.top_k << " out of range");
   const int threads = ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.num_experts * 32);
-  ParallelFor(p.num_tokens, [&](int64_t t) {
-    const float* l = p.logits + t * p.num_experts;
-    thread_local std::vector<double> prob;
-    thread_local std::vector<int32_t> order;
-    prob.resize(p.num_experts);
-    order.resize(p.num_experts);
-    const double mx = *std::max_element(l, l + p.num_experts);
-    double sum = 0;
-    for (int e = 0; e < p.num_experts; ++e) sum += prob[e] = std::exp(static_cast<double>(l[e]) - mx);
-    for (int e = 0; e < p.num_experts; ++e) prob[e] /= sum;
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(), [&](int32_t a, int32_t b) {
-      return prob[a] > prob[b] || (prob[a] == prob[b] && a < b);
-    });
-    double kept = 0;
-    for (int j = 0; j < p.top_k; ++j) kept += prob[order[j]];
-    for (int j = 0; j < p.top_k; ++j) {
-      p.topk_ids[t * p.top_k + j] = order[j];
-      p.topk_weights[t * p.top_k + j] = static_cast<float>(p.renormalize ? prob[order[j]] / kept : prob[order[j]]);
-    }
-  }, threads);
+  ParallelFor(
+      p.num_tokens,
+      [&](int64_t t) {
+        const float* l = p.logits + t * p.num_experts;
+        thread_local std::vector<double> prob;
+        thread_local std::vector<int32_t> order;
+        prob.resize(p.num_experts);
+        order.resize(p.num_experts);
+        const double mx = *std::max_element(l, l + p.num_experts);
+        double sum = 0;
+        for (int e = 0; e < p.num_experts; ++e) sum += prob[e] = std::exp(static_cast<double>(l[e]) - mx);
+        for (int e = 0; e < p.num_experts; ++e) prob[e] /= sum;
+        std::iota(order.begin(), order.end(), 0);
+        std::partial_sort(order.begin(), order.begin() + p.top_k, order.end(),
+                          [&](int32_t a, int32_t b) { return prob[a] > prob[b] || (prob[a] == prob[b] && a < b); });
+        double kept = 0;
+        for (int j = 0; j < p.top_k; ++j) kept += prob[order[j]];
+        for (int j = 0; j < p.top_k; ++j) {
+          p.topk_ids[t * p.top_k + j] = order[j];
+          p.topk_weights[t * p.top_k + j] = static_cast<float>(p.renormalize ? prob[order[j]] / kept : prob[order[j]]);
+        }
+      },
+      threads);
 }
 
 void GroupByExpert(const int32_t* topk_ids, int num_tokens, int top_k, int num_experts, ExpertGrouping* out) {
@@ -242,22 +266,25 @@ void MoeExperts(const MoeParams& p) {
   // Each active expert computes its tokens' outputs into pair-indexed rows; then a per-token combine.
   std::vector<float> y(static_cast<size_t>(p.num_tokens) * p.top_k * H);
   const int threads = ThreadsFor(static_cast<int64_t>(g.active_experts.size()) * 3 * H * w.intermediate);
-  ParallelFor(static_cast<int64_t>(g.active_experts.size()), [&](int64_t a) {
-    const int e = g.active_experts[a];
-    const int begin = g.offsets[e], count = g.offsets[e + 1] - begin;
-    thread_local std::vector<float> xin, yout;
-    xin.resize(static_cast<size_t>(count) * H);
-    yout.resize(static_cast<size_t>(count) * H);
-    for (int i = 0; i < count; ++i) {
-      const int t = g.pairs[begin + i] / p.top_k;
-      std::memcpy(xin.data() + static_cast<size_t>(i) * H, p.x + static_cast<size_t>(t) * H, H * sizeof(float));
-    }
-    ExpertFfn({xin.data(), count, &w, e, yout.data(), p.batch_invariant});
-    for (int i = 0; i < count; ++i) {
-      std::memcpy(y.data() + static_cast<size_t>(g.pairs[begin + i]) * H, yout.data() + static_cast<size_t>(i) * H,
-                  H * sizeof(float));
-    }
-  }, threads);
+  ParallelFor(
+      static_cast<int64_t>(g.active_experts.size()),
+      [&](int64_t a) {
+        const int e = g.active_experts[a];
+        const int begin = g.offsets[e], count = g.offsets[e + 1] - begin;
+        thread_local std::vector<float> xin, yout;
+        xin.resize(static_cast<size_t>(count) * H);
+        yout.resize(static_cast<size_t>(count) * H);
+        for (int i = 0; i < count; ++i) {
+          const int t = g.pairs[begin + i] / p.top_k;
+          std::memcpy(xin.data() + static_cast<size_t>(i) * H, p.x + static_cast<size_t>(t) * H, H * sizeof(float));
+        }
+        ExpertFfn({xin.data(), count, &w, e, yout.data(), p.batch_invariant});
+        for (int i = 0; i < count; ++i) {
+          std::memcpy(y.data() + static_cast<size_t>(g.pairs[begin + i]) * H, yout.data() + static_cast<size_t>(i) * H,
+                      H * sizeof(float));
+        }
+      },
+      threads);
   MoeCombine({y.data(), p.topk_weights, p.num_tokens, p.top_k, H, p.out});
 }
 
@@ -270,14 +297,17 @@ void ExpertFfn(const ExpertFfnParams& p) {
 
 void MoeCombine(const MoeCombineParams& p) {
   const int H = p.hidden;
-  ParallelFor(p.num_tokens, [&](int64_t t) {
-    float* o = p.out + t * H;
-    for (int j = 0; j < p.top_k; ++j) {
-      const float wt = p.topk_weights[t * p.top_k + j];
-      const float* src = p.y + (static_cast<size_t>(t) * p.top_k + j) * H;
-      for (int i = 0; i < H; ++i) o[i] += wt * src[i];
-    }
-  }, ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.top_k * H * 4));
+  ParallelFor(
+      p.num_tokens,
+      [&](int64_t t) {
+        float* o = p.out + t * H;
+        for (int j = 0; j < p.top_k; ++j) {
+          const float wt = p.topk_weights[t * p.top_k + j];
+          const float* src = p.y + (static_cast<size_t>(t) * p.top_k + j) * H;
+          for (int i = 0; i < H; ++i) o[i] += wt * src[i];
+        }
+      },
+      ThreadsFor(static_cast<int64_t>(p.num_tokens) * p.top_k * H * 4));
 }
 
 void Mlp(const MlpParams& p) {
@@ -285,10 +315,14 @@ void Mlp(const MlpParams& p) {
   std::vector<float> y(static_cast<size_t>(p.num_tokens) * H);
   const int threads = p.num_tokens >= 64 ? ThreadsFor(p.num_tokens * 3 * H * p.gate_proj.rows) : 1;
   const int64_t per = (p.num_tokens + threads - 1) / threads;
-  ParallelFor(threads, [&](int64_t i) {
-    const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
-    if (begin < end) SwiGlu(p.x + begin * H, end - begin, p.gate_proj, p.up_proj, p.down_proj, y.data() + begin * H);
-  }, threads);
+  ParallelFor(
+      threads,
+      [&](int64_t i) {
+        const int64_t begin = i * per, end = std::min<int64_t>(p.num_tokens, begin + per);
+        if (begin < end)
+          SwiGlu(p.x + begin * H, end - begin, p.gate_proj, p.up_proj, p.down_proj, y.data() + begin * H);
+      },
+      threads);
   for (size_t i = 0; i < y.size(); ++i) p.out[i] += y[i];
 }
 
@@ -406,23 +440,29 @@ void PagedAttentionDecode(const PagedAttentionDecodeParams& p) {
   const int D = p.cache.head_dim;
   int64_t work = 0;
   for (int s = 0; s < p.num_seqs; ++s) work += static_cast<int64_t>(p.context_lens[s]) * p.num_q_heads * D * 2;
-  ParallelFor(static_cast<int64_t>(p.num_seqs) * p.num_q_heads, [&](int64_t i) {
-    const int s = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
-    thread_local std::vector<float> scores;
-    AttendOne(p.q + i * D, p.cache, p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq, p.context_lens[s],
-              h / group, p.scale, p.out + i * D, &scores);
-  }, ThreadsFor(work));
+  ParallelFor(
+      static_cast<int64_t>(p.num_seqs) * p.num_q_heads,
+      [&](int64_t i) {
+        const int s = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
+        thread_local std::vector<float> scores;
+        AttendOne(p.q + i * D, p.cache, p.block_tables + static_cast<int64_t>(s) * p.max_blocks_per_seq,
+                  p.context_lens[s], h / group, p.scale, p.out + i * D, &scores);
+      },
+      ThreadsFor(work));
 }
 
 void PrefillAttention(const PrefillAttentionParams& p) {
   const int group = p.num_q_heads / p.cache.num_kv_heads;
   const int D = p.cache.head_dim;
   const int64_t work = static_cast<int64_t>(p.num_tokens) * (p.start + p.num_tokens) * p.num_q_heads * D;
-  ParallelFor(static_cast<int64_t>(p.num_tokens) * p.num_q_heads, [&](int64_t i) {
-    const int t = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
-    thread_local std::vector<float> scores;
-    AttendOne(p.q + i * D, p.cache, p.block_table, p.start + t + 1, h / group, p.scale, p.out + i * D, &scores);
-  }, ThreadsFor(work));
+  ParallelFor(
+      static_cast<int64_t>(p.num_tokens) * p.num_q_heads,
+      [&](int64_t i) {
+        const int t = static_cast<int>(i / p.num_q_heads), h = static_cast<int>(i % p.num_q_heads);
+        thread_local std::vector<float> scores;
+        AttendOne(p.q + i * D, p.cache, p.block_table, p.start + t + 1, h / group, p.scale, p.out + i * D, &scores);
+      },
+      ThreadsFor(work));
 }
 
 void EmbeddingGather(const EmbeddingGatherParams& p) {
@@ -467,8 +507,8 @@ void ReplayTopK(const ReplayTopKParams& p) {
     for (int j = 0; j < K; ++j) {
       ELDR_CHECK(ids[j] >= 0 && ids[j] < E, "replayed expert id " << ids[j] << " out of range");
       p.topk_ids[t * K + j] = ids[j];
-      const double prob = given ? p.replay_weights[static_cast<size_t>(t) * K + j]
-                                : std::exp(static_cast<double>(lg[ids[j]] - mx)) / z;
+      const double prob =
+          given ? p.replay_weights[static_cast<size_t>(t) * K + j] : std::exp(static_cast<double>(lg[ids[j]] - mx)) / z;
       p.topk_weights[t * K + j] = static_cast<float>(prob);
       kept += prob;
     }

@@ -1,9 +1,10 @@
 #include "runtime/calib/balanced_kmeans.h"
 
-#include <Eigen/Dense>
-#include <cmath>
 #include <lemon/network_simplex.h>
 #include <lemon/static_graph.h>
+
+#include <Eigen/Dense>
+#include <cmath>
 #include <limits>
 #include <random>
 
@@ -179,8 +180,8 @@ Result<BalancedKMeansResult> BalancedKMeans(const std::vector<float>& points, in
                                             const BalancedKMeansOptions& o) {
   if (n < 1) return Status::InvalidArgument("balanced k-means needs at least one point");
   if (o.num_clusters < 1 || o.num_clusters > n) {
-    return Status::InvalidArgument("number of clusters K = " + std::to_string(o.num_clusters) + " must be in [1, N = " +
-                                   std::to_string(n) + "]");
+    return Status::InvalidArgument("number of clusters K = " + std::to_string(o.num_clusters) +
+                                   " must be in [1, N = " + std::to_string(n) + "]");
   }
   if (points.size() != static_cast<size_t>(n) * d) return Status::InvalidArgument("points must be [N, D]");
   for (float v : points) {

@@ -21,21 +21,21 @@ namespace eldr {
 std::vector<int32_t> CapacitatedAssignment(const std::vector<double>& cost, int n, int k, int capacity);
 
 struct BalancedKMeansOptions {
-  int num_clusters = 1;       // K
+  int num_clusters = 1;  // K
   int restarts = 4;
   int max_iterations = 100;
   uint64_t seed = 0;
-  bool balanced = true;       // false: plain spherical k-means (ablation)
-  bool progress = false;      // progress bar on a terminal
+  bool balanced = true;   // false: plain spherical k-means (ablation)
+  bool progress = false;  // progress bar on a terminal
 };
 
 struct BalancedKMeansResult {
-  std::vector<float> centroids;      // [K, D], unit norm (zero if a cluster ended empty)
-  std::vector<int32_t> assignment;   // [N]
-  std::vector<int64_t> sizes;        // [K]
-  double objective = 0;              // Σ over points of 1 − s·μ_assigned
-  int iterations = 0;                // of the kept restart
-  int restart = 0;                   // which restart was kept
+  std::vector<float> centroids;     // [K, D], unit norm (zero if a cluster ended empty)
+  std::vector<int32_t> assignment;  // [N]
+  std::vector<int64_t> sizes;       // [K]
+  double objective = 0;             // Σ over points of 1 − s·μ_assigned
+  int iterations = 0;               // of the kept restart
+  int restart = 0;                  // which restart was kept
 };
 
 // points: [n, d], row-major. InvalidArgument if K < 1 or K > n, or a value is not finite.

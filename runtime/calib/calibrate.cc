@@ -39,7 +39,8 @@ std::vector<float> BuildSignatures(const RequestFeatures& f, const SignaturePara
   const int D = params.dim();
   std::vector<float> out(static_cast<size_t>(f.num_requests) * D);
   for (int i = 0; i < f.num_requests; ++i) {
-    ComputeSignature(params, f.prefill_counts.data() + i * row, f.gate_sums.empty() ? nullptr : f.gate_sums.data() + i * row,
+    ComputeSignature(params, f.prefill_counts.data() + i * row,
+                     f.gate_sums.empty() ? nullptr : f.gate_sums.data() + i * row,
                      out.data() + static_cast<size_t>(i) * D);
   }
   return out;
@@ -146,8 +147,8 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
     if (v == o.variant) chosen = q.get();
   }
   ProgressBar bar("greedy layer selection", L, o.progress);
-  GreedyLayerSelection greedy = chosen->SelectLayersGreedy(
-      [](void* ctx, int step) { static_cast<ProgressBar*>(ctx)->Update(step); }, &bar);
+  GreedyLayerSelection greedy =
+      chosen->SelectLayersGreedy([](void* ctx, int step) { static_cast<ProgressBar*>(ctx)->Update(step); }, &bar);
   bar.Finish();
   const int num_selected = o.num_layers > 0 ? o.num_layers : greedy.n_star;
   const std::vector<uint8_t> mask = MaskFromOrder(greedy.layer_order, num_selected, L);
@@ -181,7 +182,8 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   }
   c.decode_profiles = fc.decode_profile;
   c.tau = o.tau;
-  ELDR_RETURN_IF_ERROR(ClusterInto(&c, o.num_decoders, o.seed, o.restarts, o.max_iterations, o.balanced, o.progress, &rep));
+  ELDR_RETURN_IF_ERROR(
+      ClusterInto(&c, o.num_decoders, o.seed, o.restarts, o.max_iterations, o.balanced, o.progress, &rep));
   const auto t3 = Clock::now();
   rep.seconds_kmeans = Seconds(t2, t3);
 
@@ -233,11 +235,14 @@ Result<TraceCheck> CheckTraceAgainstCalibration(const Calibration& calib, const 
   }
   std::vector<int32_t> usable;
   for (size_t i = 0; i < trace.requests.size(); ++i) {
-    if (IsUsableRequest(trace.requests[i].prompt_len, trace.requests[i].decode_len())) usable.push_back(static_cast<int32_t>(i));
+    if (IsUsableRequest(trace.requests[i].prompt_len, trace.requests[i].decode_len()))
+      usable.push_back(static_cast<int32_t>(i));
   }
-  if (usable.size() < 3) return Status::InvalidArgument(trace_name + ": fewer than 3 requests with prompt and decode tokens");
+  if (usable.size() < 3)
+    return Status::InvalidArgument(trace_name + ": fewer than 3 requests with prompt and decode tokens");
   if (calib.signature.variant == SignatureVariant::kGateProb && !trace.has_weights()) {
-    return Status::FailedPrecondition(trace_name + ": the calibration uses gate_prob signatures but the trace has no weights");
+    return Status::FailedPrecondition(trace_name +
+                                      ": the calibration uses gate_prob signatures but the trace has no weights");
   }
   RequestFeatures f = ComputeRequestFeatures(trace, usable);
   TraceCheck out;
@@ -254,7 +259,8 @@ Result<TraceCheck> CheckTraceAgainstCalibration(const Calibration& calib, const 
     double best_sim = -2;
     for (int k = 0; k < K; ++k) {
       double s = 0;
-      for (int x = 0; x < D; ++x) s += static_cast<double>(sig[static_cast<size_t>(i) * D + x]) * calib.centroids[static_cast<size_t>(k) * D + x];
+      for (int x = 0; x < D; ++x)
+        s += static_cast<double>(sig[static_cast<size_t>(i) * D + x]) * calib.centroids[static_cast<size_t>(k) * D + x];
       if (s > best_sim) {
         best_sim = s;
         best = k;
@@ -282,7 +288,8 @@ nlohmann::json CalibrateReport::ToJson() const {
   j["all_pairs"] = all_pairs;
   nlohmann::json vs = nlohmann::json::array();
   for (const auto& v : variants) {
-    vs.push_back({{"variant", v.variant}, {"rho_all_layers", NumOrNull(v.rho_all_layers)},
+    vs.push_back({{"variant", v.variant},
+                  {"rho_all_layers", NumOrNull(v.rho_all_layers)},
                   {"rho_selected", NumOrNull(v.rho_selected)}});
   }
   j["variants"] = vs;
@@ -299,7 +306,9 @@ nlohmann::json CalibrateReport::ToJson() const {
   j["mean_within_cluster_distance"] = mean_within_distance;
   j["objective"] = objective;
   j["iterations"] = iterations;
-  j["seconds"] = {{"features", seconds_features}, {"quality", seconds_quality}, {"kmeans", seconds_kmeans},
+  j["seconds"] = {{"features", seconds_features},
+                  {"quality", seconds_quality},
+                  {"kmeans", seconds_kmeans},
                   {"total", seconds_total}};
   return j;
 }
@@ -311,8 +320,7 @@ std::string CalibrateReport::ToText() const {
   if (num_skipped) os << "  skipped (no prompt or no decode tokens): " << num_skipped;
   os << "\n";
   if (!variants.empty()) {
-    os << "\nsignature quality rho (Spearman, " << num_pairs << (all_pairs ? " pairs, all" : " sampled pairs")
-       << ")\n";
+    os << "\nsignature quality rho (Spearman, " << num_pairs << (all_pairs ? " pairs, all" : " sampled pairs") << ")\n";
     std::vector<std::vector<std::string>> rows;
     for (const auto& v : variants) rows.push_back({v.variant, Fmt(v.rho_all_layers, 4), Fmt(v.rho_selected, 4)});
     os << FormatTable({"variant", "rho (all layers)", "rho (selected layers)"}, rows);
@@ -383,7 +391,8 @@ nlohmann::json CalibrationSummaryJson(const Calibration& c) {
   double total = 0;
   for (size_t i = 0; i < c.assignment.size(); ++i) {
     double s = 0;
-    for (int x = 0; x < D; ++x) s += static_cast<double>(c.signatures[i * D + x]) * c.centroids[static_cast<size_t>(c.assignment[i]) * D + x];
+    for (int x = 0; x < D; ++x)
+      s += static_cast<double>(c.signatures[i * D + x]) * c.centroids[static_cast<size_t>(c.assignment[i]) * D + x];
     total += 1.0 - s;
   }
   j["mean_within_cluster_distance"] = c.assignment.empty() ? 0.0 : total / c.assignment.size();
@@ -395,20 +404,22 @@ std::string DescribeCalibration(const Calibration& c) {
   const nlohmann::json j = CalibrationSummaryJson(c);
   std::ostringstream os;
   os << "calibration: model '" << c.shape.model << "' (" << c.shape.ToString() << "), created " << c.created << "\n";
-  os << "signature: " << SignatureVariantName(c.signature.variant) << ", " << c.signature.num_selected_layers() << " of "
-     << c.shape.num_layers << " layers (N* = " << c.n_star << "), D = " << c.dim() << "; layers";
+  os << "signature: " << SignatureVariantName(c.signature.variant) << ", " << c.signature.num_selected_layers()
+     << " of " << c.shape.num_layers << " layers (N* = " << c.n_star << "), D = " << c.dim() << "; layers";
   for (int l : j["selected_layers"]) os << " " << l;
   os << "\n";
   if (!c.rho_curve.empty() && c.n_star >= 1) {
     os << "rho: all layers " << Fmt(c.rho_curve.back(), 4) << ", at N* " << Fmt(c.rho_curve[c.n_star - 1], 4) << "\n";
   }
   os << "clusters: K = " << c.num_clusters << ", tau = " << c.tau << ", seed = " << c.seed
-     << (c.balanced ? ", balanced" : ", unbalanced") << ", " << c.num_signatures() << " signatures, mean within-cluster distance "
-     << Fmt(j["mean_within_cluster_distance"].get<double>(), 4) << "\n\n";
+     << (c.balanced ? ", balanced" : ", unbalanced") << ", " << c.num_signatures()
+     << " signatures, mean within-cluster distance " << Fmt(j["mean_within_cluster_distance"].get<double>(), 4)
+     << "\n\n";
   std::vector<std::vector<std::string>> rows;
   for (int k = 0; k < c.num_clusters; ++k) {
     std::string comp;
-    for (auto& [d, n] : j["cluster_domains"][k].items()) comp += (comp.empty() ? "" : ", ") + d + " " + std::to_string(n.get<int>());
+    for (auto& [d, n] : j["cluster_domains"][k].items())
+      comp += (comp.empty() ? "" : ", ") + d + " " + std::to_string(n.get<int>());
     rows.push_back({std::to_string(k), std::to_string(c.sizes[k]), comp});
   }
   os << FormatTable({"cluster", "size", "domains"}, rows);

@@ -14,35 +14,35 @@
 namespace eldr {
 
 struct CalibrateOptions {
-  int num_decoders = 4;                                 // K
+  int num_decoders = 4;  // K
   SignatureVariant variant = SignatureVariant::kCountIdf;
-  int num_layers = 0;                                   // |S|: 0 = auto (N*, where ρ peaks)
-  double tau = 0.1;                                     // stored for the router
+  int num_layers = 0;  // |S|: 0 = auto (N*, where ρ peaks)
+  double tau = 0.1;    // stored for the router
   uint64_t seed = 0;
   int restarts = 4;
   int max_iterations = 100;
-  double holdout = 0;                                   // fraction of requests kept out of calibration
-  int64_t max_pairs = 20000;                            // ρ pair sample; <= 0 = all pairs
-  bool balanced = true;                                 // false: plain spherical k-means (ablation)
+  double holdout = 0;         // fraction of requests kept out of calibration
+  int64_t max_pairs = 20000;  // ρ pair sample; <= 0 = all pairs
+  bool balanced = true;       // false: plain spherical k-means (ablation)
   bool progress = true;
 };
 
 struct VariantRho {
   std::string variant;
   double rho_all_layers = 0;
-  double rho_selected = 0;   // with the chosen variant's layer mask
+  double rho_selected = 0;  // with the chosen variant's layer mask
 };
 
 struct CalibrateReport {
-  int num_requests = 0;           // calibration set
+  int num_requests = 0;  // calibration set
   int num_holdout = 0;
-  int num_skipped = 0;            // requests with no prompt or no decode tokens (not usable)
+  int num_skipped = 0;  // requests with no prompt or no decode tokens (not usable)
   int64_t num_pairs = 0;
   bool all_pairs = true;
   std::vector<VariantRho> variants;
-  double rho_all_layers = 0;      // chosen variant, every layer
-  double rho_selected = 0;        // chosen variant, layer mask
-  double rho_holdout = 0;         // NaN without holdout
+  double rho_all_layers = 0;  // chosen variant, every layer
+  double rho_selected = 0;    // chosen variant, layer mask
+  double rho_holdout = 0;     // NaN without holdout
   std::vector<int32_t> layer_order;
   std::vector<double> rho_curve;
   int n_star = 0;

@@ -21,7 +21,8 @@ std::vector<float> ClusterExpertLoad(const std::vector<float>& decode_profiles, 
   std::vector<float> load(sum.size(), 0.f);
   for (int c = 0; c < num_clusters; ++c) {
     if (members[c] == 0) continue;
-    for (size_t x = 0; x < row_size; ++x) load[c * row_size + x] = static_cast<float>(sum[c * row_size + x] / members[c]);
+    for (size_t x = 0; x < row_size; ++x)
+      load[c * row_size + x] = static_cast<float>(sum[c * row_size + x] / members[c]);
   }
   return load;
 }
@@ -41,7 +42,8 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   const int L = c.shape.num_layers, E = c.shape.num_experts;
   if (L <= 0 || E <= 0 || c.shape.top_k <= 0) return bad("model shape must be positive, got " + c.shape.ToString());
   const size_t row = static_cast<size_t>(L) * E;
-  if (c.signature.num_layers != L || c.signature.num_experts != E) return bad("/signature shape differs from the root attributes");
+  if (c.signature.num_layers != L || c.signature.num_experts != E)
+    return bad("/signature shape differs from the root attributes");
   if (c.signature.idf.size() != row) return bad("/signature/idf must be [num_layers, num_experts]");
   if (!AllFinite(c.signature.idf)) return bad("/signature/idf has NaN or infinite values");
   for (float w : c.signature.idf) {
@@ -61,7 +63,8 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   const size_t N = c.request_ids.size();
   if (N == 0) return bad("/calibration holds no signatures");
   if (c.domains.size() != N) return bad("/calibration/domains and request_ids differ in length");
-  if (c.signatures.size() != N * D) return bad("/calibration/signatures must be [N, D] with D = |S|*E = " + std::to_string(D));
+  if (c.signatures.size() != N * D)
+    return bad("/calibration/signatures must be [N, D] with D = |S|*E = " + std::to_string(D));
   if (!AllFinite(c.signatures)) return bad("/calibration/signatures has NaN or infinite values");
   if (!c.decode_profiles.empty() && c.decode_profiles.size() != N * row) {
     return bad("/calibration/decode_profiles must be [N, num_layers, num_experts]");
@@ -107,7 +110,8 @@ Status WriteCalibration(const Calibration& c, const std::string& path) {
     ELDR_RETURN_IF_ERROR(f.Write("/signature/layer_mask", c.signature.layer_mask, {L}));
     ELDR_RETURN_IF_ERROR(f.Write("/signature/layer_order", c.layer_order, {c.layer_order.size()}));
     ELDR_RETURN_IF_ERROR(f.Write("/signature/rho_curve", c.rho_curve, {c.rho_curve.size()}));
-    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "variant", std::string(SignatureVariantName(c.signature.variant))));
+    ELDR_RETURN_IF_ERROR(
+        f.WriteAttribute("/signature", "variant", std::string(SignatureVariantName(c.signature.variant))));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "n_star", static_cast<int64_t>(c.n_star)));
 
     ELDR_RETURN_IF_ERROR(f.Write("/calibration/signatures", c.signatures, {N, D}, true));
@@ -141,7 +145,8 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(int64_t version, f.ReadIntAttribute("/", "format_version"));
   if (version != kCalibrationFormatVersion) {
     return Status::InvalidArgument(path + ": calibration format_version " + std::to_string(version) +
-                                   " is not supported (this eldr reads " + std::to_string(kCalibrationFormatVersion) + ")");
+                                   " is not supported (this eldr reads " + std::to_string(kCalibrationFormatVersion) +
+                                   ")");
   }
   auto model = f.ReadStringAttribute("/", "model");
   c.shape.model = model.ok() ? model.value() : "";

@@ -27,20 +27,20 @@ struct Calibration {
   int n_star = 0;                    // attribute of /signature
 
   // /calibration
-  std::vector<float> signatures;        // [N, D], D = signature.dim()
-  std::vector<std::string> request_ids; // [N]
-  std::vector<std::string> domains;     // [N]
-  std::vector<float> decode_profiles;   // [N, L, E] d_r, for the per-cluster load on refit
+  std::vector<float> signatures;         // [N, D], D = signature.dim()
+  std::vector<std::string> request_ids;  // [N]
+  std::vector<std::string> domains;      // [N]
+  std::vector<float> decode_profiles;    // [N, L, E] d_r, for the per-cluster load on refit
 
   // /clusters
-  int num_clusters = 0;                 // K
+  int num_clusters = 0;  // K
   double tau = 0.1;
   uint64_t seed = 0;
   bool balanced = true;
-  std::vector<float> centroids;         // [K, D]
-  std::vector<int32_t> assignment;      // [N]
-  std::vector<int64_t> sizes;           // [K]
-  std::vector<float> expert_load;       // [K, L, E] mean decode profile of the cluster's members
+  std::vector<float> centroids;     // [K, D]
+  std::vector<int32_t> assignment;  // [N]
+  std::vector<int64_t> sizes;       // [K]
+  std::vector<float> expert_load;   // [K, L, E] mean decode profile of the cluster's members
 
   int num_signatures() const { return static_cast<int>(request_ids.size()); }
   int dim() const { return signature.dim(); }

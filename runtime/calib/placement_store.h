@@ -62,12 +62,11 @@ Result<ClusterPlacements> PlaceClusters(const Calibration& calib, const Placemen
 // Writes `placements` as /placement of a copy of `calib_path` renamed onto `out_path` (which may be
 // calib_path: the file is then updated atomically). A /placement already there is replaced. IoError naming
 // out_path when it cannot be written.
-Status WritePlacements(const ClusterPlacements& placements, const std::string& calib_path,
-                       const std::string& out_path);
+Status WritePlacements(const ClusterPlacements& placements, const std::string& calib_path, const std::string& out_path);
 
 // What a file's /placement holds for a range of clusters, the fallback rule applied.
 struct StoredPlacements {
-  bool present = false;  // false: the file has no /placement group (the other fields are empty)
+  bool present = false;   // false: the file has no /placement group (the other fields are empty)
   std::string algorithm;  // as stored, "" when the file does not say
   int num_ranks = 0, num_slots = 0, num_nodes = 1, num_groups = 1;
   Placement global;

@@ -8,8 +8,8 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/cli/commands.h"
 #include "runtime/common/atomic_file.h"
-#include "runtime/common/json_util.h"
 #include "runtime/common/hdf5.h"
+#include "runtime/common/json_util.h"
 
 namespace eldr::cli {
 
@@ -51,7 +51,8 @@ Status RunCalibrate(const CalibrateArgs& a) {
     if (!r.ok()) return r.status().WithPrefix(a.refit);
     calib = std::move(r).value();
     if (a.tau_given) calib.tau = o.tau;  // otherwise keep the stored τ
-    if (!(calib.tau >= 0) || !std::isfinite(calib.tau)) return Status::InvalidArgument("--tau must be a finite value >= 0");
+    if (!(calib.tau >= 0) || !std::isfinite(calib.tau))
+      return Status::InvalidArgument("--tau must be a finite value >= 0");
   } else {
     ELDR_ASSIGN_OR_RETURN(o.variant, ParseSignatureVariant(a.variant));
     if (a.layers == "auto") {
@@ -94,8 +95,9 @@ Status RunCalibrate(const CalibrateArgs& a) {
 void AddCalibrateCommand(CLI::App& app, Action* action) {
   auto a = std::make_shared<CalibrateArgs>();
   auto* cmd = app.add_subcommand(
-      "calibrate", "Fit signatures (IDF, greedy layer mask) and Hungarian-balanced clusters into calibration.h5, or "
-                   "--refit stored signatures for a new decoder count");
+      "calibrate",
+      "Fit signatures (IDF, greedy layer mask) and Hungarian-balanced clusters into calibration.h5, or "
+      "--refit stored signatures for a new decoder count");
   cmd->add_option("--trace", a->trace, "HDF5 routing trace to calibrate on");
   cmd->add_option("--refit", a->refit, "existing calibration.h5 to re-cluster (no trace needed)");
   cmd->add_option("--decoders,-K", a->options.num_decoders, "number of decode workers K")->required();
@@ -105,12 +107,12 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--layers", a->layers, "layers in the mask: auto (N*, where rho peaks) or N (greedy prefix)")
       ->capture_default_str();
   cmd->add_option_function<double>(
-         "--tau",
-         [a](const double& v) {
-           a->options.tau = v;
-           a->tau_given = true;
-         },
-         "routing band width stored for the router (default 0.1; --refit keeps the stored value)");
+      "--tau",
+      [a](const double& v) {
+        a->options.tau = v;
+        a->tau_given = true;
+      },
+      "routing band width stored for the router (default 0.1; --refit keeps the stored value)");
   cmd->add_option("--seed", a->options.seed, "seed for k-means++, restarts, holdout and pair sampling")
       ->capture_default_str();
   cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")->capture_default_str();
@@ -122,9 +124,7 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--report", a->report, "also write the report as JSON to this file");
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
-  cmd->callback([=] {
-    *action = [=] { return RunCalibrate(*a); };
-  });
+  cmd->callback([=] { *action = [=] { return RunCalibrate(*a); }; });
 }
 
 void AddInspectCommand(CLI::App& app, Action* action) {

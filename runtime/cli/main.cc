@@ -16,9 +16,10 @@ void PrintResult(bool as_json, const std::string& text, const std::string& json)
 }  // namespace eldr::cli
 
 int main(int argc, char** argv) {
-  CLI::App app{"eldr: expert-locality-aware decode routing for MoE serving with prefill-decode disaggregation.\n"
-               "Offline: import or synthesise routing traces, calibrate signatures and balanced clusters,\n"
-               "preview decode routing policies on a trace."};
+  CLI::App app{
+      "eldr: expert-locality-aware decode routing for MoE serving with prefill-decode disaggregation.\n"
+      "Offline: import or synthesise routing traces, calibrate signatures and balanced clusters,\n"
+      "preview decode routing policies on a trace."};
   app.set_version_flag("--version", eldr::VersionString());
   app.require_subcommand(1);
   app.footer("Run 'eldr <command> --help' for the options of each command.");

@@ -89,9 +89,9 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
   try {
     nlohmann::json j;
     f >> j;
-    ELDR_ASSIGN_OR_RETURN(Placement prev, PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"),
-                                                                j.at("num_ranks"),
-                                                                j.at("phy2log").get<std::vector<int32_t>>()));
+    ELDR_ASSIGN_OR_RETURN(Placement prev,
+                          PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
+                                               j.at("phy2log").get<std::vector<int32_t>>()));
     return std::make_unique<Placement>(std::move(prev));
   } catch (const nlohmann::json::exception& e) {
     return Status::InvalidArgument(path + ": not the JSON output of eldr place profile (" + e.what() + ")");
@@ -117,9 +117,9 @@ nlohmann::json ProfileJson(const PlacementProblem& p, const Placement& pl, Place
 
 std::string ProfileText(const PlacementProblem& p, const Placement& pl, PlacementAlgorithm algo, double ms) {
   return std::string("placement: ") + PlacementAlgorithmName(algo) + ", " + std::to_string(pl.num_layers) +
-         " layers x " + std::to_string(pl.num_experts) + " experts -> " + std::to_string(pl.num_slots) +
-         " slots on " + std::to_string(pl.num_ranks) + " ranks (" + std::to_string(p.num_nodes) +
-         " nodes), balancedness " + Fmt(Balancedness(pl, p.load), 4) + ", " + Fmt(ms, 2) + " ms\n";
+         " layers x " + std::to_string(pl.num_experts) + " experts -> " + std::to_string(pl.num_slots) + " slots on " +
+         std::to_string(pl.num_ranks) + " ranks (" + std::to_string(p.num_nodes) + " nodes), balancedness " +
+         Fmt(Balancedness(pl, p.load), 4) + ", " + Fmt(ms, 2) + " ms\n";
 }
 
 Status RunProfile(const ProfileArgs& a) {
@@ -143,8 +143,8 @@ Status RunProfile(const ProfileArgs& a) {
     const MoveStats m = CountMoves(*previous, pl, a.expert_bytes);
     j["moved_experts"] = m.moved_experts;
     j["moved_bytes"] = m.moved_bytes;
-    text += "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " +
-            std::to_string(m.moved_bytes) + " bytes\n";
+    text += "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " + std::to_string(m.moved_bytes) +
+            " bytes\n";
   }
   PrintResult(a.as_json, text, DumpJson(j));
   return Status::Ok();
@@ -158,7 +158,8 @@ void AddProfileCommand(CLI::App* place, Action* action) {
       ->required();
   cmd->add_option("--dataset", a->dataset, "HDF5 dataset holding the [L, E] load")->capture_default_str();
   AddSpecOptions(cmd, &a->spec, true, "physical expert slots per layer (experts + redundant)", "expert-parallel ranks");
-  cmd->add_option("--previous", a->previous, "JSON output of an earlier eldr place profile (its phy2log): minimise moves");
+  cmd->add_option("--previous", a->previous,
+                  "JSON output of an earlier eldr place profile (its phy2log): minimise moves");
   cmd->add_option("--move-slack", a->move_slack, "eldr: bottleneck increase accepted to avoid moves (fraction)")
       ->capture_default_str();
   cmd->add_option("--expert-bytes", a->expert_bytes, "bytes of one expert's weights, to report moved bytes")
@@ -183,8 +184,8 @@ void PrintClusterPlacements(const CalibArgs& a, const ClusterPlacements& p, cons
   for (int k = 0; k <= K; ++k) {
     const std::string name = k < K ? "cluster_" + std::to_string(k) : std::string("global");
     j["balancedness"][name] = p.balancedness[k];
-    rows.push_back({k < K ? "cluster " + std::to_string(k) : std::string("global (all clusters)"),
-                    Fmt(p.balancedness[k], 4)});
+    rows.push_back(
+        {k < K ? "cluster " + std::to_string(k) : std::string("global (all clusters)"), Fmt(p.balancedness[k], 4)});
   }
   PrintResult(a.as_json,
               std::string("per-cluster placement (") + algo + ") written to " + out_path + " /placement\n" +
@@ -207,8 +208,9 @@ Status RunCalib(const CalibArgs& a) {
 void AddCalibCommand(CLI::App* place, Action* action) {
   auto a = std::make_shared<CalibArgs>();
   auto* cmd = place->add_subcommand(
-      "calib", "One placement per decoder cluster of a calibration (/clusters/expert_load) and the global one, "
-               "written under its /placement");
+      "calib",
+      "One placement per decoder cluster of a calibration (/clusters/expert_load) and the global one, "
+      "written under its /placement");
   cmd->add_option("--calib", a->calib, "calibration.h5")->required();
   cmd->add_option("--out", a->out, "the calibration file to write (default: update --calib in place)");
   AddSpecOptions(cmd, &a->spec, true, "physical expert slots per layer (experts + redundant)", "expert-parallel ranks");
@@ -236,7 +238,8 @@ Result<PlacementSpec> ResolveSpec(const EvaluateArgs& a, const GivenSpec& given,
                                   const Calibration& calib) {
   SpecArgs s = a.spec;
   if (!given.ranks && !stored.present) {
-    return Status::InvalidArgument(a.calib + " has no /placement to take the rank count from: give --ranks (and --slots)");
+    return Status::InvalidArgument(a.calib +
+                                   " has no /placement to take the rank count from: give --ranks (and --slots)");
   }
   if (!given.ranks) s.ranks = stored.num_ranks;
   if (s.ranks < 1) return Status::InvalidArgument("--ranks must be >= 1, got " + std::to_string(s.ranks));
@@ -295,8 +298,9 @@ Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given) {
 void AddEvaluateCommand(CLI::App* place, Action* action) {
   auto a = std::make_shared<EvaluateArgs>();
   auto* cmd = place->add_subcommand(
-      "evaluate", "Replay the decode steps of a trace through the contiguous, global and per-cluster placements of "
-                  "a calibration and report per-step balancedness (mean, p1) and max-rank load");
+      "evaluate",
+      "Replay the decode steps of a trace through the contiguous, global and per-cluster placements of "
+      "a calibration and report per-step balancedness (mean, p1) and max-rank load");
   cmd->add_option("--trace", a->trace, "HDF5 routing trace whose decode steps are replayed")->required();
   cmd->add_option("--calib", a->calib, "calibration.h5, with or without /placement")->required();
   cmd->add_option("--out", a->out, "also write the JSON report here");
@@ -329,9 +333,9 @@ void AddEvaluateCommand(CLI::App* place, Action* action) {
 }  // namespace
 
 void AddPlaceCommand(CLI::App& app, Action* action) {
-  auto* cmd = app.add_subcommand(
-      "place", "Place experts (and redundant replicas) on expert-parallel ranks: deepseek-global, "
-               "deepseek-hierarchical (the public EPLB algorithm) or eldr");
+  auto* cmd = app.add_subcommand("place",
+                                 "Place experts (and redundant replicas) on expert-parallel ranks: deepseek-global, "
+                                 "deepseek-hierarchical (the public EPLB algorithm) or eldr");
   cmd->require_subcommand(1);
   AddProfileCommand(cmd, action);
   AddCalibCommand(cmd, action);

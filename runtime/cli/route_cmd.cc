@@ -14,15 +14,16 @@ void AddRouteCommand(CLI::App& app, Action* action) {
   };
   auto a = std::make_shared<Args>();
   auto* cmd = app.add_subcommand(
-      "route", "Replay a trace through the router (every policy side by side): requests per decoder, domain purity, "
-               "band sizes, distinct experts per decode step");
+      "route",
+      "Replay a trace through the router (every policy side by side): requests per decoder, domain purity, "
+      "band sizes, distinct experts per decode step");
   cmd->add_option("--calib", a->calib, "calibration.h5 (its K is the number of decoders)")->required();
   cmd->add_option("--trace", a->trace, "HDF5 routing trace to replay")->required();
-  cmd->add_option("--policy", a->policy,
-                  "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr")
+  cmd->add_option("--policy", a->policy, "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr")
       ->capture_default_str();
   cmd->add_option("--tau", a->options.tau, "eldr band width (default: the calibration's)");
-  cmd->add_option("--rate", a->options.rate, "arrival rate, requests/s (Poisson; 0 = all at once)")->capture_default_str();
+  cmd->add_option("--rate", a->options.rate, "arrival rate, requests/s (Poisson; 0 = all at once)")
+      ->capture_default_str();
   cmd->add_option("--step-ms", a->options.step_ms, "decode step time of the load model")->capture_default_str();
   cmd->add_option("--cap", a->options.admission_cap, "admission cap per decoder (0 = none)")->capture_default_str();
   cmd->add_option("--repeat", a->options.repeat, "replay the trace this many times")->capture_default_str();

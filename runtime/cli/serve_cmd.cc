@@ -20,8 +20,9 @@ void AddServeCommand(CLI::App& app, Action* action) {
   auto out_dir = std::make_shared<std::string>();
   auto tau = std::make_shared<double>(-1);
   auto load_bound = std::make_shared<double>(-1);
-  auto* cmd = app.add_subcommand("serve", "Run the serving job (rank 0 router, prefill and decode ranks); start it "
-                                          "with mpirun -np N or srun --mpi=pmix -n N");
+  auto* cmd = app.add_subcommand("serve",
+                                 "Run the serving job (rank 0 router, prefill and decode ranks); start it "
+                                 "with mpirun -np N or srun --mpi=pmix -n N");
   cmd->add_option("--config,-c", *config, "job config YAML (topology, model, routing, KV cache, workload, output)")
       ->required();
   cmd->add_flag("--quiet", *quiet, "no progress bar");

@@ -11,10 +11,10 @@
 #include "runtime/cli/commands.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/cost/cost_model.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/metrics.h"
 #include "runtime/job/workload.h"
-#include "runtime/cost/cost_model.h"
 #include "runtime/sim/simulator.h"
 
 namespace eldr::cli {
@@ -164,14 +164,16 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       "Simulate an eldr serve job at any scale (discrete events; the real router, prefix and signature caches and "
       "decoder admission; step times from a cost model). Also: --fit a cost model to measured steps, --derive one "
       "for a GPU.");
-  cmd->add_option("--config,-c", a->config, "job config YAML, the same as eldr serve's; its simulate: section gives "
-                                            "the cost model (cost_model: FILE and/or inline keys)");
+  cmd->add_option("--config,-c", a->config,
+                  "job config YAML, the same as eldr serve's; its simulate: section gives "
+                  "the cost model (cost_model: FILE and/or inline keys)");
   cmd->add_option("--calib", a->calib, "override routing.calibration");
   cmd->add_option("--trace", a->trace, "override workload.trace (a real or synthetic routing trace)");
   cmd->add_option("--decoders,-K", a->decoders, "override topology.decode_ranks");
   cmd->add_option("--prefill", a->prefill, "override topology.prefill_ranks");
-  cmd->add_option("--policy", a->policy, "override routing.policy (random, round_robin, jsq, p2c, domain, "
-                                         "locality_top1, eldr)");
+  cmd->add_option("--policy", a->policy,
+                  "override routing.policy (random, round_robin, jsq, p2c, domain, "
+                  "locality_top1, eldr)");
   cmd->add_option("--tau", a->tau, "override routing.tau");
   cmd->add_option("--load-bound", a->load_bound, "override routing.load_bound (bounded-load band ε; 0 = off)");
   cmd->add_option("--rate", a->rate, "override workload.request_rate (requests/s)");
@@ -182,20 +184,27 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--max-batch", a->max_batch, "override decode.max_batch");
   cmd->add_option("--decode-blocks", a->decode_blocks, "override kv_cache.decode_blocks");
   cmd->add_option("--admission-cap", a->admission_cap, "override routing.admission_cap");
-  cmd->add_option_function<uint64_t>("--seed", [a](uint64_t s) { a->seed = s; a->seed_set = true; },
-                                     "override workload.seed");
+  cmd->add_option_function<uint64_t>(
+      "--seed",
+      [a](uint64_t s) {
+        a->seed = s;
+        a->seed_set = true;
+      },
+      "override workload.seed");
   cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)");
   cmd->add_option("--output-dir", a->output_dir, "override output.dir");
   cmd->add_flag("--no-output", a->no_output, "write no files (print only)");
   cmd->add_flag("--json", a->json, "print the metrics JSON to stdout (no table, no progress bar)");
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
-  cmd->add_option("--fit", a->fit, "fit a cost model to these files: steps.jsonl of eldr serve runs and/or "
-                                   "moe_layer_bench --benchmark_format=json output")
+  cmd->add_option("--fit", a->fit,
+                  "fit a cost model to these files: steps.jsonl of eldr serve runs and/or "
+                  "moe_layer_bench --benchmark_format=json output")
       ->expected(1, -1);
   cmd->add_option("--derive", a->derive, "derive a bandwidth-bound cost model for a device: h200");
   cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)");
-  cmd->add_option("--cores", a->cores, "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
-                                       "rank); the fit removes the sharing and the model simulates it");
+  cmd->add_option("--cores", a->cores,
+                  "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
+                  "rank); the fit removes the sharing and the model simulates it");
   cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML");
   cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)");
   cmd->callback([=] {

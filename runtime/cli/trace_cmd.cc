@@ -71,7 +71,8 @@ void AddTraceCommand(CLI::App& app, Action* action) {
 
   // import
   {
-    auto* cmd = trace->add_subcommand("import", "Convert a JSONL routing trace (plain or .gz) into the HDF5 trace format");
+    auto* cmd =
+        trace->add_subcommand("import", "Convert a JSONL routing trace (plain or .gz) into the HDF5 trace format");
     auto in = std::make_shared<std::string>(), out = std::make_shared<std::string>();
     cmd->add_option("--in", *in, "JSONL routing trace (DESIGN.md §5); gzip is read transparently")->required();
     cmd->add_option("--out", *out, "HDF5 trace to write")->required();
@@ -108,7 +109,8 @@ void AddTraceCommand(CLI::App& app, Action* action) {
         ->capture_default_str();
     cmd->add_option("--shared-fraction", o->shared_fraction, "probability mass on the shared popular experts")
         ->capture_default_str();
-    cmd->add_option("--request-affinity", o->request_affinity, "per-request preference strength")->capture_default_str();
+    cmd->add_option("--request-affinity", o->request_affinity, "per-request preference strength")
+        ->capture_default_str();
     cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
     cmd->add_option("--model", o->model, "model name stored in the trace")->capture_default_str();
     cmd->add_flag("--no-weights", *no_weights, "do not emit topk_weights");
@@ -132,7 +134,8 @@ void AddTraceCommand(CLI::App& app, Action* action) {
 
   // stats
   {
-    auto* cmd = trace->add_subcommand("stats", "Per-domain counts, prefill/decode correlation, same-domain vs mixed distinct experts");
+    auto* cmd = trace->add_subcommand(
+        "stats", "Per-domain counts, prefill/decode correlation, same-domain vs mixed distinct experts");
     auto path = std::make_shared<std::string>();
     auto as_json = std::make_shared<bool>(false);
     auto o = std::make_shared<TraceStatsOptions>();

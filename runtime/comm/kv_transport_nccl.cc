@@ -1,11 +1,11 @@
 // The NCCL KV transport (built with ELDR_HAVE_NCCL), or its stand-in that says the binary was built without it.
-#include "runtime/comm/kv_transport.h"
-
 #include <unistd.h>
 
 #include <cstring>
 #include <string>
 #include <vector>
+
+#include "runtime/comm/kv_transport.h"
 
 #ifdef ELDR_HAVE_NCCL
 #include <cuda_runtime_api.h>
@@ -81,7 +81,8 @@ class NcclKvTransport : public KvTransport {
     staging_bytes_ = 0;
     const cudaError_t e = cudaMalloc(&staging_, bytes);
     if (e != cudaSuccess) {
-      return Status::ResourceExhausted(CudaError(("cudaMalloc of " + std::to_string(bytes) + " bytes of KV staging").c_str(), e));
+      return Status::ResourceExhausted(
+          CudaError(("cudaMalloc of " + std::to_string(bytes) + " bytes of KV staging").c_str(), e));
     }
     staging_bytes_ = bytes;
     return Status::Ok();
@@ -137,9 +138,9 @@ Status CheckNcclUsable(MPI_Comm comm, int device) {
   for (int a = 0; a < size; ++a) {
     for (int b = a + 1; b < size; ++b) {
       if (std::strcmp(all[a].host, all[b].host) == 0 && std::strcmp(all[a].bus_id, all[b].bus_id) == 0) {
-        return Status::FailedPrecondition("KV transport nccl: ranks " + std::to_string(a) + " and " + std::to_string(b) +
-                                          " share CUDA device " + all[a].bus_id + " on " + all[a].host +
-                                          " (NCCL needs one GPU per rank: bind one device per rank)");
+        return Status::FailedPrecondition("KV transport nccl: ranks " + std::to_string(a) + " and " +
+                                          std::to_string(b) + " share CUDA device " + all[a].bus_id + " on " +
+                                          all[a].host + " (NCCL needs one GPU per rank: bind one device per rank)");
       }
     }
   }

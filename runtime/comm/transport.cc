@@ -118,14 +118,14 @@ void GroupComm::Alltoallv(const void* send, const std::vector<int64_t>& send_byt
   const std::vector<int> sc = to_int(send_bytes), so = to_int(send_offsets), rc = to_int(recv_bytes),
                          ro = to_int(recv_offsets);
   MPI_Request request;
-  ELDR_MPI_CHECK(MPI_Ialltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, comm_,
-                                &request));
+  ELDR_MPI_CHECK(
+      MPI_Ialltoallv(send, sc.data(), so.data(), MPI_BYTE, recv, rc.data(), ro.data(), MPI_BYTE, comm_, &request));
   Wait(&request);
 }
 
 void Wire::Need(uint64_t n) const {
-  ELDR_CHECK(pos_ + n <= buf_.size(), "short message: need " << n << " bytes at offset " << pos_ << " of "
-                                                             << buf_.size());
+  ELDR_CHECK(pos_ + n <= buf_.size(),
+             "short message: need " << n << " bytes at offset " << pos_ << " of " << buf_.size());
 }
 
 }  // namespace eldr

@@ -19,15 +19,15 @@
 namespace eldr {
 
 // Unrecoverable MPI failures throw eldr::Error with file, line and rank (STYLE.md).
-#define ELDR_MPI_CHECK(call)                                                                     \
-  do {                                                                                           \
-    int eldr_mpi_rc_ = (call);                                                                   \
-    if (eldr_mpi_rc_ != MPI_SUCCESS) {                                                           \
-      char eldr_mpi_msg_[MPI_MAX_ERROR_STRING];                                                  \
-      int eldr_mpi_len_ = 0;                                                                     \
-      MPI_Error_string(eldr_mpi_rc_, eldr_mpi_msg_, &eldr_mpi_len_);                             \
-      throw ::eldr::Error(__FILE__, __LINE__, std::string(#call " failed: ") + eldr_mpi_msg_);   \
-    }                                                                                            \
+#define ELDR_MPI_CHECK(call)                                                                   \
+  do {                                                                                         \
+    int eldr_mpi_rc_ = (call);                                                                 \
+    if (eldr_mpi_rc_ != MPI_SUCCESS) {                                                         \
+      char eldr_mpi_msg_[MPI_MAX_ERROR_STRING];                                                \
+      int eldr_mpi_len_ = 0;                                                                   \
+      MPI_Error_string(eldr_mpi_rc_, eldr_mpi_msg_, &eldr_mpi_len_);                           \
+      throw ::eldr::Error(__FILE__, __LINE__, std::string(#call " failed: ") + eldr_mpi_msg_); \
+    }                                                                                          \
   } while (0)
 
 struct Message {

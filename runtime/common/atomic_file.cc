@@ -40,8 +40,7 @@ Status AtomicOutput::CheckWritable() const {
 
 Status AtomicOutput::Commit() {
   if (std::rename(temp_path_.c_str(), path_.c_str()) != 0) {
-    return Status::IoError(path_ + ": cannot rename the finished temporary file into place: " +
-                           std::strerror(errno));
+    return Status::IoError(path_ + ": cannot rename the finished temporary file into place: " + std::strerror(errno));
   }
   committed_ = true;
   return Status::Ok();

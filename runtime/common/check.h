@@ -27,11 +27,11 @@ class Error : public std::runtime_error {
 
 }  // namespace eldr
 
-#define ELDR_CHECK(cond, msg)                                                   \
-  do {                                                                          \
-    if (!(cond)) {                                                              \
-      std::ostringstream eldr_check_os_;                                        \
-      eldr_check_os_ << "check failed: " #cond ": " << msg;                     \
-      throw ::eldr::Error(__FILE__, __LINE__, eldr_check_os_.str());            \
-    }                                                                           \
+#define ELDR_CHECK(cond, msg)                                        \
+  do {                                                               \
+    if (!(cond)) {                                                   \
+      std::ostringstream eldr_check_os_;                             \
+      eldr_check_os_ << "check failed: " #cond ": " << msg;          \
+      throw ::eldr::Error(__FILE__, __LINE__, eldr_check_os_.str()); \
+    }                                                                \
   } while (0)

@@ -73,14 +73,38 @@ void Handle::Reset() {
   id_ = H5I_INVALID_HID;
 }
 
-template <> hid_t NativeType<uint8_t>() { return H5T_NATIVE_UINT8; }
-template <> hid_t NativeType<int8_t>() { return H5T_NATIVE_INT8; }
-template <> hid_t NativeType<uint16_t>() { return H5T_NATIVE_UINT16; }
-template <> hid_t NativeType<int32_t>() { return H5T_NATIVE_INT32; }
-template <> hid_t NativeType<int64_t>() { return H5T_NATIVE_INT64; }
-template <> hid_t NativeType<uint64_t>() { return H5T_NATIVE_UINT64; }
-template <> hid_t NativeType<float>() { return H5T_NATIVE_FLOAT; }
-template <> hid_t NativeType<double>() { return H5T_NATIVE_DOUBLE; }
+template <>
+hid_t NativeType<uint8_t>() {
+  return H5T_NATIVE_UINT8;
+}
+template <>
+hid_t NativeType<int8_t>() {
+  return H5T_NATIVE_INT8;
+}
+template <>
+hid_t NativeType<uint16_t>() {
+  return H5T_NATIVE_UINT16;
+}
+template <>
+hid_t NativeType<int32_t>() {
+  return H5T_NATIVE_INT32;
+}
+template <>
+hid_t NativeType<int64_t>() {
+  return H5T_NATIVE_INT64;
+}
+template <>
+hid_t NativeType<uint64_t>() {
+  return H5T_NATIVE_UINT64;
+}
+template <>
+hid_t NativeType<float>() {
+  return H5T_NATIVE_FLOAT;
+}
+template <>
+hid_t NativeType<double>() {
+  return H5T_NATIVE_DOUBLE;
+}
 
 hid_t VarStringType() {
   hid_t t = H5Tcopy(H5T_C_S1);
@@ -162,8 +186,8 @@ Status File::CreateGroup(const std::string& group_path) {
 
 namespace {
 
-Status WriteAttrRaw(hid_t file, const std::string& name, const std::string& obj, const std::string& attr,
-                    hid_t type, const void* value) {
+Status WriteAttrRaw(hid_t file, const std::string& name, const std::string& obj, const std::string& attr, hid_t type,
+                    const void* value) {
   Handle o(H5Oopen(file, obj.c_str(), H5P_DEFAULT), H5Oclose);
   if (!o.valid()) return Status::IoError(name + ": no object " + obj + " for attribute " + attr);
   if (H5Aexists(o.get(), attr.c_str()) > 0) H5Adelete(o.get(), attr.c_str());
@@ -195,7 +219,8 @@ Result<std::string> File::ReadStringAttribute(const std::string& obj, const std:
   }
   Handle a(H5Aopen_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
   Handle ftype(H5Aget_type(a.get()), H5Tclose);
-  if (!a.valid() || H5Tget_class(ftype.get()) != H5T_STRING) return Fail("attribute " + obj + "@" + attr + " is not a string");
+  if (!a.valid() || H5Tget_class(ftype.get()) != H5T_STRING)
+    return Fail("attribute " + obj + "@" + attr + " is not a string");
   if (H5Tis_variable_str(ftype.get()) > 0) {
     Handle t(VarStringType(), H5Tclose);
     char* p = nullptr;
@@ -252,8 +277,7 @@ Status File::WriteRaw(const std::string& path, hid_t type, const void* data, con
     H5Pset_shuffle(dcpl.get());
     H5Pset_deflate(dcpl.get(), 4);
   }
-  Handle ds(H5Dcreate2(file_.get(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-            H5Dclose);
+  Handle ds(H5Dcreate2(file_.get(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
   if (!ds.valid()) return Status::IoError(name_ + ": cannot create dataset " + path);
   if (total > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
     return Status::IoError(name_ + ": cannot write dataset " + path + " (disk full?)");
@@ -397,8 +421,8 @@ Result<Appender> Appender::Create(File& file, const std::string& path, hid_t typ
     H5Pset_deflate(dcpl.get(), 4);
   }
   Appender a;
-  a.dataset_ = Handle(H5Dcreate2(file.id(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT),
-                      H5Dclose);
+  a.dataset_ =
+      Handle(H5Dcreate2(file.id(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
   if (!a.dataset_.valid()) return Status::IoError(file.name() + ": cannot create dataset " + path);
   a.type_ = type;
   a.row_shape_ = row_shape;
@@ -424,9 +448,9 @@ Status Appender::Append(const void* data, hsize_t num_rows) {
   return Status::Ok();
 }
 
-#define ELDR_H5_INSTANTIATE(T)                                                                          \
-  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool);        \
-  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;                 \
+#define ELDR_H5_INSTANTIATE(T)                                                                  \
+  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool); \
+  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;          \
   template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const;
 ELDR_H5_INSTANTIATE(uint8_t)
 ELDR_H5_INSTANTIATE(int8_t)

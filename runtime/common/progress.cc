@@ -26,8 +26,8 @@ void ProgressBar::Update(int64_t done) {
   int filled = static_cast<int>(frac * width);
   double secs = std::chrono::duration<double>(now - start_).count();
   std::fprintf(stderr, "\r%-24s [%.*s%*s] %5.1f%% %lld/%lld %.1fs", label_.c_str(), filled,
-               "##############################", width - filled, "", 100.0 * frac,
-               static_cast<long long>(done_), static_cast<long long>(total_), secs);
+               "##############################", width - filled, "", 100.0 * frac, static_cast<long long>(done_),
+               static_cast<long long>(total_), secs);
   std::fflush(stderr);
 }
 

@@ -11,12 +11,12 @@ namespace eldr {
 
 enum class StatusCode {
   kOk = 0,
-  kInvalidArgument,   // the caller's input is wrong (flag, value, file content)
-  kNotFound,          // a file or object does not exist
-  kIoError,           // reading or writing failed
-  kCorrupt,           // a file exists but is not what it claims to be
-  kFailedPrecondition,// inputs are individually valid but do not fit together
-  kResourceExhausted, // a capacity (KV cache, queue) is full
+  kInvalidArgument,     // the caller's input is wrong (flag, value, file content)
+  kNotFound,            // a file or object does not exist
+  kIoError,             // reading or writing failed
+  kCorrupt,             // a file exists but is not what it claims to be
+  kFailedPrecondition,  // inputs are individually valid but do not fit together
+  kResourceExhausted,   // a capacity (KV cache, queue) is full
 };
 
 const char* StatusCodeName(StatusCode code);
@@ -38,9 +38,7 @@ class [[nodiscard]] Status {
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
   // Returns a copy whose message is "<prefix>: <message>" (context added while unwinding).
-  Status WithPrefix(const std::string& prefix) const {
-    return ok() ? *this : Status(code_, prefix + ": " + message_);
-  }
+  Status WithPrefix(const std::string& prefix) const { return ok() ? *this : Status(code_, prefix + ": " + message_); }
   std::string ToString() const { return ok() ? "OK" : message_; }
 
  private:
@@ -52,8 +50,8 @@ class [[nodiscard]] Status {
 template <typename T>
 class [[nodiscard]] Result {
  public:
-  Result(T value) : v_(std::move(value)) {}            // NOLINT(google-explicit-constructor)
-  Result(Status status) : v_(std::move(status)) {}     // NOLINT(google-explicit-constructor)
+  Result(T value) : v_(std::move(value)) {}         // NOLINT(google-explicit-constructor)
+  Result(Status status) : v_(std::move(status)) {}  // NOLINT(google-explicit-constructor)
   bool ok() const { return std::holds_alternative<T>(v_); }
   const Status& status() const {
     static const Status kOkStatus;
@@ -76,9 +74,9 @@ class [[nodiscard]] Result {
 #define ELDR_CONCAT_INNER_(a, b) a##b
 #define ELDR_CONCAT_(a, b) ELDR_CONCAT_INNER_(a, b)
 
-#define ELDR_RETURN_IF_ERROR(expr)            \
-  do {                                        \
-    ::eldr::Status eldr_status_ = (expr);     \
+#define ELDR_RETURN_IF_ERROR(expr)               \
+  do {                                           \
+    ::eldr::Status eldr_status_ = (expr);        \
     if (!eldr_status_.ok()) return eldr_status_; \
   } while (0)
 
@@ -87,5 +85,4 @@ class [[nodiscard]] Result {
   if (!tmp.ok()) return tmp.status();               \
   lhs = std::move(tmp).value()
 
-#define ELDR_ASSIGN_OR_RETURN(lhs, expr) \
-  ELDR_ASSIGN_OR_RETURN_IMPL_(ELDR_CONCAT_(eldr_result_, __LINE__), lhs, expr)
+#define ELDR_ASSIGN_OR_RETURN(lhs, expr) ELDR_ASSIGN_OR_RETURN_IMPL_(ELDR_CONCAT_(eldr_result_, __LINE__), lhs, expr)

@@ -26,10 +26,14 @@ struct Key {
   double CostModel::*field;
 };
 const Key kKeys[] = {
-    {"decode", "a", &CostModel::decode_a},          {"decode", "b", &CostModel::decode_b},
-    {"decode", "c", &CostModel::decode_c},          {"decode", "d", &CostModel::decode_d},
-    {"prefill", "a", &CostModel::prefill_a},        {"prefill", "b", &CostModel::prefill_b},
-    {"kv_transfer", "latency_s", &CostModel::kv_latency}, {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth},
+    {"decode", "a", &CostModel::decode_a},
+    {"decode", "b", &CostModel::decode_b},
+    {"decode", "c", &CostModel::decode_c},
+    {"decode", "d", &CostModel::decode_d},
+    {"prefill", "a", &CostModel::prefill_a},
+    {"prefill", "b", &CostModel::prefill_b},
+    {"kv_transfer", "latency_s", &CostModel::kv_latency},
+    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth},
     {"", "control_latency_s", &CostModel::control_latency},
     {"", "cores", &CostModel::cores},
 };
@@ -39,8 +43,8 @@ Status ApplyYaml(const YAML::Node& y, const std::string& where, CostModel* m) {
   if (y["name"]) m->name = y["name"].as<std::string>("");
   if (y["source"]) m->source = y["source"].as<std::string>("");
   for (const Key& k : kKeys) {
-    const YAML::Node n = *k.section ? (y[k.section] ? y[k.section][k.name] : YAML::Node(YAML::NodeType::Undefined))
-                                    : y[k.name];
+    const YAML::Node n =
+        *k.section ? (y[k.section] ? y[k.section][k.name] : YAML::Node(YAML::NodeType::Undefined)) : y[k.name];
     if (!n.IsDefined() || n.IsNull()) continue;
     double v = 0;
     try {
@@ -49,8 +53,8 @@ Status ApplyYaml(const YAML::Node& y, const std::string& where, CostModel* m) {
       v = std::numeric_limits<double>::quiet_NaN();
     }
     if (!std::isfinite(v) || v < 0) {
-      return YamlError(where, n, (*k.section ? std::string(k.section) + "." : std::string()) + k.name +
-                                     " must be a number >= 0");
+      return YamlError(where, n,
+                       (*k.section ? std::string(k.section) + "." : std::string()) + k.name + " must be a number >= 0");
     }
     m->*k.field = v;
   }
@@ -299,8 +303,8 @@ CostModel DeriveCostModel(const ModelConfig& mc, const DeviceSpec& dev) {
   // LM head (the embedding is a gather, not a read of the table).
   const double fixed_params = mc.num_hidden_layers * attn + mc.num_moe_layers() * (shared + gate) +
                               mc.first_k_dense_replace * dense_mlp + static_cast<double>(mc.vocab_size) * H;
-  const double active_params = fixed_params + static_cast<double>(mc.num_moe_layers()) * mc.num_experts_per_tok * 3 * H *
-                                                  mc.moe_intermediate_size;
+  const double active_params = fixed_params + static_cast<double>(mc.num_moe_layers()) * mc.num_experts_per_tok * 3 *
+                                                  H * mc.moe_intermediate_size;
   CostModel m;
   m.name = dev.name + "-" + mc.name;
   m.decode_a = fixed_params * bytes / dev.memory_bandwidth + dev.step_overhead;
@@ -315,8 +319,8 @@ CostModel DeriveCostModel(const ModelConfig& mc, const DeviceSpec& dev) {
   std::ostringstream s;
   s << "derived: " << mc.name << " " << mc.torch_dtype << " on " << dev.name << " ("
     << Fmt(dev.memory_bandwidth / 1e12, 2) << " TB/s, " << Fmt(dev.peak_flops / 1e12, 0) << " TFLOP/s x mfu "
-    << Fmt(dev.mfu, 2) << "); expert " << Fmt(static_cast<double>(mc.expert_bytes()) / 1e6, 2)
-    << " MB, fixed weights " << Fmt(fixed_params * bytes / 1e9, 2) << " GB, KV " << Fmt(KvBytesPerToken(mc) / 1e3, 1)
+    << Fmt(dev.mfu, 2) << "); expert " << Fmt(static_cast<double>(mc.expert_bytes()) / 1e6, 2) << " MB, fixed weights "
+    << Fmt(fixed_params * bytes / 1e9, 2) << " GB, KV " << Fmt(KvBytesPerToken(mc) / 1e3, 1)
     << " KB/token; not measured";
   m.source = s.str();
   return m;
@@ -369,7 +373,8 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
   m.source = "fit to";
   for (const auto& f : files) m.source += " " + f;
   if (!s.decode_y.empty()) {
-    if (s.decode_y.size() < 8) return Status::InvalidArgument("too few decode steps to fit (" + std::to_string(s.decode_y.size()) + ", need 8)");
+    if (s.decode_y.size() < 8)
+      return Status::InvalidArgument("too few decode steps to fit (" + std::to_string(s.decode_y.size()) + ", need 8)");
     const std::vector<double> beta = NonNegativeLeastSquares(s.decode_x, s.decode_y, 4);
     m.decode_a = beta[0];
     m.decode_b = beta[1];

@@ -34,17 +34,17 @@ namespace eldr {
 
 struct CostModel {
   std::string name;
-  std::string source;               // how the numbers were obtained (fit, derived, given)
-  double decode_a = 0;              // s per step
-  double decode_b = 0;              // s per distinct expert (summed over MoE layers)
-  double decode_c = 0;              // s per sequence in the batch
-  double decode_d = 0;              // s per context token attended
-  double prefill_a = 0;             // s per prefill
-  double prefill_b = 0;             // s per computed prompt token
-  double kv_latency = 0;            // s per KV transfer
-  double kv_bandwidth = 0;          // bytes/s (0: transfers take kv_latency only)
-  double control_latency = 0;       // s per router message hop
-  double cores = 0;                 // shared CPU cores (0: a device per worker)
+  std::string source;          // how the numbers were obtained (fit, derived, given)
+  double decode_a = 0;         // s per step
+  double decode_b = 0;         // s per distinct expert (summed over MoE layers)
+  double decode_c = 0;         // s per sequence in the batch
+  double decode_d = 0;         // s per context token attended
+  double prefill_a = 0;        // s per prefill
+  double prefill_b = 0;        // s per computed prompt token
+  double kv_latency = 0;       // s per KV transfer
+  double kv_bandwidth = 0;     // bytes/s (0: transfers take kv_latency only)
+  double control_latency = 0;  // s per router message hop
+  double cores = 0;            // shared CPU cores (0: a device per worker)
 
   double DecodeStep(double distinct, double batch, double context) const {
     return decode_a + decode_b * distinct + decode_c * batch + decode_d * context;

@@ -33,7 +33,8 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
   if (o.repeat < 1) return Status::InvalidArgument("--repeat must be >= 1");
   if (trace.requests.empty()) return Status::InvalidArgument(trace_name + ": the trace has no requests");
   if (calib.signature.variant == SignatureVariant::kGateProb && !trace.has_weights()) {
-    return Status::FailedPrecondition(trace_name + ": the calibration uses gate_prob signatures but the trace has no weights");
+    return Status::FailedPrecondition(trace_name +
+                                      ": the calibration uses gate_prob signatures but the trace has no weights");
   }
   const int L = trace.shape.num_layers, E = trace.shape.num_experts, k = trace.shape.top_k;
   const int K = calib.num_clusters;
@@ -106,8 +107,9 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
       while (!waiting.empty()) {
         const int r = waiting.front();
         const TraceRequest& req = trace.requests[r];
-        const RoutingDecision d = router.Route(f.prefill_counts.data() + r * row,
-                                               f.gate_sums.empty() ? nullptr : f.gate_sums.data() + r * row, req.domain);
+        const RoutingDecision d =
+            router.Route(f.prefill_counts.data() + r * row,
+                         f.gate_sums.empty() ? nullptr : f.gate_sums.data() + r * row, req.domain);
         if (d.decoder < 0) {
           ++ps.held_at_router;
           break;
@@ -231,7 +233,8 @@ std::string RouteReplayReport::ToText() const {
                     std::to_string(p.fallbacks), per});
   }
   os << "distinct = Σ over MoE layers of the experts a decode step loads; per token = Σ distinct / Σ batch tokens\n";
-  os << FormatTable({"policy", "distinct/step", "vs jsq %", "distinct/token", "vs jsq %", "batch", "purity", "band", "fallbacks", "requests per decoder"},
+  os << FormatTable({"policy", "distinct/step", "vs jsq %", "distinct/token", "vs jsq %", "batch", "purity", "band",
+                     "fallbacks", "requests per decoder"},
                     rows);
   os << "\nper decoder: top domain and its share of the decoder's requests | mean distinct experts per step\n";
   rows.clear();

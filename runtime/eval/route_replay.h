@@ -30,10 +30,10 @@ struct RouteReplayOptions {
 struct DecoderReplayStats {
   int64_t requests = 0;
   std::string top_domain;
-  double purity = 0;                     // share of the decoder's requests in its most common domain
-  int64_t steps = 0;                     // steps with a non-empty batch
+  double purity = 0;  // share of the decoder's requests in its most common domain
+  int64_t steps = 0;  // steps with a non-empty batch
   double mean_batch = 0;
-  double mean_distinct_experts = 0;      // per step, summed over layers
+  double mean_distinct_experts = 0;  // per step, summed over layers
 };
 
 struct PolicyReplayStats {
@@ -42,11 +42,11 @@ struct PolicyReplayStats {
   int64_t requests = 0;
   double mean_distinct_experts_per_step = 0;  // over all decoder-steps with a non-empty batch
   double mean_batch = 0;
-  double distinct_experts_per_token = 0;      // Σ distinct / Σ batch tokens: locality independent of batch size
-  double mean_purity = 0;                     // request-weighted
-  double mean_band_size = 0;                  // signature policies
+  double distinct_experts_per_token = 0;  // Σ distinct / Σ batch tokens: locality independent of batch size
+  double mean_purity = 0;                 // request-weighted
+  double mean_band_size = 0;              // signature policies
   int64_t fallbacks = 0;
-  int64_t held_at_router = 0;                 // steps a request waited because every decoder was at its cap
+  int64_t held_at_router = 0;  // steps a request waited because every decoder was at its cap
   int64_t max_in_flight = 0;
   std::vector<DecoderReplayStats> decoders;
 };

@@ -44,29 +44,29 @@ struct JobConfig {
   std::string model_config;
   std::string weights = "synthetic";  // or a safetensors path
   uint64_t weight_seed = 0;
-  bool replay_gates = true;           // gate source: the trace's routing (replay) or the model's router
+  bool replay_gates = true;  // gate source: the trace's routing (replay) or the model's router
   RoutingPolicy policy = RoutingPolicy::kEldr;
-  double tau = -1;                    // < 0: the calibration's
-  double load_bound = 0;              // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
+  double tau = -1;        // < 0: the calibration's
+  double load_bound = 0;  // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
   std::string calibration;
   int64_t admission_cap = 0;
   uint64_t routing_seed = 0;
   int block_size = 16;
   int prefill_blocks = 4096;
   int decode_blocks = 4096;
-  std::string kv_transport = "auto";   // auto, mpi or nccl (kv_cache.transport)
+  std::string kv_transport = "auto";  // auto, mpi or nccl (kv_cache.transport)
   int max_batch = 64;
-  int ep_size = 1;                    // ranks per decoder (an expert-parallel group when > 1)
+  int ep_size = 1;                       // ranks per decoder (an expert-parallel group when > 1)
   std::string placement = "contiguous";  // or a calibration.h5 path with /placement
   std::string trace;
-  int64_t num_requests = 0;           // 0: every request of the trace once
-  int64_t output_len = 0;             // 0: the trace's decode length (+1 for prefill's token); else fixed
-  double request_rate = 0;            // requests/s; infinity (inf) = all at once
+  int64_t num_requests = 0;  // 0: every request of the trace once
+  int64_t output_len = 0;    // 0: the trace's decode length (+1 for prefill's token); else fixed
+  double request_rate = 0;   // requests/s; infinity (inf) = all at once
   double burstiness = 1.0;
-  int64_t max_concurrency = 0;        // 0: unlimited
+  int64_t max_concurrency = 0;  // 0: unlimited
   uint64_t workload_seed = 0;
   std::string output_dir = "run";
-  bool output_tokens = false;         // write each request's generated token ids to requests.jsonl
+  bool output_tokens = false;  // write each request's generated token ids to requests.jsonl
   double watchdog_s = 120;
 
   int world_size() const { return 1 + prefill_ranks + decode_ranks * ep_size; }

@@ -105,8 +105,12 @@ nlohmann::json SummarizeServing(const std::vector<RequestRecord>& records, const
 }
 
 nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens) {
-  nlohmann::json j = {{"id", r.id},           {"domain", r.domain},         {"decoder", r.decoder},
-                      {"prompt_len", r.prompt_len}, {"output_len", r.output_len}, {"arrival_s", r.arrival},
+  nlohmann::json j = {{"id", r.id},
+                      {"domain", r.domain},
+                      {"decoder", r.decoder},
+                      {"prompt_len", r.prompt_len},
+                      {"output_len", r.output_len},
+                      {"arrival_s", r.arrival},
                       {"success", r.success}};
   if (!r.token_times.empty()) {
     j["ttft_ms"] = r.ttft() * 1000.0;
@@ -187,7 +191,8 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   }
   j["mean_distinct_experts_per_step"] = steps > 0 ? distinct / steps : 0.0;
   j["distinct_experts_per_token"] = batch > 0 ? distinct / batch : 0.0;
-  j["mean_band_size"] = routing.band_n ? static_cast<double>(routing.band_sum) / static_cast<double>(routing.band_n) : 0.0;
+  j["mean_band_size"] =
+      routing.band_n ? static_cast<double>(routing.band_sum) / static_cast<double>(routing.band_n) : 0.0;
   j["fallbacks"] = routing.fallbacks;
   j["decoders"] = dec;
   j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}, {"ep_size", c.ep_size}};

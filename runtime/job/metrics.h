@@ -19,12 +19,12 @@ struct RequestRecord {
   std::string domain;
   int decoder = -1;
   int64_t prompt_len = 0;
-  int64_t output_len = 0;              // tokens generated, the first (from prefill) included
-  double arrival = 0;                  // when the request entered the frontend
-  std::vector<double> token_times;     // [output_len] when each output token reached the frontend
-  std::vector<int32_t> tokens;         // [output_len] the generated token ids
+  int64_t output_len = 0;           // tokens generated, the first (from prefill) included
+  double arrival = 0;               // when the request entered the frontend
+  std::vector<double> token_times;  // [output_len] when each output token reached the frontend
+  std::vector<int32_t> tokens;      // [output_len] the generated token ids
   bool success = true;
-  std::string error;                   // why it failed
+  std::string error;  // why it failed
   double ttft() const { return token_times.empty() ? 0 : token_times.front() - arrival; }
   double latency() const { return token_times.empty() ? 0 : token_times.back() - arrival; }
 };
@@ -55,12 +55,12 @@ nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens = fals
 
 // What a job observed per decoder and at the router, beyond the per-request records.
 struct DecoderStats {
-  int decoder = -1;           // the decoder index k
-  int leader_rank = -1;       // the rank of its leader, 1 + P + k·ep_size (JobConfig::DecoderLeaderRank)
-  int64_t requests = 0;       // routed to it
-  int64_t steps = 0;          // decode steps that ran (batch > 0)
-  double batch_sum = 0;       // Σ batch over those steps
-  double distinct_sum = 0;    // Σ distinct experts (over MoE layers) over those steps
+  int decoder = -1;         // the decoder index k
+  int leader_rank = -1;     // the rank of its leader, 1 + P + k·ep_size (JobConfig::DecoderLeaderRank)
+  int64_t requests = 0;     // routed to it
+  int64_t steps = 0;        // decode steps that ran (batch > 0)
+  double batch_sum = 0;     // Σ batch over those steps
+  double distinct_sum = 0;  // Σ distinct experts (over MoE layers) over those steps
   // Expert parallelism (decode.ep_size). 0: not recorded, nothing printed; 1: only "ep_size" is printed. The
   // load of EP rank i in a step is the number of token·expert activations computed on it, summed over the MoE
   // layers; a step's balancedness is DESIGN.md §3's Σ_layers mean-over-ranks ÷ Σ_layers max-over-ranks.
@@ -70,30 +70,30 @@ struct DecoderStats {
   double p1_balancedness = 0;          // its 1st percentile (numpy's linear interpolation)
 };
 struct RoutingStats {
-  double tau = 0;             // the band width in effect
+  double tau = 0;                    // the band width in effect
   int64_t band_sum = 0, band_n = 0;  // band sizes of signature-routed requests
   int64_t fallbacks = 0;
 };
 
 // The job's metrics JSON: SummarizeServing's vLLM keys plus policy, tau, workload parameters, topology,
 // mean_distinct_experts_per_step, distinct_experts_per_token, mean_band_size, fallbacks and per-decoder
-// {decoder, leader_rank, requests, steps, mean_batch, mean_distinct_experts_per_step, and with ep_size set: ep_size, and when it
-// is > 1 mean_rank_load, mean_balancedness, p1_balancedness}. `eldr serve` and `eldr simulate` both
-// write it, so every table and plot works on either.
+// {decoder, leader_rank, requests, steps, mean_batch, mean_distinct_experts_per_step, and with ep_size set: ep_size,
+// and when it is > 1 mean_rank_load, mean_balancedness, p1_balancedness}. `eldr serve` and `eldr simulate` both write
+// it, so every table and plot works on either.
 nlohmann::json JobMetrics(const JobConfig& config, const std::string& model, const std::vector<RequestRecord>& records,
                           const std::vector<DecoderStats>& decoders, const RoutingStats& routing);
 
 // One prefill or decode step as a worker timed it: the data `eldr simulate --fit` fits its cost model to.
 struct StepRecord {
-  std::string kind;          // "prefill" or "decode"
-  int worker = 0;            // prefill rank index or decoder index
-  double time = 0;           // when rank 0 heard of it (s from the start)
-  double seconds = 0;        // the worker's busy wall time: prefill: the prefill call; decode: the whole loop
-                             // iteration (KV import, admission, the step, sending tokens), idle waits excluded
-  int64_t batch = 0;         // decode: sequences in the step; prefill: 1
+  std::string kind;              // "prefill" or "decode"
+  int worker = 0;                // prefill rank index or decoder index
+  double time = 0;               // when rank 0 heard of it (s from the start)
+  double seconds = 0;            // the worker's busy wall time: prefill: the prefill call; decode: the whole loop
+                                 // iteration (KV import, admission, the step, sending tokens), idle waits excluded
+  int64_t batch = 0;             // decode: sequences in the step; prefill: 1
   int64_t distinct_experts = 0;  // decode: Σ over MoE layers of distinct experts
-  int64_t tokens = 0;        // decode: context tokens attended; prefill: prompt tokens computed
-  double cpu_seconds = -1;   // the worker process's CPU time over the same span (-1: not measured)
+  int64_t tokens = 0;            // decode: context tokens attended; prefill: prompt tokens computed
+  double cpu_seconds = -1;       // the worker process's CPU time over the same span (-1: not measured)
 };
 // Writes one JSON line per step, atomically.
 Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps);

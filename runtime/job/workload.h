@@ -20,7 +20,7 @@ namespace eldr {
 
 struct ArrivalOptions {
   int64_t num_requests = 0;
-  double request_rate = 0;   // requests per second; infinity = all at t = 0
+  double request_rate = 0;  // requests per second; infinity = all at t = 0
   double burstiness = 1.0;
   uint64_t seed = 0;
 };
@@ -33,9 +33,9 @@ Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& options);
 // random order (workload.seed), cycling through fresh permutations when num_requests exceeds the trace.
 struct JobRequests {
   Trace trace;
-  std::vector<int32_t> order;        // [N] workload request → trace request
-  std::vector<int64_t> output_len;   // [N] output tokens incl. prefill's: workload.output_len, else the
-                                     //     trace's decode length (at least 1)
+  std::vector<int32_t> order;       // [N] workload request → trace request
+  std::vector<int64_t> output_len;  // [N] output tokens incl. prefill's: workload.output_len, else the
+                                    //     trace's decode length (at least 1)
   int64_t size() const { return static_cast<int64_t>(order.size()); }
   const TraceRequest& request(int64_t i) const { return trace.requests[order[i]]; }
   // The id reported for workload request i: the trace id, with "#i" when requests repeat.

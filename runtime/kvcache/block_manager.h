@@ -23,8 +23,8 @@ namespace eldr {
 using BlockId = int32_t;
 
 struct PromptAllocation {
-  std::vector<BlockId> blocks;   // ceil(prompt_len / block_size) blocks, in token order
-  int num_cached_blocks = 0;     // leading blocks that were prefix-cache hits (already computed)
+  std::vector<BlockId> blocks;        // ceil(prompt_len / block_size) blocks, in token order
+  int num_cached_blocks = 0;          // leading blocks that were prefix-cache hits (already computed)
   int64_t num_cached_tokens() const;  // num_cached_blocks * block_size
   int block_size = 0;
   // Blocks [num_cached_blocks, blocks.size()) must be computed by prefill.
@@ -78,18 +78,18 @@ class BlockManager {
   struct CachedBlock {
     BlockId id;
     uint64_t parent;
-    std::vector<int32_t> tokens;  // the key, kept to rule out hash collisions
+    std::vector<int32_t> tokens;       // the key, kept to rule out hash collisions
     std::list<BlockId>::iterator lru;  // valid while ref_count == 0
   };
   Result<BlockId> TakeBlock();  // a free block, else evict the least recently used cached one
   BlockId Lookup(uint64_t hash, uint64_t parent, const int32_t* tokens) const;
 
   int block_size_;
-  std::vector<int> ref_count_;                // [num_blocks]
-  std::vector<uint64_t> block_hash_;          // [num_blocks], valid when cached_[b]
-  std::vector<uint8_t> cached_;               // [num_blocks]
-  std::vector<BlockId> free_;                 // uncached, unreferenced
-  std::list<BlockId> lru_;                    // cached, unreferenced; front = least recently used
+  std::vector<int> ref_count_;                       // [num_blocks]
+  std::vector<uint64_t> block_hash_;                 // [num_blocks], valid when cached_[b]
+  std::vector<uint8_t> cached_;                      // [num_blocks]
+  std::vector<BlockId> free_;                        // uncached, unreferenced
+  std::list<BlockId> lru_;                           // cached, unreferenced; front = least recently used
   std::unordered_map<uint64_t, CachedBlock> cache_;  // hash → block
   EvictionCallback on_evict_;
   int64_t num_evictions_ = 0;

@@ -69,7 +69,8 @@ void SignatureCache::SumCounts(const std::vector<BlockId>& blocks, const std::ve
 }
 
 SignatureCacheFootprint ComputeSignatureCacheFootprint(int num_moe_layers, int num_experts, int num_attention_layers,
-                                                       int num_kv_heads, int head_dim, int dtype_bytes, int block_size) {
+                                                       int num_kv_heads, int head_dim, int dtype_bytes,
+                                                       int block_size) {
   SignatureCacheFootprint f;
   f.signature_bytes_per_block = static_cast<int64_t>(num_moe_layers) * num_experts;
   f.kv_bytes_per_block = 2LL * num_attention_layers * num_kv_heads * head_dim * dtype_bytes * block_size;

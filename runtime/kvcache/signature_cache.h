@@ -45,7 +45,9 @@ class SignatureCache {
 struct SignatureCacheFootprint {
   int64_t signature_bytes_per_block = 0;  // L_moe * E (int8)
   int64_t kv_bytes_per_block = 0;         // 2 (K and V) * L_attn * kv_heads * head_dim * dtype_bytes * block_size
-  double ratio() const { return static_cast<double>(signature_bytes_per_block) / static_cast<double>(kv_bytes_per_block); }
+  double ratio() const {
+    return static_cast<double>(signature_bytes_per_block) / static_cast<double>(kv_bytes_per_block);
+  }
 };
 SignatureCacheFootprint ComputeSignatureCacheFootprint(int num_moe_layers, int num_experts, int num_attention_layers,
                                                        int num_kv_heads, int head_dim, int dtype_bytes, int block_size);

@@ -17,9 +17,9 @@ int64_t DecodeResult::total_distinct_experts() const {
 
 struct Executor::Tokens {
   bool prefill = true;
-  const std::vector<BlockId>* block_table = nullptr;  // prefill
-  int start = 0;                                      // prefill: position of the first computed token
-  const std::vector<DecodeSequence>* batch = nullptr; // decode
+  const std::vector<BlockId>* block_table = nullptr;   // prefill
+  int start = 0;                                       // prefill: position of the first computed token
+  const std::vector<DecodeSequence>* batch = nullptr;  // decode
 };
 
 namespace {
@@ -44,14 +44,14 @@ std::unique_ptr<Buffer> Upload(kernels::Backend& b, kernels::Stream& s, const st
 
 // What a Forward call plans on the host, and its copies in backend memory.
 struct Executor::Plan {
-  std::vector<int64_t> slots;          // [T] KV slot of each token
-  std::vector<int32_t> tables;         // prefill: the block table; decode: [T, max_blocks] padded tables
-  std::vector<int32_t> context_lens;   // decode: [T]
+  std::vector<int64_t> slots;         // [T] KV slot of each token
+  std::vector<int32_t> tables;        // prefill: the block table; decode: [T, max_blocks] padded tables
+  std::vector<int32_t> context_lens;  // decode: [T]
   int max_blocks = 0;
-  bool batch_invariant = false;        // decode steps ask the expert backend for batch-invariant products
-  std::vector<int8_t> replay_mode;     // [T] kernels::ReplayMode; empty when no token is replayed
-  std::vector<int32_t> replay_ids;     // [L_moe, T, K]
-  std::vector<float> replay_weights;   // [L_moe, T, K]
+  bool batch_invariant = false;       // decode steps ask the expert backend for batch-invariant products
+  std::vector<int8_t> replay_mode;    // [T] kernels::ReplayMode; empty when no token is replayed
+  std::vector<int32_t> replay_ids;    // [L_moe, T, K]
+  std::vector<float> replay_weights;  // [L_moe, T, K]
   std::unique_ptr<Buffer> positions, slot_map, block_tables, lens, mode, ids, weights;
 };
 
@@ -91,8 +91,8 @@ int64_t Executor::kv_bytes() const {
 
 kernels::PagedKv Executor::Cache(int l) const {
   const ModelConfig& c = w_.config;
-  return {k_cache_[l]->data(), v_cache_[l]->data(), num_blocks_, block_size_, c.num_key_value_heads, c.head_dim,
-          k_cache_[l]->dtype()};
+  return {k_cache_[l]->data(),   v_cache_[l]->data(), num_blocks_,         block_size_,
+          c.num_key_value_heads, c.head_dim,          k_cache_[l]->dtype()};
 }
 
 int64_t Executor::SlotOf(const std::vector<BlockId>& block_table, int position) const {
@@ -127,12 +127,14 @@ Executor::Plan Executor::MakePlan(const std::vector<int32_t>& positions, const T
       rep_w[t] = replay->weights ? replay->weights + static_cast<size_t>(t) * Lm * K : nullptr;
     }
   } else {
-    for (const auto& s : *mode.batch) plan.max_blocks = std::max(plan.max_blocks, static_cast<int>(s.block_table->size()));
+    for (const auto& s : *mode.batch)
+      plan.max_blocks = std::max(plan.max_blocks, static_cast<int>(s.block_table->size()));
     plan.tables.assign(static_cast<size_t>(T) * plan.max_blocks, 0);
     plan.context_lens.resize(T);
     for (int t = 0; t < T; ++t) {
       const DecodeSequence& s = (*mode.batch)[t];
-      std::copy(s.block_table->begin(), s.block_table->end(), plan.tables.begin() + static_cast<size_t>(t) * plan.max_blocks);
+      std::copy(s.block_table->begin(), s.block_table->end(),
+                plan.tables.begin() + static_cast<size_t>(t) * plan.max_blocks);
       plan.context_lens[t] = s.position + 1;
       plan.slots[t] = SlotOf(*s.block_table, s.position);
       if (s.replay && s.replay->ids) {
@@ -238,8 +240,8 @@ Status Executor::Ffn(int l, int moe_index, float* x, int T, const Plan& plan, Ac
   return Status::Ok();
 }
 
-Status Executor::Forward(float* x, const std::vector<int32_t>& positions, const Tokens& mode,
-                         const GateReplay* replay, uint16_t* topk_out) {
+Status Executor::Forward(float* x, const std::vector<int32_t>& positions, const Tokens& mode, const GateReplay* replay,
+                         uint16_t* topk_out) {
   const ModelConfig& c = w_.config;
   const int T = static_cast<int>(positions.size());
   const int64_t H = c.hidden_size, D = c.head_dim, Hq = c.num_attention_heads, Hkv = c.num_key_value_heads;
@@ -294,10 +296,12 @@ Result<PrefillResult> Executor::Prefill(const std::vector<int32_t>& tokens, cons
     return Status::InvalidArgument("the block table holds fewer slots than the prompt's tokens");
   }
   if (signatures && num_cached_tokens % block_size_ != 0) {
-    return Status::InvalidArgument("prefix hits are whole blocks: num_cached_tokens must be a multiple of the block size");
+    return Status::InvalidArgument(
+        "prefix hits are whole blocks: num_cached_tokens must be a multiple of the block size");
   }
   for (int32_t t : tokens) {
-    if (t < 0 || t >= c.vocab_size) return Status::InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
+    if (t < 0 || t >= c.vocab_size)
+      return Status::InvalidArgument("token id " + std::to_string(t) + " outside the vocabulary");
   }
   const int T = n - num_cached_tokens;
   const int H = c.hidden_size, Lm = c.num_moe_layers(), K = c.num_experts_per_tok;
@@ -342,8 +346,8 @@ Result<DecodeResult> Executor::Decode(const std::vector<DecodeSequence>& batch) 
   for (int t = 0; t < T; ++t) {
     const auto& s = batch[t];
     if (!s.block_table || static_cast<int64_t>(s.block_table->size()) * block_size_ <= s.position) {
-      return Status::InvalidArgument("decode sequence " + std::to_string(t) + ": its block table does not cover position " +
-                                     std::to_string(s.position));
+      return Status::InvalidArgument("decode sequence " + std::to_string(t) +
+                                     ": its block table does not cover position " + std::to_string(s.position));
     }
     if (s.token < 0 || s.token >= c.vocab_size) {
       return Status::InvalidArgument("token id " + std::to_string(s.token) + " outside the vocabulary");

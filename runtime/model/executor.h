@@ -43,24 +43,24 @@ struct GateReplay {
 };
 
 struct PrefillResult {
-  std::vector<float> last_logits;   // [vocab]
-  int32_t next_token = 0;           // greedy
-  std::vector<uint16_t> topk_ids;   // [num_computed_tokens, L_moe, top_k] routing of the computed tokens
+  std::vector<float> last_logits;  // [vocab]
+  int32_t next_token = 0;          // greedy
+  std::vector<uint16_t> topk_ids;  // [num_computed_tokens, L_moe, top_k] routing of the computed tokens
 };
 
 struct DecodeSequence {
-  int32_t token = 0;                         // the input token of this step
-  int32_t position = 0;                      // its position (= tokens already in the cache)
+  int32_t token = 0;                                  // the input token of this step
+  int32_t position = 0;                               // its position (= tokens already in the cache)
   const std::vector<BlockId>* block_table = nullptr;  // covers position
-  const GateReplay* replay = nullptr;        // one token's routing, or null (computed)
+  const GateReplay* replay = nullptr;                 // one token's routing, or null (computed)
 };
 
 struct DecodeResult {
-  std::vector<float> logits;                 // [num_seqs, vocab]
-  std::vector<int32_t> next_tokens;          // [num_seqs] greedy
-  std::vector<int32_t> distinct_experts;     // [L_moe] |∪ top-k| over the batch, per MoE layer
-  std::vector<uint16_t> topk_ids;            // [num_seqs, L_moe, top_k]
-  int64_t total_distinct_experts() const;    // Σ over layers (DESIGN.md §3)
+  std::vector<float> logits;               // [num_seqs, vocab]
+  std::vector<int32_t> next_tokens;        // [num_seqs] greedy
+  std::vector<int32_t> distinct_experts;   // [L_moe] |∪ top-k| over the batch, per MoE layer
+  std::vector<uint16_t> topk_ids;          // [num_seqs, L_moe, top_k]
+  int64_t total_distinct_experts() const;  // Σ over layers (DESIGN.md §3)
 };
 
 class Executor {
@@ -104,8 +104,7 @@ class Executor {
                  uint16_t* topk_out);
   Plan MakePlan(const std::vector<int32_t>& positions, const Tokens& mode, const GateReplay* replay) const;
   void Attention(int layer, float* x, int num_tokens, const Tokens& mode, const Plan& plan, Activations& a);
-  Status Ffn(int layer, int moe_layer, float* x, int num_tokens, const Plan& plan, Activations& a,
-             uint16_t* topk_out);
+  Status Ffn(int layer, int moe_layer, float* x, int num_tokens, const Plan& plan, Activations& a, uint16_t* topk_out);
   // logits [T, vocab] of hidden states x [T, H], with scratch h [T, H]; all backend memory.
   void Logits(const float* x, int num_tokens, float* h, float* logits);
   // The KV slot of a sequence's token at `position`, and of its first num_tokens tokens (checked: the table
@@ -120,7 +119,8 @@ class Executor {
   std::unique_ptr<kernels::Stream> stream_;
   LocalExpertBackend local_experts_;
   ExpertBackend* expert_backend_ = nullptr;  // nullptr: local_experts_
-  std::vector<std::unique_ptr<kernels::Buffer>> k_cache_, v_cache_;  // [layers] of [num_blocks, block_size, kv_heads, head_dim]
+  std::vector<std::unique_ptr<kernels::Buffer>> k_cache_,
+      v_cache_;  // [layers] of [num_blocks, block_size, kv_heads, head_dim]
 };
 
 }  // namespace eldr

@@ -21,15 +21,15 @@ namespace eldr {
 // One MoE layer's call. Tensors are memory of the executor's compute backend (kernels/backend.h), on its
 // `stream`, except host_topk_ids.
 struct MoeLayerCall {
-  int layer = 0;                        // model layer index, in [0, num_hidden_layers)
-  int moe_layer = 0;                    // index among the MoE layers, in [0, num_moe_layers) (placements use it)
-  const float* x = nullptr;             // [num_tokens, hidden] the normalised hidden states
-  const int32_t* topk_ids = nullptr;    // [num_tokens, top_k] logical experts
+  int layer = 0;                           // model layer index, in [0, num_hidden_layers)
+  int moe_layer = 0;                       // index among the MoE layers, in [0, num_moe_layers) (placements use it)
+  const float* x = nullptr;                // [num_tokens, hidden] the normalised hidden states
+  const int32_t* topk_ids = nullptr;       // [num_tokens, top_k] logical experts
   const int32_t* host_topk_ids = nullptr;  // host: [num_tokens, top_k] the same ids (dispatch is planned on the host)
-  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  const float* topk_weights = nullptr;     // [num_tokens, top_k]
   int num_tokens = 0, top_k = 0;
-  float* out = nullptr;                 // [num_tokens, hidden], accumulated into (the residual stream)
-  kernels::Stream* stream = nullptr;    // the executor's stream; the call's work is queued on it
+  float* out = nullptr;               // [num_tokens, hidden], accumulated into (the residual stream)
+  kernels::Stream* stream = nullptr;  // the executor's stream; the call's work is queued on it
   // Each row's expert outputs must not depend on the other rows (kernels::ExpertFfnParams); the executor
   // asks for it in decode steps, so a single-rank decoder and an EP group give identical tokens.
   bool batch_invariant = false;

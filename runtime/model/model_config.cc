@@ -14,8 +14,8 @@ int64_t ModelConfig::expert_bytes() const {
 int64_t ModelConfig::num_parameters() const {
   const int64_t H = hidden_size, D = head_dim;
   const int64_t attn = H * (num_attention_heads * D) * 2 + H * (num_key_value_heads * D) * 2 + 2 * H;
-  const int64_t moe = num_experts * 3 * H * moe_intermediate_size + num_experts * H +
-                      n_shared_experts * 3 * H * moe_intermediate_size;
+  const int64_t moe =
+      num_experts * 3 * H * moe_intermediate_size + num_experts * H + n_shared_experts * 3 * H * moe_intermediate_size;
   const int64_t dense = 3 * H * intermediate_size;
   return 2 * vocab_size * H + H + num_moe_layers() * (attn + moe) + first_k_dense_replace * (attn + dense);
 }

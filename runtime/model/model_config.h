@@ -16,17 +16,17 @@ struct ModelConfig {
   int num_hidden_layers = 0;
   int num_attention_heads = 0;
   int num_key_value_heads = 0;
-  int head_dim = 0;                   // default hidden_size / num_attention_heads
-  int intermediate_size = 0;          // dense layers' MLP (first_k_dense_replace)
+  int head_dim = 0;           // default hidden_size / num_attention_heads
+  int intermediate_size = 0;  // dense layers' MLP (first_k_dense_replace)
   int moe_intermediate_size = 0;
-  int num_experts = 0;                // routed experts (also read as n_routed_experts)
+  int num_experts = 0;  // routed experts (also read as n_routed_experts)
   int num_experts_per_tok = 0;
   bool norm_topk_prob = true;
   int vocab_size = 0;
   double rope_theta = 10000.0;
   double rms_norm_eps = 1e-6;
-  int first_k_dense_replace = 0;      // leading dense layers
-  int n_shared_experts = 0;           // shared experts, each of moe_intermediate_size
+  int first_k_dense_replace = 0;        // leading dense layers
+  int n_shared_experts = 0;             // shared experts, each of moe_intermediate_size
   std::string torch_dtype = "float32";  // weight storage: float32 or bfloat16
 
   int num_moe_layers() const { return num_hidden_layers - first_k_dense_replace; }

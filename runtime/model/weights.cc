@@ -26,7 +26,7 @@ using kernels::WeightMatrix;
 struct TensorSpec {
   std::string name;
   std::vector<int64_t> shape;
-  WeightMatrix* matrix = nullptr;  // for matrices
+  WeightMatrix* matrix = nullptr;        // for matrices
   std::vector<float>* vector = nullptr;  // for norms (fp32 copies)
 };
 

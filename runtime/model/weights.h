@@ -15,12 +15,12 @@
 namespace eldr {
 
 struct LayerWeights {
-  std::vector<float> input_layernorm;           // [H]
-  std::vector<float> post_attention_layernorm;  // [H]
+  std::vector<float> input_layernorm;            // [H]
+  std::vector<float> post_attention_layernorm;   // [H]
   kernels::WeightMatrix q_proj, k_proj, v_proj;  // [heads * head_dim, H]
   kernels::WeightMatrix o_proj;                  // [H, q_heads * head_dim]
   // MoE layers
-  kernels::WeightMatrix router;                  // mlp.gate [E, H]
+  kernels::WeightMatrix router;  // mlp.gate [E, H]
   kernels::ExpertWeights experts;
   kernels::WeightMatrix shared_gate, shared_up, shared_down;  // [n_shared * I, H], [H, n_shared * I]
   // dense layers
@@ -39,7 +39,7 @@ struct ModelWeights {
 
 struct SyntheticWeightOptions {
   uint64_t seed = 0;
-  int num_domains = 4;        // the vocabulary splits into this many token ranges, one per domain
+  int num_domains = 4;           // the vocabulary splits into this many token ranges, one per domain
   double domain_strength = 2.0;  // how strongly a domain's tokens prefer its experts
 };
 

@@ -12,19 +12,26 @@ namespace eldr {
 
 const char* RoutingPolicyName(RoutingPolicy p) {
   switch (p) {
-    case RoutingPolicy::kRandom: return "random";
-    case RoutingPolicy::kRoundRobin: return "round_robin";
-    case RoutingPolicy::kJsq: return "jsq";
-    case RoutingPolicy::kP2c: return "p2c";
-    case RoutingPolicy::kDomain: return "domain";
-    case RoutingPolicy::kLocalityTop1: return "locality_top1";
-    case RoutingPolicy::kEldr: return "eldr";
+    case RoutingPolicy::kRandom:
+      return "random";
+    case RoutingPolicy::kRoundRobin:
+      return "round_robin";
+    case RoutingPolicy::kJsq:
+      return "jsq";
+    case RoutingPolicy::kP2c:
+      return "p2c";
+    case RoutingPolicy::kDomain:
+      return "domain";
+    case RoutingPolicy::kLocalityTop1:
+      return "locality_top1";
+    case RoutingPolicy::kEldr:
+      return "eldr";
   }
   return "unknown";
 }
 
 std::vector<RoutingPolicy> AllRoutingPolicies() {
-  return {RoutingPolicy::kRandom, RoutingPolicy::kRoundRobin, RoutingPolicy::kJsq, RoutingPolicy::kP2c,
+  return {RoutingPolicy::kRandom, RoutingPolicy::kRoundRobin,   RoutingPolicy::kJsq, RoutingPolicy::kP2c,
           RoutingPolicy::kDomain, RoutingPolicy::kLocalityTop1, RoutingPolicy::kEldr};
 }
 

@@ -24,7 +24,8 @@ namespace eldr {
 
 enum class RoutingPolicy { kRandom, kRoundRobin, kJsq, kP2c, kDomain, kLocalityTop1, kEldr };
 
-const char* RoutingPolicyName(RoutingPolicy p);  // "random", "round_robin", "jsq", "p2c", "domain", "locality_top1", "eldr"
+const char* RoutingPolicyName(
+    RoutingPolicy p);  // "random", "round_robin", "jsq", "p2c", "domain", "locality_top1", "eldr"
 Result<RoutingPolicy> ParseRoutingPolicy(const std::string& name);
 std::vector<RoutingPolicy> AllRoutingPolicies();
 // True for policies that need a signature and centroids.
@@ -32,28 +33,28 @@ bool UsesSignature(RoutingPolicy p);
 
 // One decoder as the router sees it.
 struct DecoderState {
-  int64_t in_flight = 0;       // requests dispatched and not completed (the JSQ load signal)
-  int64_t admission_cap = 0;   // a decoder with in_flight >= cap is not eligible; 0 = no cap
+  int64_t in_flight = 0;      // requests dispatched and not completed (the JSQ load signal)
+  int64_t admission_cap = 0;  // a decoder with in_flight >= cap is not eligible; 0 = no cap
   bool eligible() const { return admission_cap <= 0 || in_flight < admission_cap; }
 };
 
 struct RoutingDecision {
-  int decoder = -1;        // -1: no decoder can admit the request now (all at their cap)
-  int band_size = 0;       // eldr / locality_top1: |B|; 0 for load-only policies
-  bool fallback = false;   // no eligible decoder in the band: globally least-loaded eligible one
-  double distance = 0;     // d_k of the chosen decoder (signature policies)
+  int decoder = -1;       // -1: no decoder can admit the request now (all at their cap)
+  int band_size = 0;      // eldr / locality_top1: |B|; 0 for load-only policies
+  bool fallback = false;  // no eligible decoder in the band: globally least-loaded eligible one
+  double distance = 0;    // d_k of the chosen decoder (signature policies)
 };
 
 // The inputs of one decision. Pointers are borrowed for the call.
 struct DecisionInputs {
   RoutingPolicy policy = RoutingPolicy::kJsq;
   const std::vector<DecoderState>* decoders = nullptr;  // [K]
-  const double* distances = nullptr;  // [K] d_k = 1 − s·μ_k (signature policies)
+  const double* distances = nullptr;                    // [K] d_k = 1 − s·μ_k (signature policies)
   double tau = 0.1;
-  double load_bound = 0;  // ε of the bounded-load band (eldr, locality_top1); 0 = off
+  double load_bound = 0;                           // ε of the bounded-load band (eldr, locality_top1); 0 = off
   const std::vector<int>* domain_group = nullptr;  // decoders of the request's domain (domain policy); null/empty = all
-  uint64_t random_a = 0, random_b = 0;  // uniform 64-bit draws (random: a; p2c: a and b)
-  int64_t round_robin_next = 0;         // the round-robin counter
+  uint64_t random_a = 0, random_b = 0;             // uniform 64-bit draws (random: a; p2c: a and b)
+  int64_t round_robin_next = 0;                    // the round-robin counter
 };
 
 // The pure decision. Rules (DESIGN.md §3):
@@ -74,11 +75,11 @@ RoutingDecision Decide(const DecisionInputs& in);
 struct RouterConfig {
   RoutingPolicy policy = RoutingPolicy::kEldr;
   int num_decoders = 1;
-  double tau = 0.1;               // eldr band width (negative: take the calibration's value)
-  double load_bound = 0;          // bounded-load band ε (see Decide); 0 = off
-  int64_t admission_cap = 0;      // per decoder; 0 = none
+  double tau = 0.1;           // eldr band width (negative: take the calibration's value)
+  double load_bound = 0;      // bounded-load band ε (see Decide); 0 = off
+  int64_t admission_cap = 0;  // per decoder; 0 = none
   uint64_t seed = 0;
-  TraceShape job_shape;           // the model of the job; must match the calibration's
+  TraceShape job_shape;  // the model of the job; must match the calibration's
   // Domain labels for the domain policy (its decoder groups); empty = the calibration's labels.
   std::vector<std::string> domains;
 };

@@ -19,26 +19,26 @@
 namespace eldr {
 
 struct DecodeWork {
-  int64_t id = 0;                       // the workload request index (job/workload.h)
+  int64_t id = 0;  // the workload request index (job/workload.h)
   int64_t prompt_len = 0;
-  int64_t output_len = 0;               // output tokens in all, the first one (from prefill) included; >= 1
-  int32_t first_token = 0;              // sampled by prefill
-  std::vector<float> kv;                // [layers, 2, prompt_len, kv_heads, head_dim] (Executor::ExportKv)
-  std::vector<int32_t> forced_tokens;   // teacher forcing: [output_len] reference outputs, or empty (greedy)
-  std::vector<uint16_t> replay_ids;     // replayed routing of the decode steps [output_len - 1, L_moe, k], or empty
+  int64_t output_len = 0;              // output tokens in all, the first one (from prefill) included; >= 1
+  int32_t first_token = 0;             // sampled by prefill
+  std::vector<float> kv;               // [layers, 2, prompt_len, kv_heads, head_dim] (Executor::ExportKv)
+  std::vector<int32_t> forced_tokens;  // teacher forcing: [output_len] reference outputs, or empty (greedy)
+  std::vector<uint16_t> replay_ids;    // replayed routing of the decode steps [output_len - 1, L_moe, k], or empty
 };
 
 struct TokenEvent {
-  int64_t id = 0;          // DecodeWork::id
-  int64_t index = 0;       // output token index (1 .. output_len - 1; 0 is prefill's)
+  int64_t id = 0;     // DecodeWork::id
+  int64_t index = 0;  // output token index (1 .. output_len - 1; 0 is prefill's)
   int32_t token = 0;
-  bool finished = false;   // the request's last token
+  bool finished = false;  // the request's last token
 };
 
 struct StepReport {
-  int batch = 0;                         // sequences in the step (0: nothing ran)
-  int64_t distinct_experts = 0;          // Σ over MoE layers of |∪ top-k| (DESIGN.md §3)
-  int64_t context_tokens = 0;            // Σ over the batch of the tokens attended (position + 1)
+  int batch = 0;                 // sequences in the step (0: nothing ran)
+  int64_t distinct_experts = 0;  // Σ over MoE layers of |∪ top-k| (DESIGN.md §3)
+  int64_t context_tokens = 0;    // Σ over the batch of the tokens attended (position + 1)
   std::vector<int32_t> distinct_per_layer;
   std::vector<TokenEvent> tokens;
 };
@@ -73,7 +73,7 @@ class DecodeWorker {
   struct Sequence {
     DecodeWork work;
     std::vector<BlockId> table;
-    int64_t produced = 1;    // output tokens so far (prefill's included)
+    int64_t produced = 1;  // output tokens so far (prefill's included)
     int32_t last_token = 0;
   };
   int BlocksFor(const DecodeWork& w) const;

@@ -15,9 +15,11 @@ Result<Placement> LoadDecoderPlacement(const JobConfig& c, const ModelConfig& mc
   if (c.placement == "contiguous") {
     auto p = ContiguousPlacement(L, E, G);
     if (!p.ok()) {
-      return Status::InvalidArgument(c.path + ": decode.placement contiguous puts E/G experts on each EP rank, but the "
-                                     "model has E = " + std::to_string(E) + " experts and decode.ep_size is " +
-                                     std::to_string(G) + "; choose an ep_size that divides " + std::to_string(E) +
+      return Status::InvalidArgument(c.path +
+                                     ": decode.placement contiguous puts E/G experts on each EP rank, but the "
+                                     "model has E = " +
+                                     std::to_string(E) + " experts and decode.ep_size is " + std::to_string(G) +
+                                     "; choose an ep_size that divides " + std::to_string(E) +
                                      " or a placement file (eldr place calib)");
     }
     return p;

@@ -45,10 +45,10 @@
 #include "placement/placement.h"
 #include "runtime/comm/transport.h"
 #include "runtime/common/status.h"
+#include "runtime/job/job_config.h"
 #include "runtime/model/expert_backend.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
-#include "runtime/job/job_config.h"
 
 namespace eldr {
 
@@ -96,7 +96,7 @@ class EpExpertBackend : public ExpertBackend {
   GroupComm& group_;
   kernels::Backend& compute_;
   std::unique_ptr<kernels::Stream> stream_;  // for calls that bring none
-  int64_t placement_hash_;  // members check it against their own placement
+  int64_t placement_hash_;                   // members check it against their own placement
   EpStepLoad step_;
 };
 

@@ -3,11 +3,11 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <csignal>
-#include <cstdlib>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <ctime>
 #include <deque>
 #include <map>
@@ -19,15 +19,15 @@
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/progress.h"
+#include "runtime/job/frontend.h"
+#include "runtime/job/metrics.h"
+#include "runtime/job/workload.h"
 #include "runtime/kvcache/prefill_signature.h"
 #include "runtime/model/executor.h"
 #include "runtime/router/router.h"
 #include "runtime/serve/decode_worker.h"
 #include "runtime/serve/expert_parallel.h"
 #include "runtime/serve/protocol.h"
-#include "runtime/job/frontend.h"
-#include "runtime/job/metrics.h"
-#include "runtime/job/workload.h"
 #include "runtime/trace/trace.h"
 
 namespace eldr {
@@ -54,10 +54,10 @@ void SendMsg(Transport& tr, int dest, const Msg& m) {
 // The message `msg` carries, checked against its MPI tag; errors name the sender.
 template <typename Msg>
 Result<Msg> DecodeMsg(const Message& msg) {
-  Result<Msg> m = msg.tag == Msg::kTag ? Msg::Decode(msg.payload)
-                                       : Result<Msg>(Status::Corrupt(std::string("protocol: expected a ") +
-                                                                     MessageTagName(Msg::kTag) + " message, got MPI tag " +
-                                                                     std::to_string(msg.tag)));
+  Result<Msg> m = msg.tag == Msg::kTag
+                      ? Msg::Decode(msg.payload)
+                      : Result<Msg>(Status::Corrupt(std::string("protocol: expected a ") + MessageTagName(Msg::kTag) +
+                                                    " message, got MPI tag " + std::to_string(msg.tag)));
   if (!m.ok()) return m.status().WithPrefix("from rank " + std::to_string(msg.source));
   return m;
 }
@@ -85,9 +85,7 @@ void MaybeDie(int rank) {
 volatile std::sig_atomic_t g_terminate_requested = 0;
 extern "C" void OnTerminate(int) { g_terminate_requested = 1; }
 
-double Now() {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
-}
+double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // CPU time of this process (all its threads), for the step log: on a machine where ranks share cores it is a
 // step's work on a dedicated core, which wall time is not.
@@ -182,7 +180,8 @@ class PrefillRank {
     auto alloc = bm_.AllocatePrompt(tokens);
     if (!alloc.ok()) {
       if (static_cast<int64_t>((tokens.size() + c_.block_size - 1) / c_.block_size) <= c_.prefill_blocks) return false;
-      SendMsg(tr_, 0, FailedMsg{req, "prompt of " + std::to_string(tokens.size()) + " tokens exceeds the prefill KV cache"});
+      SendMsg(tr_, 0,
+              FailedMsg{req, "prompt of " + std::to_string(tokens.size()) + " tokens exceeds the prefill KV cache"});
       return true;
     }
     const int cached = alloc->num_cached_tokens();
@@ -195,10 +194,11 @@ class PrefillRank {
       replay.ids = replay_ids.data();
     }
     const double start = Now(), cpu_start = CpuNow();
-    auto pre = ex_.Prefill(tokens, alloc->blocks, from, c_.replay_gates ? &replay : nullptr, from == cached ? &sig_ : nullptr);
+    auto pre =
+        ex_.Prefill(tokens, alloc->blocks, from, c_.replay_gates ? &replay : nullptr, from == cached ? &sig_ : nullptr);
     if (!pre.ok()) return pre.status();
-    CountsMsg m{req, pre->next_token, std::vector<float>(sig_.row_size()), Now() - start, CpuNow() - cpu_start,
-                static_cast<int64_t>(tokens.size()) - from};
+    CountsMsg m{req,           pre->next_token,      std::vector<float>(sig_.row_size()),
+                Now() - start, CpuNow() - cpu_start, static_cast<int64_t>(tokens.size()) - from};
     sig_.SumCounts(alloc->blocks, nullptr, m.counts.data());
     SendMsg(tr_, 0, m);
     waiting_route_[req] = {alloc->blocks, pre->next_token};
@@ -208,7 +208,8 @@ class PrefillRank {
   Status OnRoute(const Message& msg) {
     ELDR_ASSIGN_OR_RETURN(RouteMsg m, DecodeMsg<RouteMsg>(msg));
     auto it = waiting_route_.find(m.request);
-    if (it == waiting_route_.end()) return Status::FailedPrecondition("prefill: routing decision for an unknown request");
+    if (it == waiting_route_.end())
+      return Status::FailedPrecondition("prefill: routing decision for an unknown request");
     ELDR_RETURN_IF_ERROR(ShipKv(m.request, m.decoder_rank, it->second));
     bm_.Free(it->second.blocks);
     waiting_route_.erase(it);
@@ -313,7 +314,8 @@ class DecodeRank {
       // Posted before anything else is handled: the sender's transfer follows this message (PrefillRank::ShipKv).
       if (m.prompt_len < 0 || m.kv_floats != static_cast<uint64_t>(m.prompt_len * kv_floats_per_token_)) {
         return Status::Corrupt("decode: request " + std::to_string(m.request) + " announces " +
-                               std::to_string(m.kv_floats) + " KV floats for a prompt of " + std::to_string(m.prompt_len));
+                               std::to_string(m.kv_floats) + " KV floats for a prompt of " +
+                               std::to_string(m.prompt_len));
       }
       d.kv.resize(m.kv_floats);
       ELDR_RETURN_IF_ERROR(kv_data_->RecvToHost(msg.source, d.kv.data(), d.kv.size() * sizeof(float)));
@@ -449,9 +451,12 @@ class RouterRank {
 
   Status Handle(const Message& msg, double t) {
     switch (msg.tag) {
-      case kTagCounts: return OnCounts(msg, t);
-      case kTagTokens: return OnTokens(msg, t);
-      case kTagFailed: return OnFailed(msg);
+      case kTagCounts:
+        return OnCounts(msg, t);
+      case kTagTokens:
+        return OnTokens(msg, t);
+      case kTagFailed:
+        return OnFailed(msg);
       default:
         return Status::Corrupt("router: unexpected " + std::string(MessageTagName(msg.tag)) + " message (tag " +
                                std::to_string(msg.tag) + ") from rank " + std::to_string(msg.source));
@@ -472,7 +477,8 @@ class RouterRank {
       return Status::Corrupt("router: counts of request " + std::to_string(m.request) + " have " +
                              std::to_string(m.counts.size()) + " entries, expected L x E");
     }
-    step_log_.push_back({"prefill", frontend_->prefill_of(m.request), t, m.seconds, 1, 0, m.computed_tokens, m.cpu_seconds});
+    step_log_.push_back(
+        {"prefill", frontend_->prefill_of(m.request), t, m.seconds, 1, 0, m.computed_tokens, m.cpu_seconds});
     frontend_->OnFirstToken(m.request, t, m.first_token, std::move(m.counts));
     return Status::Ok();
   }
@@ -480,10 +486,12 @@ class RouterRank {
   Status OnTokens(const Message& msg, double t) {
     ELDR_ASSIGN_OR_RETURN(TokensMsg m, DecodeMsg<TokensMsg>(msg));
     const int decoder = c_.DecoderOfRank(msg.source);
-    if (decoder < 0) return Status::Corrupt("router: tokens from rank " + std::to_string(msg.source) + ", not a decoder");
+    if (decoder < 0)
+      return Status::Corrupt("router: tokens from rank " + std::to_string(msg.source) + ", not a decoder");
     for (const TokenRecord& tok : m.tokens) ELDR_RETURN_IF_ERROR(CheckRequest(tok.request, msg.source));
     if (m.batch > 0) {
-      step_log_.push_back({"decode", decoder, t, m.seconds, m.batch, m.distinct_experts, m.context_tokens, m.cpu_seconds});
+      step_log_.push_back(
+          {"decode", decoder, t, m.seconds, m.batch, m.distinct_experts, m.context_tokens, m.cpu_seconds});
     }
     frontend_->OnDecodeStep(decoder, m.batch, m.distinct_experts, m.rank_load, m.balancedness);
     for (const TokenRecord& tok : m.tokens) {
@@ -497,7 +505,8 @@ class RouterRank {
   Status OnFailed(const Message& msg) {
     ELDR_ASSIGN_OR_RETURN(FailedMsg m, DecodeMsg<FailedMsg>(msg));
     ELDR_RETURN_IF_ERROR(CheckRequest(m.request, msg.source));
-    frontend_->Finish(m.request, false, c_.RoleOf(msg.source) + " (rank " + std::to_string(msg.source) + "): " + m.reason);
+    frontend_->Finish(m.request, false,
+                      c_.RoleOf(msg.source) + " (rank " + std::to_string(msg.source) + "): " + m.reason);
     return Status::Ok();
   }
 
@@ -511,7 +520,8 @@ class RouterRank {
       if (frontend_->prefill_outstanding(p) > 0) holders.emplace_back(1 + p, frontend_->prefill_outstanding(p));
     }
     for (int d = 0; d < c_.decode_ranks; ++d) {
-      if (frontend_->decoder_in_flight(d) > 0) holders.emplace_back(c_.DecoderLeaderRank(d), frontend_->decoder_in_flight(d));
+      if (frontend_->decoder_in_flight(d) > 0)
+        holders.emplace_back(c_.DecoderLeaderRank(d), frontend_->decoder_in_flight(d));
     }
     std::stable_sort(holders.begin(), holders.end(),
                      [&](const auto& a, const auto& b) { return last_heard_[a.first] < last_heard_[b.first]; });
@@ -526,7 +536,8 @@ class RouterRank {
 
   // Metrics JSON (vLLM keys + eldr's), per-request JSONL, the step log and the summary.
   Status WriteOutputs(const std::string& watchdog) {
-    nlohmann::json j = JobMetrics(c_, mc_.name, frontend_->records(), frontend_->DecoderStatistics(), frontend_->routing());
+    nlohmann::json j =
+        JobMetrics(c_, mc_.name, frontend_->records(), frontend_->DecoderStatistics(), frontend_->routing());
     j["kv_transport"] = kv_transport_;
     if (!watchdog.empty()) j["watchdog"] = watchdog;
     ELDR_RETURN_IF_ERROR(WriteJobOutputs(c_.output_dir, j, frontend_->records(), c_.output_tokens));
@@ -590,7 +601,8 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   GroupComm group;
   if (c.ep_size > 1) {
     auto* mpi = dynamic_cast<MpiTransport*>(&tr);
-    if (!mpi) return Status::FailedPrecondition(std::string("decode.ep_size > 1 needs the MPI transport, not ") + tr.name());
+    if (!mpi)
+      return Status::FailedPrecondition(std::string("decode.ep_size > 1 needs the MPI transport, not ") + tr.name());
     group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
   }
   if (rank == 0) {

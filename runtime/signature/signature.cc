@@ -6,11 +6,16 @@ namespace eldr {
 
 const char* SignatureVariantName(SignatureVariant v) {
   switch (v) {
-    case SignatureVariant::kCount: return "count";
-    case SignatureVariant::kCountIdf: return "count_idf";
-    case SignatureVariant::kSqrt: return "sqrt";
-    case SignatureVariant::kBinary: return "binary";
-    case SignatureVariant::kGateProb: return "gate_prob";
+    case SignatureVariant::kCount:
+      return "count";
+    case SignatureVariant::kCountIdf:
+      return "count_idf";
+    case SignatureVariant::kSqrt:
+      return "sqrt";
+    case SignatureVariant::kBinary:
+      return "binary";
+    case SignatureVariant::kGateProb:
+      return "gate_prob";
   }
   return "unknown";
 }
@@ -127,7 +132,8 @@ void ComputeSignature(const SignatureParams& p, const float* counts, const float
   }
 }
 
-Result<std::vector<float>> VariantFeatures(const RequestFeatures& f, SignatureVariant v, const std::vector<float>& idf) {
+Result<std::vector<float>> VariantFeatures(const RequestFeatures& f, SignatureVariant v,
+                                           const std::vector<float>& idf) {
   if (v == SignatureVariant::kGateProb && f.gate_sums.empty()) {
     return Status::FailedPrecondition("signature variant gate_prob needs a trace with topk_weights");
   }

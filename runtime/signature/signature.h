@@ -47,8 +47,8 @@ struct SignatureParams {
   SignatureVariant variant = SignatureVariant::kCountIdf;
   int num_layers = 0;
   int num_experts = 0;
-  std::vector<float> idf;          // [L, E]
-  std::vector<uint8_t> layer_mask; // [L], 1 = layer in S
+  std::vector<float> idf;           // [L, E]
+  std::vector<uint8_t> layer_mask;  // [L], 1 = layer in S
 
   int num_selected_layers() const;
   int dim() const { return num_selected_layers() * num_experts; }  // D = |S|·E
@@ -64,11 +64,16 @@ Result<std::vector<float>> VariantFeatures(const RequestFeatures& f, SignatureVa
 // ---- inline ----
 inline float VariantFeature(SignatureVariant v, float count, float gate_sum, float idf) {
   switch (v) {
-    case SignatureVariant::kCount: return count;
-    case SignatureVariant::kCountIdf: return count * idf;
-    case SignatureVariant::kSqrt: return count > 0 ? __builtin_sqrtf(count) : 0.f;
-    case SignatureVariant::kBinary: return count > 0 ? 1.f : 0.f;
-    case SignatureVariant::kGateProb: return gate_sum;
+    case SignatureVariant::kCount:
+      return count;
+    case SignatureVariant::kCountIdf:
+      return count * idf;
+    case SignatureVariant::kSqrt:
+      return count > 0 ? __builtin_sqrtf(count) : 0.f;
+    case SignatureVariant::kBinary:
+      return count > 0 ? 1.f : 0.f;
+    case SignatureVariant::kGateProb:
+      return gate_sum;
   }
   return 0.f;
 }

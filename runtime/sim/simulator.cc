@@ -20,16 +20,16 @@ namespace eldr {
 namespace {
 
 enum class EventKind : uint8_t {
-  kArrival,          // a = -, b = request: the workload's next arrival is due
-  kPrefillEnqueue,   // a = prefill rank, b = request
-  kPrefillDone,      // a = prefill rank, b = request
-  kCountsAtRouter,   // b = request: first token and counts reach the router
-  kFailedAtRouter,   // b = request
-  kRouteAtPrefill,   // a = decoder, b = request
-  kKvAtDecoder,      // a = decoder, b = request
-  kStepStart,        // a = decoder: admission and one step, after every other event of the same instant
-  kStepDone,         // a = decoder
-  kDoneAtRouter,     // a = decoder, b = request
+  kArrival,         // a = -, b = request: the workload's next arrival is due
+  kPrefillEnqueue,  // a = prefill rank, b = request
+  kPrefillDone,     // a = prefill rank, b = request
+  kCountsAtRouter,  // b = request: first token and counts reach the router
+  kFailedAtRouter,  // b = request
+  kRouteAtPrefill,  // a = decoder, b = request
+  kKvAtDecoder,     // a = decoder, b = request
+  kStepStart,       // a = decoder: admission and one step, after every other event of the same instant
+  kStepDone,        // a = decoder
+  kDoneAtRouter,    // a = decoder, b = request
 };
 
 struct Event {
@@ -129,8 +129,9 @@ class Simulation {
     }
     bar.Finish();
     if (!frontend_->done()) {
-      return Status::FailedPrecondition("internal: simulation ended with " + std::to_string(N_ - frontend_->num_done()) +
-                                        " of " + std::to_string(N_) + " requests unaccounted for");
+      return Status::FailedPrecondition("internal: simulation ended with " +
+                                        std::to_string(N_ - frontend_->num_done()) + " of " + std::to_string(N_) +
+                                        " requests unaccounted for");
     }
     result_.simulated_seconds = now_;
     result_.routing = frontend_->routing();
@@ -307,7 +308,8 @@ class Simulation {
   void KvAtDecoder(int d, int64_t i) {
     if (ContextBlocks(i) > c_.decode_blocks) {
       errors_[i] = "decode " + std::to_string(d) + ": context of " +
-                   std::to_string(in_.request(i).prompt_len + in_.output_len[i]) + " tokens exceeds the decode KV cache";
+                   std::to_string(in_.request(i).prompt_len + in_.output_len[i]) +
+                   " tokens exceeds the decode KV cache";
       Push(now_ + cost_.control_latency, EventKind::kFailedAtRouter, d, i);
       return;
     }
@@ -397,15 +399,15 @@ class Simulation {
   std::deque<PrefillRank> prefill_;  // a deque: its elements never move (the block manager's eviction
                                      // callback points at the rank's signature cache)
   std::vector<Decoder> decoders_;
-  std::vector<std::vector<float>> counts_;        // per request, from its prefill until moved to the frontend
-  std::vector<std::vector<BlockId>> allocations_; // per request, its prefill blocks until the KV ships
-  std::map<int64_t, std::string> errors_;         // failed requests, until their failure reaches the frontend
-  ExpertUnion step_experts_{0, 1};                // the experts of the decode step being formed
+  std::vector<std::vector<float>> counts_;         // per request, from its prefill until moved to the frontend
+  std::vector<std::vector<BlockId>> allocations_;  // per request, its prefill blocks until the KV ships
+  std::map<int64_t, std::string> errors_;          // failed requests, until their failure reaches the frontend
+  ExpertUnion step_experts_{0, 1};                 // the experts of the decode step being formed
 
   std::priority_queue<Event, std::vector<Event>, std::greater<Event>> events_;
   uint64_t seq_ = 0;
   double now_ = 0;
-  int64_t arrival_due_ = 0;  // requests whose arrival event has passed
+  int64_t arrival_due_ = 0;    // requests whose arrival event has passed
   std::vector<Work> working_;  // shared cores only: the works in progress
   double work_clock_ = 0;      // when working_'s remaining times were last brought up to date
   uint64_t work_version_ = 0;
@@ -418,8 +420,8 @@ Result<SimulationResult> Simulate(const JobConfig& c, const JobRequests& in, con
                                   const Calibration* calib, const CostModel& cost, bool progress) {
   if (!mc.trace_shape().SameAs(in.trace.shape)) {
     return Status::FailedPrecondition(c.trace + ": routing shape " + in.trace.shape.ToString() +
-                                      " differs from the model " + c.model_config + " (" +
-                                      mc.trace_shape().ToString() + ")");
+                                      " differs from the model " + c.model_config + " (" + mc.trace_shape().ToString() +
+                                      ")");
   }
   if (c.ep_size > 1) {
     return Status::InvalidArgument(c.path + ": decode.ep_size " + std::to_string(c.ep_size) +

@@ -2,8 +2,8 @@
 // config, the same requests (job/workload.h), the same frontend and router (job/frontend.h: admission, routing
 // with every policy, holding at the admission cap, accounting and the routing statistics are the very code
 // serve's rank 0 runs), the same prefix cache and signature cache (kvcache/), the same decoder admission rules
-// (serve/decode_worker.h) — with the model's compute replaced by a cost model (cost_model.h). It scales to what this machine cannot run: 40+ decoders,
-// 100k requests.
+// (serve/decode_worker.h) — with the model's compute replaced by a cost model (cost_model.h). It scales to what this
+// machine cannot run: 40+ decoders, 100k requests.
 //
 // What happens to a request, in simulated time (one hop to or from the router costs control_latency):
 //  1. it arrives (arrival process of the workload; max_concurrency holds it at the frontend while the
@@ -39,20 +39,20 @@
 
 #include "runtime/calib/calibration.h"
 #include "runtime/common/status.h"
-#include "runtime/model/model_config.h"
+#include "runtime/cost/cost_model.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/metrics.h"
 #include "runtime/job/workload.h"
-#include "runtime/cost/cost_model.h"
+#include "runtime/model/model_config.h"
 
 namespace eldr {
 
 struct SimulationResult {
-  std::vector<RequestRecord> records;   // per workload request, as `eldr serve` reports them
-  std::vector<DecoderStats> decoders;   // per decoder: index, leader rank (1 + P + k, as in serve), counts
+  std::vector<RequestRecord> records;  // per workload request, as `eldr serve` reports them
+  std::vector<DecoderStats> decoders;  // per decoder: index, leader rank (1 + P + k, as in serve), counts
   RoutingStats routing;
-  double simulated_seconds = 0;         // the job's duration in simulated time
-  int64_t events = 0;                   // events processed
+  double simulated_seconds = 0;  // the job's duration in simulated time
+  int64_t events = 0;            // events processed
 };
 
 // Runs the job. `calib` is required for signature policies (as for serve) and may be null otherwise.

@@ -3,8 +3,8 @@
 #include <zlib.h>
 
 #include <cmath>
-#include <filesystem>
 #include <cstring>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
@@ -61,8 +61,8 @@ class LineReader {
 struct ParsedRequest {
   TraceRequest meta;
   TraceShape shape;
-  std::vector<uint16_t> ids;  // [T, L, k]
-  std::vector<float> weights; // [T, L, k] or empty
+  std::vector<uint16_t> ids;   // [T, L, k]
+  std::vector<float> weights;  // [T, L, k] or empty
 };
 
 // Parses and validates one line. Errors are the problem only; the caller adds file and line.
@@ -110,17 +110,18 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
   ELDR_RETURN_IF_ERROR(get_int("num_tokens", &T, true));
   ELDR_RETURN_IF_ERROR(get_int("prompt_len", &P, true));
   if (L <= 0 || E <= 0 || K <= 0) return Status::InvalidArgument("num_layers, num_experts and top_k must be positive");
-  if (L > kMaxLayers) return Status::InvalidArgument("num_layers " + std::to_string(L) + " exceeds " + std::to_string(kMaxLayers));
+  if (L > kMaxLayers)
+    return Status::InvalidArgument("num_layers " + std::to_string(L) + " exceeds " + std::to_string(kMaxLayers));
   if (E > 65535) return Status::InvalidArgument("num_experts must be < 65536");
   if (K > E) return Status::InvalidArgument("top_k exceeds num_experts");
   if (T <= 0) return Status::InvalidArgument("num_tokens must be positive");
   if (P < 0 || P > T) {
-    return Status::InvalidArgument("prompt_len " + std::to_string(P) + " must be in [0, num_tokens = " +
-                                   std::to_string(T) + "]");
+    return Status::InvalidArgument("prompt_len " + std::to_string(P) +
+                                   " must be in [0, num_tokens = " + std::to_string(T) + "]");
   }
   if (T > kMaxTokenEntries / (L * K)) {
-    return Status::InvalidArgument("a request of " + std::to_string(T) + " tokens x " + std::to_string(L) + " layers x top-" +
-                                   std::to_string(K) + " is larger than one request may be (" +
+    return Status::InvalidArgument("a request of " + std::to_string(T) + " tokens x " + std::to_string(L) +
+                                   " layers x top-" + std::to_string(K) + " is larger than one request may be (" +
                                    std::to_string(kMaxTokenEntries) + " routing entries)");
   }
   out->shape.num_layers = static_cast<int>(L);
@@ -149,8 +150,8 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
   for (int64_t t = 0; t < T; ++t) {
     const json& tok = (*ids_it)[t];
     if (!tok.is_array() || static_cast<int64_t>(tok.size()) != L) {
-      return Status::InvalidArgument("topk_ids[" + std::to_string(t) + "] must have num_layers = " +
-                                     std::to_string(L) + " entries");
+      return Status::InvalidArgument("topk_ids[" + std::to_string(t) + "] must have num_layers = " + std::to_string(L) +
+                                     " entries");
     }
     for (int64_t l = 0; l < L; ++l, ++stamp) {
       const json& sel = tok[l];
@@ -162,11 +163,12 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
         if (!sel[m].is_number_integer()) return Status::InvalidArgument(where + " has a non-integer id");
         int64_t e = sel[m].get<int64_t>();
         if (e < 0 || e >= E) {
-          return Status::InvalidArgument(where + " has expert id " + std::to_string(e) + " outside [0, num_experts = " +
-                                         std::to_string(E) + ")");
+          return Status::InvalidArgument(where + " has expert id " + std::to_string(e) +
+                                         " outside [0, num_experts = " + std::to_string(E) + ")");
         }
         if (seen[e] == stamp) {
-          return Status::InvalidArgument(where + " repeats expert " + std::to_string(e) + " (top-k ids must be distinct)");
+          return Status::InvalidArgument(where + " repeats expert " + std::to_string(e) +
+                                         " (top-k ids must be distinct)");
         }
         seen[e] = stamp;
         out->ids[(t * L + l) * K + m] = static_cast<uint16_t>(e);

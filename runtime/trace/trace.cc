@@ -68,12 +68,13 @@ Status ValidateTrace(const Trace& trace, const std::string& name) {
       for (int j = 0; j < s.top_k; ++j) {
         uint16_t e = row[l * s.top_k + j];
         if (e >= s.num_experts) {
-          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) + ": expert id " +
-                                 std::to_string(e) + " >= num_experts " + std::to_string(s.num_experts));
+          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) +
+                                 ": expert id " + std::to_string(e) + " >= num_experts " +
+                                 std::to_string(s.num_experts));
         }
         if (last_seen[e] == stamp) {
-          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) +
-                                 ": expert " + std::to_string(e) + " repeated within top-k");
+          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) + ": expert " +
+                                 std::to_string(e) + " repeated within top-k");
         }
         last_seen[e] = stamp;
       }
@@ -99,7 +100,8 @@ Result<Trace> ReadTrace(const std::string& path) {
     return Status::InvalidArgument(path + ": is a '" + fmt.value() + "' file, not a routing trace");
   }
   if (f.Exists("/tokens/topk_ids") == false) {
-    return Status::InvalidArgument(path + ": not a routing trace (no /tokens/topk_ids); import JSONL with 'eldr trace import'");
+    return Status::InvalidArgument(
+        path + ": not a routing trace (no /tokens/topk_ids); import JSONL with 'eldr trace import'");
   }
   auto model = f.ReadStringAttribute("/", "model");
   t.shape.model = model.ok() ? model.value() : "";
@@ -145,8 +147,8 @@ Status WriteTrace(const Trace& trace, const std::string& path) {
   ELDR_RETURN_IF_ERROR(ValidateTrace(trace, path));
   ELDR_ASSIGN_OR_RETURN(auto writer, TraceWriter::Open(path, trace.shape, trace.has_weights()));
   for (const auto& r : trace.requests) {
-    ELDR_RETURN_IF_ERROR(writer->Append(r, trace.token_ids(r.offset),
-                                        trace.has_weights() ? trace.token_weights(r.offset) : nullptr));
+    ELDR_RETURN_IF_ERROR(
+        writer->Append(r, trace.token_ids(r.offset), trace.has_weights() ? trace.token_weights(r.offset) : nullptr));
   }
   return writer->Finish();
 }
@@ -162,12 +164,12 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, 
   w->shape_ = shape;
   const h5::Dims row{static_cast<hsize_t>(shape.num_layers), static_cast<hsize_t>(shape.top_k)};
   const hsize_t chunk_rows = std::max<hsize_t>(1, (1u << 18) / (row[0] * row[1]));
-  ELDR_ASSIGN_OR_RETURN(h5::Appender ids, h5::Appender::Create(*w->file_, "/tokens/topk_ids", H5T_NATIVE_UINT16,
-                                                               row, chunk_rows, true));
+  ELDR_ASSIGN_OR_RETURN(h5::Appender ids,
+                        h5::Appender::Create(*w->file_, "/tokens/topk_ids", H5T_NATIVE_UINT16, row, chunk_rows, true));
   w->ids_ = std::make_unique<h5::Appender>(std::move(ids));
   if (with_weights) {
-    ELDR_ASSIGN_OR_RETURN(h5::Appender ws, h5::Appender::Create(*w->file_, "/tokens/topk_weights",
-                                                                H5T_NATIVE_FLOAT, row, chunk_rows, true));
+    ELDR_ASSIGN_OR_RETURN(h5::Appender ws, h5::Appender::Create(*w->file_, "/tokens/topk_weights", H5T_NATIVE_FLOAT,
+                                                                row, chunk_rows, true));
     w->weights_ = std::make_unique<h5::Appender>(std::move(ws));
   }
   return w;

@@ -17,8 +17,8 @@
 #include <string>
 #include <vector>
 
-#include "kernels/cuda/cuda_check.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/cuda_check.h"
 #include "kernels/ops.h"
 #include "tests/gpu/oracle.h"
 

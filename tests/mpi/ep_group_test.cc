@@ -62,8 +62,9 @@ TEST(EpGroup, ReplicaChoiceIsRoundRobinInPairOrder) {
 }
 
 // out[t] += Σ_j w[t, j] · expert(x[t]), each expert's SwiGLU in double from the fp32 weights.
-std::vector<float> NaiveMoe(const ModelWeights& w, int layer, const std::vector<float>& x, const std::vector<int32_t>& ids,
-                            const std::vector<float>& wt, int T, int K, std::vector<float> out) {
+std::vector<float> NaiveMoe(const ModelWeights& w, int layer, const std::vector<float>& x,
+                            const std::vector<int32_t>& ids, const std::vector<float>& wt, int T, int K,
+                            std::vector<float> out) {
   const auto& ex = w.layers[layer].experts;
   const int H = ex.hidden, I = ex.intermediate;
   for (int t = 0; t < T; ++t) {
@@ -151,7 +152,8 @@ EpStepLoad RunLayerOnGroup(const Placement& placement, int layer, int moe_layer,
   ep.StopMembers();
   std::vector<float> local = c.base;
   kernels::MoeExperts({c.x.data(), c.ids.data(), c.wt.data(), c.T, K, &w.layers[layer].experts, local.data(), true});
-  EXPECT_EQ(std::memcmp(out.data(), local.data(), out.size() * sizeof(float)), 0) << "EP output differs from the local one";
+  EXPECT_EQ(std::memcmp(out.data(), local.data(), out.size() * sizeof(float)), 0)
+      << "EP output differs from the local one";
   const std::vector<float> naive = NaiveMoe(w, layer, c.x, c.ids, c.wt, c.T, K, c.base);
   for (size_t i = 0; i < out.size(); ++i) EXPECT_NEAR(out[i], naive[i], 1e-5 * (1 + std::abs(naive[i]))) << i;
   return load;

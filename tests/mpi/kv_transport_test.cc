@@ -3,6 +3,8 @@
 // and no rank left in a collective; the job-level choice (auto, mpi, nccl) agrees on every rank; where NCCL
 // can be used (a GPU per rank), host buffers staged through the device arrive intact. GoogleTest with a main
 // that silences ranks other than 0 and fails if any rank fails (STYLE.md).
+#include "runtime/comm/kv_transport.h"
+
 #include <gtest/gtest.h>
 #include <mpi.h>
 
@@ -10,8 +12,6 @@
 #include <numeric>
 #include <string>
 #include <vector>
-
-#include "runtime/comm/kv_transport.h"
 
 namespace eldr {
 namespace {
@@ -66,7 +66,8 @@ TEST(KvTransport, JobChoiceAgreesOnEveryRank) {
   if (!nccl.ok()) {
     EXPECT_EQ(nccl.status().code(), StatusCode::kFailedPrecondition);
     const std::string& m = nccl.status().message();
-    EXPECT_TRUE(m.find("built without NCCL") != std::string::npos || m.find("no usable CUDA device") != std::string::npos ||
+    EXPECT_TRUE(m.find("built without NCCL") != std::string::npos ||
+                m.find("no usable CUDA device") != std::string::npos ||
                 m.find("share CUDA device") != std::string::npos)
         << m;
     if (!NcclCompiledIn()) {

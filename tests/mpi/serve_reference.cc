@@ -17,11 +17,11 @@
 #include <string>
 #include <vector>
 
+#include "runtime/job/job_config.h"
+#include "runtime/job/workload.h"
 #include "runtime/model/executor.h"
 #include "runtime/model/model_config.h"
 #include "runtime/model/weights.h"
-#include "runtime/job/job_config.h"
-#include "runtime/job/workload.h"
 
 namespace eldr {
 namespace {

@@ -2,14 +2,14 @@
 // that respects the capacity) and an independent O(n^3) Hungarian algorithm on replicated centroid
 // slots, written here from the textbook (Kuhn–Munkres with potentials), sharing no code with the
 // min-cost-flow solver under test.
+#include "runtime/calib/balanced_kmeans.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <functional>
 #include <limits>
 #include <random>
-
-#include "runtime/calib/balanced_kmeans.h"
 
 namespace eldr {
 namespace {

@@ -32,8 +32,8 @@ TEST(BatchInvariance, LinearRowsDoNotDependOnTheirNeighbours) {
     std::vector<uint16_t> wb(w.size());
     for (size_t i = 0; i < w.size(); ++i) wb[i] = kernels::FloatToBf16(w[i]);
     for (kernels::DType dtype : {kernels::DType::kF32, kernels::DType::kBF16}) {
-      const kernels::WeightMatrix W{dtype, dtype == kernels::DType::kF32 ? static_cast<const void*>(w.data()) : wb.data(),
-                                    out, in};
+      const kernels::WeightMatrix W{
+          dtype, dtype == kernels::DType::kF32 ? static_cast<const void*>(w.data()) : wb.data(), out, in};
       // 1..9 tokens covers every token tile (4, 3, 2, 1) and their mixes; 70 crosses a token block and, with
       // the larger shapes, Linear's split over threads.
       for (int n : {1, 2, 3, 4, 5, 6, 7, 8, 9, 33, 70}) {
@@ -42,13 +42,15 @@ TEST(BatchInvariance, LinearRowsDoNotDependOnTheirNeighbours) {
         kernels::Linear({x.data(), W, all.data(), n});
         for (int t = 0; t < n; ++t) {
           kernels::Linear({x.data() + static_cast<size_t>(t) * in, W, one.data(), 1});
-          const std::vector<float> row(all.begin() + static_cast<size_t>(t) * out, all.begin() + static_cast<size_t>(t + 1) * out);
+          const std::vector<float> row(all.begin() + static_cast<size_t>(t) * out,
+                                       all.begin() + static_cast<size_t>(t + 1) * out);
           ASSERT_EQ(row, one) << "shape " << out << "x" << in << ", n " << n << ", token " << t;
           for (int o = 0; o < out; ++o) {  // and it is the product (double-precision brute force)
             double ref = 0;
             for (int k = 0; k < in; ++k) {
-              const double wk = dtype == kernels::DType::kF32 ? w[static_cast<size_t>(o) * in + k]
-                                                               : kernels::Bf16ToFloat(wb[static_cast<size_t>(o) * in + k]);
+              const double wk = dtype == kernels::DType::kF32
+                                    ? w[static_cast<size_t>(o) * in + k]
+                                    : kernels::Bf16ToFloat(wb[static_cast<size_t>(o) * in + k]);
               ref += wk * x[static_cast<size_t>(t) * in + k];
             }
             ASSERT_NEAR(one[o], ref, 1e-4 * (1 + std::abs(ref))) << o;
@@ -198,8 +200,8 @@ TEST(BatchInvariance, PrefillAfterAPrefixHitEqualsAColdPrefillExactly) {
   ASSERT_EQ(c.num_cached_tokens(), 20);
   auto full = ex.Prefill(p1, c.blocks, 19, nullptr, nullptr).value();
   // Reference side: cold prefills in fresh executors.
-  for (const auto& [prompt, got] : {std::pair{p2, partial.last_logits}, std::pair{p1, full.last_logits},
-                                    std::pair{p1, first.last_logits}}) {
+  for (const auto& [prompt, got] :
+       {std::pair{p2, partial.last_logits}, std::pair{p1, full.last_logits}, std::pair{p1, first.last_logits}}) {
     Executor cold(w, 64, 4);
     BlockManager bm2(64, 4);
     auto z = bm2.AllocatePrompt(prompt).value();

@@ -1,6 +1,8 @@
 // The calibration pipeline end to end on synthetic and real traces: the file round-trips, clusters
 // respect the capacity, domains are recovered where the trace separates them, refit works from the
 // stored signatures alone, and every bad input is a clear error with no file left behind.
+#include "runtime/calib/calibration.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -10,7 +12,6 @@
 
 #include "runtime/calib/balanced_kmeans.h"
 #include "runtime/calib/calibrate.h"
-#include "runtime/calib/calibration.h"
 #include "runtime/common/hdf5.h"
 #include "runtime/trace/synth.h"
 

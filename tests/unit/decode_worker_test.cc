@@ -1,11 +1,11 @@
 // The decode worker: prefill on one executor, KV shipped to a worker, decode there = a single-executor run;
 // continuous batching within max batch and KV capacity; every request completes exactly once.
+#include "runtime/serve/decode_worker.h"
+
 #include <gtest/gtest.h>
 
 #include <map>
 #include <random>
-
-#include "runtime/serve/decode_worker.h"
 
 namespace eldr {
 namespace {

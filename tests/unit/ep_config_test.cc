@@ -8,8 +8,8 @@
 #include <fstream>
 
 #include "runtime/common/hdf5.h"
-#include "runtime/serve/expert_parallel.h"
 #include "runtime/job/metrics.h"
+#include "runtime/serve/expert_parallel.h"
 
 namespace eldr {
 namespace {
@@ -93,7 +93,8 @@ TEST_F(EpConfig, ContiguousPlacementPutsExpertEOnRankEOverEPerRank) {
   EXPECT_NE(st.message().find("E = 8 experts and decode.ep_size is 3"), std::string::npos) << st.message();
 }
 
-// A calibration-like file with /placement as `eldr place calib` writes it (no algorithm, nodes or groups): cluster_1 and global.
+// A calibration-like file with /placement as `eldr place calib` writes it (no algorithm, nodes or groups): cluster_1
+// and global.
 TEST_F(EpConfig, PlacementFileUsesTheDecodersClusterElseGlobalAndChecksTheRankCount) {
   const std::string path = (dir_ / "calib.h5").string();
   {
@@ -108,7 +109,7 @@ TEST_F(EpConfig, PlacementFileUsesTheDecodersClusterElseGlobalAndChecksTheRankCo
     ASSERT_TRUE(f.Close().ok());
   }
   auto c = LoadJobConfig(Write("decode: {ep_size: 2, placement: calib.h5}")).value();
-  EXPECT_EQ(c.placement, path);  // resolved next to the config
+  EXPECT_EQ(c.placement, path);                                     // resolved next to the config
   const Placement p0 = LoadDecoderPlacement(c, Tiny(), 0).value();  // no cluster_0: global
   const Placement p1 = LoadDecoderPlacement(c, Tiny(), 1).value();
   EXPECT_EQ(p0.phy2log[8], 0);

@@ -1,5 +1,7 @@
 // The executor on the tiny model: KV-cache consistency (decode = prefill), prefix hits, trace replay,
 // signature rows from prefill, safetensors round trip and rejection of wrong tensors, model configs.
+#include "runtime/model/executor.h"
+
 #include <gtest/gtest.h>
 #include <unistd.h>
 
@@ -11,7 +13,6 @@
 
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
-#include "runtime/model/executor.h"
 
 namespace eldr {
 namespace {
@@ -42,7 +43,8 @@ void ExpectClose(const std::vector<float>& a, const float* b, float tol) {
 }
 
 TEST(ModelConfig, ShippedConfigsLoad) {
-  for (const char* f : {"tiny.yaml", "cpu-demo.yaml", "qwen3-30b-a3b.yaml", "deepseek-v2-lite.yaml", "gpt-oss-120b.yaml"}) {
+  for (const char* f :
+       {"tiny.yaml", "cpu-demo.yaml", "qwen3-30b-a3b.yaml", "deepseek-v2-lite.yaml", "gpt-oss-120b.yaml"}) {
     auto c = LoadModelConfig(Config(f));
     ASSERT_TRUE(c.ok()) << f << ": " << c.status().message();
   }

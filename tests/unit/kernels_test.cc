@@ -225,7 +225,8 @@ TEST(Kernels, ExpertFfnBatchInvariantRowsDoNotDependOnTheirNeighbours) {
       if (begin + count > n) continue;
       std::vector<float> part(count * H);
       ExpertFfn({x.data() + begin * H, count, &ex.view, 2, part.data(), true});
-      ASSERT_EQ(std::memcmp(part.data(), all.data() + begin * H, part.size() * sizeof(float)), 0) << begin << "+" << count;
+      ASSERT_EQ(std::memcmp(part.data(), all.data() + begin * H, part.size() * sizeof(float)), 0)
+          << begin << "+" << count;
     }
   }
   for (int t = 0; t < n; t += 8) {

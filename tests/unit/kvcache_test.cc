@@ -5,8 +5,8 @@
 
 #include <cstring>
 #include <map>
-#include <set>
 #include <random>
+#include <set>
 
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
@@ -48,7 +48,7 @@ TEST(BlockManager, FreedCachedBlocksAreReusedThenEvictedLru) {
   BlockManager bm(4, 2);
   std::vector<BlockId> evicted;
   bm.set_eviction_callback([&](BlockId b) { evicted.push_back(b); });
-  auto a = bm.AllocatePrompt(Tokens(4, 0));   // 2 full blocks, cached
+  auto a = bm.AllocatePrompt(Tokens(4, 0));    // 2 full blocks, cached
   auto b = bm.AllocatePrompt(Tokens(4, 100));  // 2 more
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(bm.num_free_blocks(), 0);

@@ -1,11 +1,11 @@
 // Routing policies against hand-computed cases and distributional invariants (DESIGN.md §3).
+#include "runtime/router/router.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
 #include <random>
-
-#include "runtime/router/router.h"
 
 namespace eldr {
 namespace {

@@ -58,7 +58,7 @@ TEST(Workload, ArrivalsFollowRateAndBurstiness) {
     mean /= gaps.size();
     for (double g : gaps) var += (g - mean) * (g - mean);
     var /= gaps.size();
-    EXPECT_NEAR(mean, 1 / 50.0, 0.05 / 50.0);            // rate
+    EXPECT_NEAR(mean, 1 / 50.0, 0.05 / 50.0);                  // rate
     EXPECT_NEAR(var / (mean * mean), 1 / burst, 0.1 / burst);  // CV² = 1/burstiness
   }
   auto all = ArrivalTimes({5, INFINITY, 1.0, 0}).value();

@@ -1,5 +1,7 @@
 // Signatures, IDF and signature quality against hand-computed values and a direct brute-force
 // computation of ρ (signatures built one by one, distances and ranks computed naively).
+#include "runtime/signature/signature.h"
+
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -8,13 +10,13 @@
 #include <set>
 
 #include "runtime/signature/quality.h"
-#include "runtime/signature/signature.h"
 
 namespace eldr {
 namespace {
 
 // One request per entry: tokens[t][l] = top-k ids. First prompt_len tokens are prefill.
-Trace MakeTrace(int L, int E, int K, const std::vector<std::pair<int, std::vector<std::vector<std::vector<int>>>>>& reqs) {
+Trace MakeTrace(int L, int E, int K,
+                const std::vector<std::pair<int, std::vector<std::vector<std::vector<int>>>>>& reqs) {
   Trace t;
   t.shape = {"test", L, E, K};
   int64_t offset = 0;

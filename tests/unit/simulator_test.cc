@@ -1,6 +1,8 @@
 // The simulator (runtime/sim): hand-computed timelines, distinct experts from the batch's real routing,
 // queueing and admission, accounting invariants, determinism, routing identical to an independent
 // nearest-centroid computation, and the cost-model fit against known coefficients.
+#include "runtime/sim/simulator.h"
+
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -9,10 +11,9 @@
 #include <set>
 
 #include "runtime/calib/calibrate.h"
+#include "runtime/cost/cost_model.h"
 #include "runtime/job/workload.h"
 #include "runtime/signature/signature.h"
-#include "runtime/cost/cost_model.h"
-#include "runtime/sim/simulator.h"
 #include "runtime/trace/synth.h"
 
 namespace eldr {
@@ -80,13 +81,13 @@ TEST(Simulator, OneRequestTimelineByHand) {
   CostModel m;
   m.control_latency = 1e-3;
   m.prefill_a = 2e-3;
-  m.prefill_b = 4e-3;      // × 3 computed tokens
+  m.prefill_b = 4e-3;  // × 3 computed tokens
   m.kv_latency = 8e-3;
   m.kv_bandwidth = 384e3;  // tiny: 2 (K,V)·3 layers·2 heads·8 dims·4 B = 384 B/token → 3 tokens = 3 ms
   m.decode_a = 16e-3;
-  m.decode_b = 1e-3;       // × distinct (Σ over 2 layers)
-  m.decode_c = 32e-3;      // × batch 1
-  m.decode_d = 1e-4;       // × context tokens
+  m.decode_b = 1e-3;   // × distinct (Σ over 2 layers)
+  m.decode_c = 32e-3;  // × batch 1
+  m.decode_d = 1e-4;   // × context tokens
   auto r = Simulate(Job(RoutingPolicy::kRoundRobin, 1), InOrder(t, {4}), Tiny(), nullptr, m, false);
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   const RequestRecord& rec = r->records[0];
@@ -257,7 +258,8 @@ TEST(Simulator, LocalityRoutingEqualsNearestCentroidOfTheFullPromptCounts) {
     double best_d = 1e300;
     for (int k = 0; k < 3; ++k) {
       double dot = 0;
-      for (int x = 0; x < D; ++x) dot += static_cast<double>(sig[x]) * s.calib.centroids[static_cast<size_t>(k) * D + x];
+      for (int x = 0; x < D; ++x)
+        dot += static_cast<double>(sig[x]) * s.calib.centroids[static_cast<size_t>(k) * D + x];
       if (1 - dot < best_d - 1e-9) {
         best_d = 1 - dot;
         best = k;
@@ -293,8 +295,9 @@ TEST(Simulator, EpSizeAboveOneIsRefused) {
   auto r = Simulate(c, InOrder(s.trace, {3}), Tiny(), nullptr, CostModel{}, false);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(r.status().message(),
-            "test.yaml: decode.ep_size 2: eldr simulate does not model expert-parallel decoders; simulate with ep_size 1");
+  EXPECT_EQ(
+      r.status().message(),
+      "test.yaml: decode.ep_size 2: eldr simulate does not model expert-parallel decoders; simulate with ep_size 1");
   EXPECT_EQ(r.status().message().find('\n'), std::string::npos);
 }
 

@@ -1,13 +1,12 @@
 // JSONL import and the HDF5 trace store: round trip against the JSON content, every validation rule
 // with its line number, and no output file on failure.
 #include <gtest/gtest.h>
+#include <unistd.h>
 #include <zlib.h>
 
-#include <unistd.h>
-
 #include <filesystem>
-#include <functional>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 
 #include "runtime/trace/trace.h"
@@ -105,15 +104,31 @@ TEST_F(TraceIoTest, EveryBadLineIsReportedWithItsNumberAndLeavesNoFile) {
   std::vector<BadCase> cases = {
       {"expert id too large", [](json& j) { j["topk_ids"][0][0][1] = 8; }, "outside [0, num_experts = 8)"},
       {"negative id", [](json& j) { j["topk_ids"][1][0][0] = -1; }, "outside"},
-      {"repeated id", [](json& j) { j["topk_ids"][0][0] = {5, 5}; }, "repeats expert 5"},
-      {"wrong k", [](json& j) { j["topk_ids"][0][0] = {1, 2, 3}; }, "must have top_k = 2"},
-      {"wrong layers", [](json& j) { j["topk_ids"][0] = {{1, 2}, {3, 4}}; }, "num_layers = 1"},
+      {"repeated id",
+       [](json& j) {
+         j["topk_ids"][0][0] = {5, 5};
+       },
+       "repeats expert 5"},
+      {"wrong k",
+       [](json& j) {
+         j["topk_ids"][0][0] = {1, 2, 3};
+       },
+       "must have top_k = 2"},
+      {"wrong layers",
+       [](json& j) {
+         j["topk_ids"][0] = {{1, 2}, {3, 4}};
+       },
+       "num_layers = 1"},
       {"wrong token count", [](json& j) { j["num_tokens"] = 3; }, "num_tokens = 3"},
       {"prompt_len > num_tokens", [](json& j) { j["prompt_len"] = 3; }, "prompt_len 3"},
       {"negative prompt_len", [](json& j) { j["prompt_len"] = -1; }, "prompt_len -1"},
       {"missing field", [](json& j) { j.erase("top_k"); }, "missing field 'top_k'"},
       {"empty domain", [](json& j) { j["domain"] = ""; }, "empty string"},
-      {"NaN weight", [](json& j) { j["topk_weights"] = {{{0.5, -0.1}}, {{0.5, 0.5}}}; }, "negative or non-finite"},
+      {"NaN weight",
+       [](json& j) {
+         j["topk_weights"] = {{{0.5, -0.1}}, {{0.5, 0.5}}};
+       },
+       "negative or non-finite"},
       {"shape differs", [](json& j) { j["num_experts"] = 16; }, "differs from the first request"},
       {"duplicate id", [](json& j) { j["id"] = "g"; }, "duplicate request id"},
   };

@@ -9,8 +9,8 @@ namespace {
 TEST(IsUsableRequest, NeedsPromptAndDecodeTokens) {
   EXPECT_TRUE(IsUsableRequest(1, 1));
   EXPECT_TRUE(IsUsableRequest(512, 30));
-  EXPECT_FALSE(IsUsableRequest(0, 5));   // no prompt: no signature
-  EXPECT_FALSE(IsUsableRequest(7, 0));   // prefill only: no decode profile
+  EXPECT_FALSE(IsUsableRequest(0, 5));  // no prompt: no signature
+  EXPECT_FALSE(IsUsableRequest(7, 0));  // prefill only: no decode profile
   EXPECT_FALSE(IsUsableRequest(0, 0));
   EXPECT_FALSE(IsUsableRequest(4, -1));  // a malformed row (num_tokens < prompt_len)
 }
