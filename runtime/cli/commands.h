@@ -5,6 +5,8 @@
 
 #include <CLI/CLI.hpp>
 #include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
 
 #include "runtime/common/status.h"
 
@@ -22,5 +24,13 @@ void AddSimulateCommand(CLI::App& app, Action* action);
 
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);
+
+// The options of a parsed command, each as given or its default ("--tau": "0.1"; flags as true/false; options
+// without a value or default as null): the resolved configuration of the run. Its path ("place evaluate") is
+// "command".
+nlohmann::json OptionsJson(const CLI::App& cmd);
+// `report` with the provenance of runtime/common/provenance.h (eldr_version, git_sha, build_type, date) and
+// config = OptionsJson(cmd).
+nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd);
 
 }  // namespace eldr::cli

@@ -13,6 +13,34 @@ void PrintResult(bool as_json, const std::string& text, const std::string& json)
   std::cout.flush();
 }
 
+nlohmann::json OptionsJson(const CLI::App& cmd) {
+  nlohmann::json options = nlohmann::json::object();
+  for (const CLI::Option* opt : cmd.get_options()) {
+    if (opt->get_name() == "--help" || opt->get_name().empty()) continue;
+    const std::string name = opt->get_name();
+    if (opt->get_type_size() == 0) {  // a flag
+      options[name] = opt->count() > 0;
+    } else if (opt->count() > 0) {
+      const auto& results = opt->results();
+      options[name] = results.size() == 1 ? nlohmann::json(results[0]) : nlohmann::json(results);
+    } else if (!opt->get_default_str().empty()) {
+      options[name] = opt->get_default_str();
+    } else {
+      options[name] = nullptr;
+    }
+  }
+  std::string path = cmd.get_name();
+  for (const CLI::App* p = cmd.get_parent(); p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
+    path = p->get_name() + " " + path;
+  }
+  return {{"command", path}, {"options", options}};
+}
+
+nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd) {
+  for (auto& [key, value] : Provenance(OptionsJson(cmd)).items()) report[key] = value;
+  return report;
+}
+
 }  // namespace eldr::cli
 
 int main(int argc, char** argv) {

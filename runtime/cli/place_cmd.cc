@@ -122,7 +122,7 @@ std::string ProfileText(const PlacementProblem& p, const Placement& pl, Placemen
          Fmt(Balancedness(pl, p.load), 4) + ", " + Fmt(ms, 2) + " ms\n";
 }
 
-Status RunProfile(const ProfileArgs& a) {
+Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
   ELDR_ASSIGN_OR_RETURN(PlacementSpec spec, SpecOf(a.spec));
   PlacementProblem p;
   ELDR_RETURN_IF_ERROR(ReadProfileLoad(a, &p));
@@ -146,7 +146,7 @@ Status RunProfile(const ProfileArgs& a) {
     text += "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " + std::to_string(m.moved_bytes) +
             " bytes\n";
   }
-  PrintResult(a.as_json, text, DumpJson(j));
+  PrintResult(a.as_json, text, DumpJson(WithProvenance(j, cmd)));
   return Status::Ok();
 }
 
@@ -165,7 +165,7 @@ void AddProfileCommand(CLI::App* place, Action* action) {
   cmd->add_option("--expert-bytes", a->expert_bytes, "bytes of one expert's weights, to report moved bytes")
       ->capture_default_str();
   cmd->add_flag("--json", a->as_json, "print phy2log, log2phy, logcnt and balancedness as JSON");
-  cmd->callback([=] { *action = [=] { return RunProfile(*a); }; });
+  cmd->callback([=] { *action = [=] { return RunProfile(*a, *cmd); }; });
 }
 
 // ---- calib ----
@@ -176,7 +176,8 @@ struct CalibArgs {
   bool as_json = false;
 };
 
-void PrintClusterPlacements(const CalibArgs& a, const ClusterPlacements& p, const std::string& out_path) {
+void PrintClusterPlacements(const CalibArgs& a, const ClusterPlacements& p, const std::string& out_path,
+                            const CLI::App& cmd) {
   const int K = static_cast<int>(p.per_cluster.size());
   const char* algo = PlacementAlgorithmName(p.spec.algorithm);
   nlohmann::json j = {{"algorithm", algo}, {"out", out_path}, {"K", K}};
@@ -190,10 +191,10 @@ void PrintClusterPlacements(const CalibArgs& a, const ClusterPlacements& p, cons
   PrintResult(a.as_json,
               std::string("per-cluster placement (") + algo + ") written to " + out_path + " /placement\n" +
                   FormatTable({"placement", "balancedness on its own load"}, rows),
-              DumpJson(j));
+              DumpJson(WithProvenance(j, cmd)));
 }
 
-Status RunCalib(const CalibArgs& a) {
+Status RunCalib(const CalibArgs& a, const CLI::App& cmd) {
   ELDR_ASSIGN_OR_RETURN(PlacementSpec spec, SpecOf(a.spec));
   const std::string out_path = a.out.empty() ? a.calib : a.out;
   ELDR_RETURN_IF_ERROR(AtomicOutput(out_path).CheckWritable());
@@ -201,7 +202,7 @@ Status RunCalib(const CalibArgs& a) {
   auto placed = PlaceClusters(calib, spec);
   if (!placed.ok()) return placed.status().WithPrefix(a.calib);
   ELDR_RETURN_IF_ERROR(WritePlacements(placed.value(), a.calib, out_path));
-  PrintClusterPlacements(a, placed.value(), out_path);
+  PrintClusterPlacements(a, placed.value(), out_path, cmd);
   return Status::Ok();
 }
 
@@ -220,7 +221,7 @@ void AddCalibCommand(CLI::App* place, Action* action) {
       "cluster_<k> (from /clusters/expert_load[k]) and global (from sum_k sizes[k] * expert_load[k]), each with "
       "phy2log [L, P], log2phy [L, E, max_replicas], logcnt [L, E] and attribute balancedness. eldr serve's "
       "decode.placement and eldr place evaluate read them: cluster k uses cluster_<k> when present, else global.");
-  cmd->callback([=] { *action = [=] { return RunCalib(*a); }; });
+  cmd->callback([=] { *action = [=] { return RunCalib(*a, *cmd); }; });
 }
 
 // ---- evaluate ----
@@ -272,7 +273,7 @@ Result<ComparedPlacements> LoadComparedPlacements(const EvaluateArgs& a, const P
   return out;
 }
 
-Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given) {
+Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given, const CLI::App& cmd) {
   if (a.batch < 1) return Status::InvalidArgument("--batch must be >= 1, got " + std::to_string(a.batch));
   if (!a.out.empty()) ELDR_RETURN_IF_ERROR(AtomicOutput(a.out).CheckWritable());
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
@@ -289,7 +290,7 @@ Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given) {
   o.batch_size = a.batch;
   o.holdout_only = a.holdout_from_calib;
   ELDR_ASSIGN_OR_RETURN(PlacementReplayReport rep, ReplayPlacements(trace, calib, placements, o, a.trace, a.calib));
-  const nlohmann::json j = rep.ToJson();
+  const nlohmann::json j = WithProvenance(rep.ToJson(), cmd);
   if (!a.out.empty()) ELDR_RETURN_IF_ERROR(WriteJsonFile(a.out, j));
   PrintResult(a.as_json, rep.ToText() + (a.out.empty() ? "" : "report written to " + a.out + "\n"), DumpJson(j));
   return Status::Ok();
@@ -326,7 +327,7 @@ void AddEvaluateCommand(CLI::App* place, Action* action) {
       "balancedness and mean max-rank load.");
   cmd->callback([=] {
     const GivenSpec given = GivenOf(cmd);
-    *action = [=] { return RunEvaluate(*a, given); };
+    *action = [=] { return RunEvaluate(*a, given, *cmd); };
   });
 }
 

@@ -39,7 +39,7 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a->calib));
       ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a->trace));
       ELDR_ASSIGN_OR_RETURN(RouteReplayReport rep, ReplayRoutes(trace, calib, o, a->trace, a->calib));
-      PrintResult(a->as_json, rep.ToText(), DumpJson(rep.ToJson()));
+      PrintResult(a->as_json, rep.ToText(), DumpJson(WithProvenance(rep.ToJson(), *cmd)));
       return Status::Ok();
     };
   });

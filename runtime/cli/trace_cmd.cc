@@ -149,7 +149,7 @@ void AddTraceCommand(CLI::App& app, Action* action) {
         ELDR_ASSIGN_OR_RETURN(Trace t, ReadTrace(*path));
         auto stats = ComputeTraceStats(t, *o);
         if (!stats.ok()) return stats.status().WithPrefix(*path);
-        PrintResult(*as_json, stats->ToText(), DumpJson(stats->ToJson()));
+        PrintResult(*as_json, stats->ToText(), DumpJson(WithProvenance(stats->ToJson(), *cmd)));
         return Status::Ok();
       };
     });

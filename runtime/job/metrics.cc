@@ -7,6 +7,7 @@
 
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/provenance.h"
 
 namespace eldr {
 
@@ -198,7 +199,42 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}, {"ep_size", c.ep_size}};
   j["model"] = model;
   j["trace"] = c.trace;
+  for (auto& [key, value] : Provenance(JobConfigJson(c)).items()) j[key] = value;
   return j;
+}
+
+nlohmann::json JobConfigJson(const JobConfig& c) {
+  const auto number = [](double v) { return std::isinf(v) ? nlohmann::json("inf") : nlohmann::json(v); };
+  return {{"path", c.path},
+          {"topology", {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}}},
+          {"model",
+           {{"config", c.model_config},
+            {"weights", c.weights},
+            {"seed", c.weight_seed},
+            {"gate", c.replay_gates ? "replay" : "model"}}},
+          {"routing",
+           {{"policy", RoutingPolicyName(c.policy)},
+            {"tau", c.tau < 0 ? nlohmann::json("calibration") : nlohmann::json(c.tau)},
+            {"calibration", c.calibration},
+            {"admission_cap", c.admission_cap},
+            {"seed", c.routing_seed},
+            {"load_bound", c.load_bound}}},
+          {"kv_cache",
+           {{"block_size", c.block_size},
+            {"prefill_blocks", c.prefill_blocks},
+            {"decode_blocks", c.decode_blocks},
+            {"transport", c.kv_transport}}},
+          {"decode", {{"max_batch", c.max_batch}, {"ep_size", c.ep_size}, {"placement", c.placement}}},
+          {"workload",
+           {{"trace", c.trace},
+            {"num_requests", c.num_requests},
+            {"output_len", c.output_len},
+            {"request_rate", number(c.request_rate)},
+            {"burstiness", c.burstiness},
+            {"max_concurrency", c.max_concurrency},
+            {"seed", c.workload_seed}}},
+          {"output", {{"dir", c.output_dir}, {"tokens", c.output_tokens}}},
+          {"watchdog_s", c.watchdog_s}};
 }
 
 Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,

@@ -79,9 +79,12 @@ struct RoutingStats {
 // mean_distinct_experts_per_step, distinct_experts_per_token, mean_band_size, fallbacks and per-decoder
 // {decoder, leader_rank, requests, steps, mean_batch, mean_distinct_experts_per_step, and with ep_size set: ep_size,
 // and when it is > 1 mean_rank_load, mean_balancedness, p1_balancedness}. `eldr serve` and `eldr simulate` both write
-// it, so every table and plot works on either.
+// it, so every table and plot works on either. It carries its provenance: eldr_version, git_sha, build_type,
+// date and the resolved config (JobConfigJson).
 nlohmann::json JobMetrics(const JobConfig& config, const std::string& model, const std::vector<RequestRecord>& records,
                           const std::vector<DecoderStats>& decoders, const RoutingStats& routing);
+// The resolved job config (every default filled in, every override applied) as JSON, in the YAML's layout.
+nlohmann::json JobConfigJson(const JobConfig& config);
 
 // One prefill or decode step as a worker timed it: the data `eldr simulate --fit` fits its cost model to.
 struct StepRecord {
