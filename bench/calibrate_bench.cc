@@ -102,5 +102,3 @@ BENCHMARK(BM_CapacitatedAssignment)->Args({1000, 16})->Args({10000, 40})->Unit(b
 
 }  // namespace
 }  // namespace eldr
-
-BENCHMARK_MAIN();

@@ -170,5 +170,3 @@ BENCHMARK(BM_DemoDecode)->Arg(1)->Arg(16)->Arg(64)->ArgName("batch")->Unit(bench
 
 }  // namespace
 }  // namespace eldr
-
-BENCHMARK_MAIN();
