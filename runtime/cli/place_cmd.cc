@@ -13,6 +13,7 @@
 #include "runtime/common/hdf5.h"
 #include "runtime/cli/commands.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 #include "runtime/router/placement_replay.h"
 #include "runtime/trace/trace.h"
 
@@ -45,7 +46,7 @@ Status Evaluate(const PlaceArgs& a, const GivenOptions& given) {
   if (!a.load.empty()) return Status::InvalidArgument("--evaluate takes its load from --calib, not --load");
   if (!a.previous.empty()) return Status::InvalidArgument("--previous does not apply to --evaluate");
   if (a.batch < 1) return Status::InvalidArgument("--batch must be >= 1, got " + std::to_string(a.batch));
-  if (!a.out.empty()) ELDR_RETURN_IF_ERROR(AtomicOutput(a.out).CheckWritable());
+  ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, {{a.trace, "--trace"}, {a.calib, "--calib"}}));
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
   ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
   if (!trace.shape.SameAs(calib.shape)) {
@@ -98,6 +99,7 @@ Status Evaluate(const PlaceArgs& a, const GivenOptions& given) {
 // One placement per decoder cluster from the per-cluster expert load of a calibration, plus the global one for
 // comparison, written under /placement of a copy of the file that is renamed into place.
 Status PlaceClusters(const PlaceArgs& a, PlacementAlgorithm algo) {
+  InstallInterruptHandlers();
   ELDR_ASSIGN_OR_RETURN(Calibration c, ReadCalibration(a.calib));
   const int K = c.num_clusters, L = c.shape.num_layers, E = c.shape.num_experts;
   const size_t row = static_cast<size_t>(L) * E;
@@ -247,10 +249,10 @@ void AddPlaceCommand(CLI::App& app, Action* action) {
         nlohmann::json j;
         try {
           f >> j;
-          ELDR_ASSIGN_OR_RETURN(Placement prev,
-                                PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
-                                                     j.at("phy2log").get<std::vector<int32_t>>()));
-          previous = std::make_unique<Placement>(std::move(prev));
+          auto prev = PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
+                                           j.at("phy2log").get<std::vector<int32_t>>());
+          if (!prev.ok()) return prev.status().WithPrefix(a->previous);
+          previous = std::make_unique<Placement>(std::move(prev).value());
         } catch (const nlohmann::json::exception& e) {
           return Status::InvalidArgument(a->previous + ": not the JSON output of eldr place (" + e.what() + ")");
         }

@@ -8,6 +8,7 @@
 #include <queue>
 
 #include "runtime/common/progress.h"
+#include "runtime/common/signals.h"
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
 #include "runtime/kvcache/signature_cache.h"
@@ -155,6 +156,7 @@ class Simulation {
       events_.pop();
       now_ = e.time;
       ++result_.events;
+      if ((result_.events & 4095) == 0 && Interrupted()) return InterruptStatus();
       ELDR_RETURN_IF_ERROR(Handle(e));
       if ((done_ & 255) == 0 || done_ == N_) bar.Update(done_);
     }
