@@ -48,7 +48,7 @@ Status RunCalibrate(const CalibrateArgs& a) {
   if (!a.refit.empty()) {
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
     auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report);
-    if (!r.ok()) return r.status().WithPrefix(a.refit);
+    if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.refit);
     calib = std::move(r).value();
     if (a.tau_given) calib.tau = o.tau;  // otherwise keep the stored τ
     if (!(calib.tau >= 0) || !std::isfinite(calib.tau)) return Status::InvalidArgument("--tau must be a finite value >= 0");
@@ -67,7 +67,7 @@ Status RunCalibrate(const CalibrateArgs& a) {
     }
     ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
     auto r = Calibrate(trace, o, &report);
-    if (!r.ok()) return r.status().WithPrefix(a.trace);
+    if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.trace);
     calib = std::move(r).value();
   }
   nlohmann::json j = report.ToJson();

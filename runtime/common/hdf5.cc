@@ -10,16 +10,14 @@ namespace eldr::h5 {
 
 namespace {
 
+// A file whose close failed (a full disk) stays registered in HDF5 1.10, half torn down; the library's exit
+// handler would close it again and crash (exit 139). Every file is closed explicitly (RAII) before exit, so the
+// handler has nothing to do: skip it. H5dont_atexit only works before the library initialises, hence a static
+// initialiser (this file holds every HDF5 call of eldr); harmless if it comes late.
+const bool kNoHdf5AtExit = (H5dont_atexit(), true);
+
 void SilenceHdf5() {
-  static const bool once = [] {
-    // A file whose close failed (a full disk) stays registered in HDF5 1.10, half torn down; the library's exit
-    // handler would close it again and crash (exit 139). Every file is closed explicitly (RAII) before exit, so
-    // the handler has nothing to do: skip it. Must precede the library's initialisation; harmless after it.
-    H5dont_atexit();
-    H5open();
-    return true;
-  }();
-  (void)once;
+  (void)kNoHdf5AtExit;
   // The C library prints its whole error stack by default; our Status messages replace it.
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }

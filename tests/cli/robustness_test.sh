@@ -264,6 +264,20 @@ if check_run "SIGINT during the synthesis" 130 "interrupted by SIGINT"; then
   else ok "SIGINT during the synthesis"; fi
 fi
 
+# A long calibration (k-means restarts poll the signal): neither the calibration nor the report is left.
+"$ELDR" trace synth --requests 3000 --layers 8 --experts 32 --top-k 4 --prompt-len 16 --output-len 16 --out mid.h5 >/dev/null
+"$ELDR" calibrate --trace mid.h5 -K 8 --restarts 30 --out cm.h5 --report cm.json --quiet >"$WORK/out.txt" 2>"$WORK/err.txt" &
+pid=$!
+sleep 1
+kill -s HUP $pid
+wait $pid
+rc=$?
+if check_run "SIGHUP during calibrate" 129 "cm.h5: interrupted by SIGHUP"; then
+  if [ -e cm.h5 ] || [ -e cm.json ] || [ -n "$(temps_of cm.h5)$(temps_of cm.json)" ]; then
+    bad "SIGHUP during calibrate" "output or temporary left"
+  else ok "SIGHUP during calibrate"; fi
+fi
+
 # Nothing else was left in the work directory.
 stray=$(ls -a | grep "\.tmp\." || true)
 [ -z "$stray" ] && ok "no temporary anywhere" || bad "no temporary anywhere" "$stray"
