@@ -224,4 +224,14 @@ Status WriteFileAtomic(const std::string& path, const std::string& content) {
   return out.Commit();
 }
 
+Status WriteFilesAtomic(const std::vector<std::pair<std::string, std::string>>& files,
+                        const std::vector<PathArg>& inputs) {
+  OutputSet set;
+  std::vector<AtomicOutput*> outs;
+  for (const auto& [path, content] : files) outs.push_back(&set.Add(path));
+  ELDR_RETURN_IF_ERROR(set.CheckWritable(inputs));
+  for (size_t i = 0; i < files.size(); ++i) ELDR_RETURN_IF_ERROR(outs[i]->Write(files[i].second));
+  return set.CommitAll();
+}
+
 }  // namespace eldr

@@ -15,6 +15,7 @@
 
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/common/status.h"
@@ -90,5 +91,11 @@ class OutputSet {
 
 // Writes `content` to `path` atomically (CheckWritable, Write, Commit).
 Status WriteFileAtomic(const std::string& path, const std::string& content);
+
+// Writes several files (path, content) all or none through an OutputSet: every path is checked (and none may be
+// the same file as another or as one of `inputs`) before anything is written. For a run directory: metrics.json,
+// requests.jsonl, steps.jsonl.
+Status WriteFilesAtomic(const std::vector<std::pair<std::string, std::string>>& files,
+                        const std::vector<PathArg>& inputs = {});
 
 }  // namespace eldr

@@ -198,6 +198,22 @@ TEST_F(AtomicFileTest, OutputSetCommitsAllOrNone) {
   }
 }
 
+TEST_F(AtomicFileTest, WriteFilesAtomicWritesAllOrNone) {
+  ASSERT_TRUE(WriteFilesAtomic({{Path("metrics.json"), "{}"}, {Path("requests.jsonl"), "r\n"}}).ok());
+  EXPECT_EQ(ReadText("metrics.json"), "{}");
+  EXPECT_EQ(ReadText("requests.jsonl"), "r\n");
+  // The second path is refused: the first one keeps its old content, and no temporary is left.
+  fs::create_symlink(Path("metrics.json"), Path("steps.jsonl"));
+  Status st = WriteFilesAtomic({{Path("requests.jsonl"), "new\n"}, {Path("steps.jsonl"), "s\n"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind(Path("steps.jsonl") + ": cannot write: it is a symbolic link", 0), 0u) << st.message();
+  EXPECT_EQ(ReadText("requests.jsonl"), "r\n");
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"metrics.json", "requests.jsonl", "steps.jsonl"}));
+  // An output that is an input.
+  EXPECT_FALSE(WriteFilesAtomic({{Path("metrics.json"), "x"}}, {{Path("metrics.json"), "--config"}}).ok());
+  EXPECT_EQ(ReadText("metrics.json"), "{}");
+}
+
 TEST_F(AtomicFileTest, WriteFileAtomicReportsAFullDevice) {
   // /dev/full's temporary cannot be made, and the node itself is refused.
   Status st = WriteFileAtomic("/dev/full", "x");
