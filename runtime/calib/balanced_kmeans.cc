@@ -10,6 +10,7 @@
 
 #include "runtime/common/check.h"
 #include "runtime/common/progress.h"
+#include "runtime/common/signals.h"
 
 namespace eldr {
 
@@ -194,6 +195,7 @@ Result<BalancedKMeansResult> BalancedKMeans(const std::vector<float>& points, in
   bool have = false;
   ProgressBar bar("balanced k-means", o.restarts, o.progress);
   for (int r = 0; r < o.restarts; ++r) {
+    if (Interrupted()) return InterruptStatus();
     BalancedKMeansResult res = RunOnce(X, o, rng);
     res.restart = r;
     if (!have || res.objective < best.objective - 1e-12) {

@@ -14,6 +14,7 @@
 #include "runtime/calib/balanced_kmeans.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/progress.h"
+#include "runtime/common/signals.h"
 #include "runtime/common/usable_request.h"
 
 namespace eldr {
@@ -129,6 +130,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   std::vector<float> idf = ComputeIdf(fc.prefill_counts, N, L, E);
   const auto t1 = Clock::now();
   rep.seconds_features = Seconds(t0, t1);
+  if (Interrupted()) return InterruptStatus();
 
   // ρ for every variant over all layers; greedy selection for the chosen one.
   const RequestPairs pairs = SampleRequestPairs(N, o.max_pairs, o.seed);
@@ -163,6 +165,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   rep.num_selected_layers = num_selected;
   const auto t2 = Clock::now();
   rep.seconds_quality = Seconds(t1, t2);
+  if (Interrupted()) return InterruptStatus();
 
   Calibration c;
   c.shape = trace.shape;

@@ -91,9 +91,15 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
 }
 
 Status WriteCalibration(const Calibration& c, const std::string& path) {
-  ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
   AtomicOutput out(path);
   ELDR_RETURN_IF_ERROR(out.CheckWritable());
+  ELDR_RETURN_IF_ERROR(WriteCalibration(c, out));
+  return out.Commit();
+}
+
+Status WriteCalibration(const Calibration& c, const AtomicOutput& out) {
+  const std::string& path = out.path();
+  ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
   {
     ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::Create(out.temp_path(), path));
     const hsize_t L = c.shape.num_layers, E = c.shape.num_experts, N = c.request_ids.size(), D = c.dim(),
@@ -131,7 +137,7 @@ Status WriteCalibration(const Calibration& c, const std::string& path) {
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "balanced", static_cast<int64_t>(c.balanced ? 1 : 0)));
     ELDR_RETURN_IF_ERROR(f.Close());
   }
-  return out.Commit();
+  return Status::Ok();
 }
 
 Result<Calibration> ReadCalibration(const std::string& path) {

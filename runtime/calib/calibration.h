@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/common/atomic_file.h"
 #include "runtime/common/status.h"
 #include "runtime/signature/signature.h"
 #include "runtime/trace/trace.h"
@@ -48,8 +49,11 @@ struct Calibration {
 
 // Reads and validates the whole file (shapes, finite values, assignment range). Errors name the file.
 Result<Calibration> ReadCalibration(const std::string& path);
-// Writes through a temporary file renamed into place.
+// Writes through a temporary file renamed into place (the output policy of runtime/common/atomic_file.h).
 Status WriteCalibration(const Calibration& calib, const std::string& path);
+// Writes to out.temp_path() only, errors naming out.path(); the caller commits (e.g. with the report of the same
+// run, through an OutputSet).
+Status WriteCalibration(const Calibration& calib, const AtomicOutput& out);
 // Checks internal consistency; `name` prefixes errors.
 Status ValidateCalibration(const Calibration& calib, const std::string& name);
 

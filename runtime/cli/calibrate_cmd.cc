@@ -10,6 +10,7 @@
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/hdf5.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 
 namespace eldr::cli {
 
@@ -37,18 +38,17 @@ Status RunCalibrate(const CalibrateArgs& a) {
   if (a.trace.empty() == a.refit.empty()) {
     return Status::InvalidArgument("give exactly one of --trace (fit) or --refit CALIBRATION (re-cluster)");
   }
-  // Outputs are checked before any work, so a bad path fails in a second, not after the fit.
-  AtomicOutput out_check(a.out);
-  ELDR_RETURN_IF_ERROR(out_check.CheckWritable());
-  std::unique_ptr<AtomicOutput> report_out;
-  if (!a.report.empty()) {
-    report_out = std::make_unique<AtomicOutput>(a.report);
-    ELDR_RETURN_IF_ERROR(report_out->CheckWritable());
-  }
+  // Outputs are checked before any work, so a bad path fails in a second, not after the fit; the calibration and
+  // the report are committed together or not at all.
+  InstallInterruptHandlers();
+  OutputSet outputs;
+  AtomicOutput& calib_out = outputs.Add(a.out, "--out");
+  AtomicOutput* report_out = a.report.empty() ? nullptr : &outputs.Add(a.report, "--report");
+  ELDR_RETURN_IF_ERROR(outputs.CheckWritable({{a.trace, "--trace"}, {a.refit, "--refit"}}));
   if (!a.refit.empty()) {
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
     auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report);
-    if (!r.ok()) return r.status().WithPrefix(a.refit);
+    if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.refit);
     calib = std::move(r).value();
     if (a.tau_given) calib.tau = o.tau;  // otherwise keep the stored τ
     if (!(calib.tau >= 0) || !std::isfinite(calib.tau))
@@ -68,7 +68,7 @@ Status RunCalibrate(const CalibrateArgs& a) {
     }
     ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
     auto r = Calibrate(trace, o, &report);
-    if (!r.ok()) return r.status().WithPrefix(a.trace);
+    if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.trace);
     calib = std::move(r).value();
   }
   nlohmann::json j = report.ToJson();
@@ -76,16 +76,9 @@ Status RunCalibrate(const CalibrateArgs& a) {
   j["K"] = calib.num_clusters;
   j["tau"] = calib.tau;
   j["variant"] = SignatureVariantName(calib.signature.variant);
-  // The report's temporary is written first and renamed only after the calibration landed, so a failure
-  // leaves neither file.
-  if (report_out) {
-    std::ofstream f(report_out->temp_path());
-    f << DumpJson(j) << "\n";
-    f.flush();
-    if (!f) return Status::IoError(a.report + ": write failed");
-  }
-  ELDR_RETURN_IF_ERROR(WriteCalibration(calib, a.out));
-  if (report_out) ELDR_RETURN_IF_ERROR(report_out->Commit());
+  if (report_out) ELDR_RETURN_IF_ERROR(report_out->Write(DumpJson(j) + "\n"));
+  ELDR_RETURN_IF_ERROR(WriteCalibration(calib, calib_out));
+  ELDR_RETURN_IF_ERROR(outputs.CommitAll());
   if (!a.quiet) PrintResult(a.as_json, report.ToText() + "wrote " + a.out + "\n", DumpJson(j));
   return Status::Ok();
 }

@@ -5,6 +5,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/common/check.h"
 #include "runtime/common/provenance.h"
+#include "runtime/common/signals.h"
 
 namespace eldr::cli {
 
@@ -66,6 +67,13 @@ int main(int argc, char** argv) {
   }
   try {
     eldr::Status st = action ? action() : eldr::Status::InvalidArgument("no command given");
+    // A command that installed the interrupt handlers (runtime/common/signals.h) has unwound and removed its
+    // temporaries by now: one line, and the shell's exit code of a run killed by that signal.
+    if (eldr::Interrupted()) {
+      std::fprintf(stderr, "eldr: %s\n",
+                   st.ok() ? eldr::InterruptStatus().message().c_str() : ("error: " + st.message()).c_str());
+      return eldr::InterruptExitCode();
+    }
     if (!st.ok()) {
       if (!st.message().empty()) std::fprintf(stderr, "eldr: error: %s\n", st.message().c_str());  // empty: printed
       return 1;

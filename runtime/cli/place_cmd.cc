@@ -14,6 +14,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 #include "runtime/eval/placement_replay.h"
 #include "runtime/trace/trace.h"
 
@@ -89,10 +90,10 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
   try {
     nlohmann::json j;
     f >> j;
-    ELDR_ASSIGN_OR_RETURN(Placement prev,
-                          PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
-                                               j.at("phy2log").get<std::vector<int32_t>>()));
-    return std::make_unique<Placement>(std::move(prev));
+    auto prev = PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
+                                     j.at("phy2log").get<std::vector<int32_t>>());
+    if (!prev.ok()) return prev.status().WithPrefix(path);
+    return std::make_unique<Placement>(std::move(prev).value());
   } catch (const nlohmann::json::exception& e) {
     return Status::InvalidArgument(path + ": not the JSON output of eldr place profile (" + e.what() + ")");
   }
@@ -197,6 +198,7 @@ void PrintClusterPlacements(const CalibArgs& a, const ClusterPlacements& p, cons
 Status RunCalib(const CalibArgs& a, const CLI::App& cmd) {
   ELDR_ASSIGN_OR_RETURN(PlacementSpec spec, SpecOf(a.spec));
   const std::string out_path = a.out.empty() ? a.calib : a.out;
+  InstallInterruptHandlers();
   ELDR_RETURN_IF_ERROR(AtomicOutput(out_path).CheckWritable());
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
   auto placed = PlaceClusters(calib, spec);
@@ -275,7 +277,7 @@ Result<ComparedPlacements> LoadComparedPlacements(const EvaluateArgs& a, const P
 
 Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given, const CLI::App& cmd) {
   if (a.batch < 1) return Status::InvalidArgument("--batch must be >= 1, got " + std::to_string(a.batch));
-  if (!a.out.empty()) ELDR_RETURN_IF_ERROR(AtomicOutput(a.out).CheckWritable());
+  ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, {{a.trace, "--trace"}, {a.calib, "--calib"}}));
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
   ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
   if (!trace.shape.SameAs(calib.shape)) {

@@ -11,6 +11,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 #include "runtime/cost/cost_model.h"
 #include "runtime/job/job_config.h"
 #include "runtime/job/metrics.h"
@@ -54,6 +55,9 @@ Status WriteOrPrint(const std::string& out, const std::string& text) {
 
 Status RunFit(const SimulateArgs& a) {
   if (a.model.empty()) return Status::InvalidArgument("--fit needs --model (the model config the steps ran)");
+  std::vector<PathArg> inputs{{a.model, "--model"}};
+  for (const auto& f : a.fit) inputs.push_back({f, "--fit"});
+  ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, inputs));
   ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(a.model));
   ELDR_ASSIGN_OR_RETURN(FitReport r, FitCostModel(a.fit, mc, a.cores));
   // Step logs time the compute only; hops on this machine's MPI with polling receivers take ~0.1 ms.
@@ -130,7 +134,13 @@ Status RunSimulation(const SimulateArgs& a) {
     std::error_code ec;
     std::filesystem::create_directories(c.output_dir, ec);
     if (ec) return Status::IoError(c.output_dir + ": cannot create the output directory: " + ec.message());
-    ELDR_RETURN_IF_ERROR(AtomicOutput(c.output_dir + "/metrics.json").CheckWritable());
+    ELDR_RETURN_IF_ERROR(
+        CheckOutputs({{c.output_dir + "/metrics.json", "output.dir"}, {c.output_dir + "/requests.jsonl", "output.dir"}},
+                     {{a.config, "--config"},
+                      {c.calibration, "calibration"},
+                      {c.trace, "trace"},
+                      {c.model_config, "model"},
+                      {a.cost_model, "--cost-model"}}));
   }
   const auto start = std::chrono::steady_clock::now();
   ELDR_ASSIGN_OR_RETURN(SimulationResult r, Simulate(c, in, mc, calib.get(), cost, !a.quiet && !a.json));
@@ -209,6 +219,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)");
   cmd->callback([=] {
     *action = [=]() -> Status {
+      InstallInterruptHandlers();
       if (!a->fit.empty()) return RunFit(*a);
       if (!a->derive.empty()) return RunDerive(*a);
       return RunSimulation(*a);

@@ -3,7 +3,9 @@
 #include <sstream>
 
 #include "runtime/cli/commands.h"
+#include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 #include "runtime/trace/stats.h"
 #include "runtime/trace/synth.h"
 #include "runtime/trace/trace.h"
@@ -78,6 +80,7 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     cmd->add_option("--out", *out, "HDF5 trace to write")->required();
     cmd->callback([=] {
       *action = [=]() -> Status {
+        InstallInterruptHandlers();
         ImportSummary s;
         ELDR_RETURN_IF_ERROR(ImportJsonlTrace(*in, *out, &s));
         std::printf("imported %lld requests, %lld tokens (%s%s) into %s\n", static_cast<long long>(s.num_requests),
@@ -122,6 +125,8 @@ void AddTraceCommand(CLI::App& app, Action* action) {
         ELDR_RETURN_IF_ERROR(ParseRange(*output, "--output-len", &opts.output_len_min, &opts.output_len_max));
         ELDR_RETURN_IF_ERROR(ParseMix(*mix, opts.num_domains, &opts.domain_mix));
         opts.with_weights = !*no_weights;
+        InstallInterruptHandlers();
+        ELDR_RETURN_IF_ERROR(CheckOutputPath(*out));  // before the synthesis, not after it
         ELDR_ASSIGN_OR_RETURN(Trace t, SynthesizeTrace(opts));
         ELDR_RETURN_IF_ERROR(WriteTrace(t, *out));
         std::printf("wrote %zu requests, %lld tokens (%s, %d domains) to %s\n", t.requests.size(),

@@ -4,11 +4,20 @@
 #include <cstring>
 #include <filesystem>
 
+#include "runtime/common/signals.h"
+
 namespace eldr::h5 {
 
 namespace {
 
+// A file whose close failed (a full disk) stays registered in HDF5 1.10, half torn down; the library's exit
+// handler would close it again and crash (exit 139). Every file is closed explicitly (RAII) before exit, so the
+// handler has nothing to do: skip it. H5dont_atexit only works before the library initialises, hence a static
+// initialiser (this file holds every HDF5 call of eldr); harmless if it comes late.
+const bool kNoHdf5AtExit = (H5dont_atexit(), true);
+
 void SilenceHdf5() {
+  (void)kNoHdf5AtExit;
   // The C library prints its whole error stack by default; our Status messages replace it.
   H5Eset_auto2(H5E_DEFAULT, nullptr, nullptr);
 }
@@ -68,9 +77,39 @@ Handle& Handle::operator=(Handle&& o) noexcept {
   return *this;
 }
 
-void Handle::Reset() {
-  if (id_ >= 0 && closer_) closer_(id_);
+void Handle::Reset() { (void)Close(); }
+
+herr_t Handle::Close() {
+  herr_t rc = 0;
+  if (id_ >= 0 && closer_) rc = closer_(id_);
   id_ = H5I_INVALID_HID;
+  return rc;
+}
+
+namespace {
+
+herr_t FindReason(unsigned, const H5E_error2_t* err, void* data) {
+  auto* reason = static_cast<std::string*>(data);
+  if (!err->desc) return 0;
+  const std::string desc = err->desc;
+  // The sec2 driver's "... errno = 28, error message = 'No space left on device', ..." is the one to show.
+  const std::string key = "error message = '";
+  const size_t pos = desc.find(key);
+  if (pos != std::string::npos) {
+    const size_t end = desc.find('\'', pos + key.size());
+    *reason = desc.substr(pos + key.size(), end == std::string::npos ? std::string::npos : end - pos - key.size());
+    return 1;  // stop: the system's reason wins
+  }
+  *reason = desc;  // walking downward: the last one seen is the innermost
+  return 0;
+}
+
+}  // namespace
+
+std::string LastErrorReason() {
+  std::string reason;
+  H5Ewalk2(H5E_DEFAULT, H5E_WALK_DOWNWARD, FindReason, &reason);
+  return reason.empty() ? "HDF5 error" : reason;
 }
 
 template <>
@@ -130,7 +169,7 @@ Result<File> File::OpenReadOnly(const std::string& path) {
 Result<File> File::Create(const std::string& path, const std::string& display_name) {
   SilenceHdf5();
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
-  if (id < 0) return Status::IoError(display_name + ": cannot create HDF5 file");
+  if (id < 0) return Status::IoError(display_name + ": cannot create HDF5 file: " + LastErrorReason());
   return File(Handle(id, H5Fclose), display_name);
 }
 
@@ -145,19 +184,18 @@ Result<File> File::OpenReadWrite(const std::string& path, const std::string& dis
 Status File::Remove(const std::string& object_path) {
   if (!Exists(object_path)) return Status::Ok();
   if (H5Ldelete(file_.get(), object_path.c_str(), H5P_DEFAULT) < 0) {
-    return Status::IoError(name_ + ": cannot remove " + object_path);
+    return Status::IoError(name_ + ": cannot remove " + object_path + ": " + LastErrorReason());
   }
   return Status::Ok();
 }
 
 Status File::Close() {
   if (!file_.valid()) return Status::Ok();
-  hid_t id = file_.get();
-  H5Fflush(id, H5F_SCOPE_GLOBAL);
-  herr_t rc = H5Fclose(id);
-  file_ = Handle();  // already closed; do not close twice
-  if (rc < 0) return Status::IoError(name_ + ": failed to close (disk full?)");
-  return Status::Ok();
+  Status st;
+  if (H5Fflush(file_.get(), H5F_SCOPE_GLOBAL) < 0) st = Status::IoError(name_ + ": cannot flush: " + LastErrorReason());
+  // Closed even after a failed flush, so the handle does not outlive the error.
+  if (file_.Close() < 0 && st.ok()) st = Status::IoError(name_ + ": cannot close: " + LastErrorReason());
+  return st;
 }
 
 Status File::Fail(const std::string& what) const { return Status::Corrupt(name_ + ": " + what); }
@@ -180,7 +218,9 @@ bool File::Exists(const std::string& object_path) const {
 Status File::CreateGroup(const std::string& group_path) {
   if (Exists(group_path)) return Status::Ok();
   Handle g(H5Gcreate2(file_.get(), group_path.c_str(), H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT), H5Gclose);
-  if (!g.valid()) return Status::IoError(name_ + ": cannot create group " + group_path);
+  if (!g.valid() || g.Close() < 0) {
+    return Status::IoError(name_ + ": cannot create group " + group_path + ": " + LastErrorReason());
+  }
   return Status::Ok();
 }
 
@@ -188,14 +228,18 @@ namespace {
 
 Status WriteAttrRaw(hid_t file, const std::string& name, const std::string& obj, const std::string& attr, hid_t type,
                     const void* value) {
+  const auto fail = [&] {
+    return Status::IoError(name + ": cannot write attribute " + obj + "@" + attr + ": " + LastErrorReason());
+  };
+  if (type < 0) return fail();
   Handle o(H5Oopen(file, obj.c_str(), H5P_DEFAULT), H5Oclose);
   if (!o.valid()) return Status::IoError(name + ": no object " + obj + " for attribute " + attr);
-  if (H5Aexists(o.get(), attr.c_str()) > 0) H5Adelete(o.get(), attr.c_str());
+  const htri_t exists = H5Aexists(o.get(), attr.c_str());
+  if (exists < 0 || (exists > 0 && H5Adelete(o.get(), attr.c_str()) < 0)) return fail();
   Handle space(H5Screate(H5S_SCALAR), H5Sclose);
+  if (!space.valid()) return fail();
   Handle a(H5Acreate2(o.get(), attr.c_str(), type, space.get(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
-  if (!a.valid() || H5Awrite(a.get(), type, value) < 0) {
-    return Status::IoError(name + ": cannot write attribute " + obj + "@" + attr);
-  }
+  if (!a.valid() || H5Awrite(a.get(), type, value) < 0 || a.Close() < 0 || o.Close() < 0) return fail();
   return Status::Ok();
 }
 
@@ -266,22 +310,29 @@ Result<double> File::ReadDoubleAttribute(const std::string& obj, const std::stri
 }
 
 Status File::WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, bool compress) {
+  if (Interrupted()) return InterruptStatus().WithPrefix(name_);
   ELDR_RETURN_IF_ERROR(CreateGroup(ParentOf(path)));
+  const auto fail = [&](const char* what) {
+    return Status::IoError(name_ + ": cannot " + what + " dataset " + path + ": " + LastErrorReason());
+  };
+  if (type < 0) return fail("create");
   Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr), H5Sclose);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
+  if (!space.valid() || !dcpl.valid()) return fail("create");
   hsize_t total = 1;
   for (auto d : dims) total *= d;
   if (compress && total > 0) {
     Dims chunk = ChunkFor(dims, H5Tget_size(type));
-    H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
-    H5Pset_shuffle(dcpl.get());
-    H5Pset_deflate(dcpl.get(), 4);
+    if (H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
+        H5Pset_deflate(dcpl.get(), 4) < 0) {
+      return fail("create");
+    }
   }
   Handle ds(H5Dcreate2(file_.get(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-  if (!ds.valid()) return Status::IoError(name_ + ": cannot create dataset " + path);
-  if (total > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
-    return Status::IoError(name_ + ": cannot write dataset " + path + " (disk full?)");
-  }
+  if (!ds.valid()) return fail("create");
+  if (total > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) return fail("write");
+  // The chunks of a compressed dataset are flushed by the close: its failure is the write's.
+  if (ds.Close() < 0) return fail("write");
   return Status::Ok();
 }
 
@@ -413,17 +464,19 @@ Result<Appender> Appender::Create(File& file, const std::string& path, hid_t typ
     maxdims.push_back(d);
     chunk.push_back(std::max<hsize_t>(d, 1));
   }
+  const auto fail = [&] {
+    return Status::IoError(file.name() + ": cannot create dataset " + path + ": " + LastErrorReason());
+  };
   Handle space(H5Screate_simple(static_cast<int>(dims.size()), dims.data(), maxdims.data()), H5Sclose);
   Handle dcpl(H5Pcreate(H5P_DATASET_CREATE), H5Pclose);
-  H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data());
-  if (compress) {
-    H5Pset_shuffle(dcpl.get());
-    H5Pset_deflate(dcpl.get(), 4);
+  if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0) {
+    return fail();
   }
+  if (compress && (H5Pset_shuffle(dcpl.get()) < 0 || H5Pset_deflate(dcpl.get(), 4) < 0)) return fail();
   Appender a;
   a.dataset_ =
       Handle(H5Dcreate2(file.id(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
-  if (!a.dataset_.valid()) return Status::IoError(file.name() + ": cannot create dataset " + path);
+  if (!a.dataset_.valid()) return fail();
   a.type_ = type;
   a.row_shape_ = row_shape;
   a.where_ = file.name() + ": " + path;
@@ -432,19 +485,30 @@ Result<Appender> Appender::Create(File& file, const std::string& path, hid_t typ
 
 Status Appender::Append(const void* data, hsize_t num_rows) {
   if (num_rows == 0) return Status::Ok();
+  if (Interrupted()) return InterruptStatus().WithPrefix(where_);
+  if (!dataset_.valid()) return Status::IoError(where_ + ": append after close");
+  const auto fail = [&](const char* what) { return Status::IoError(where_ + ": " + what + ": " + LastErrorReason()); };
   Dims new_dims{rows_ + num_rows};
   for (auto d : row_shape_) new_dims.push_back(d);
-  if (H5Dset_extent(dataset_.get(), new_dims.data()) < 0) return Status::IoError(where_ + ": cannot extend");
+  if (H5Dset_extent(dataset_.get(), new_dims.data()) < 0) return fail("cannot extend");
   Handle fspace(H5Dget_space(dataset_.get()), H5Sclose);
   Dims start(new_dims.size(), 0), count = new_dims;
   start[0] = rows_;
   count[0] = num_rows;
-  H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr);
+  if (!fspace.valid() ||
+      H5Sselect_hyperslab(fspace.get(), H5S_SELECT_SET, start.data(), nullptr, count.data(), nullptr) < 0) {
+    return fail("cannot select rows");
+  }
   Handle mspace(H5Screate_simple(static_cast<int>(count.size()), count.data(), nullptr), H5Sclose);
-  if (H5Dwrite(dataset_.get(), type_, mspace.get(), fspace.get(), H5P_DEFAULT, data) < 0) {
-    return Status::IoError(where_ + ": write failed (disk full?)");
+  if (!mspace.valid() || H5Dwrite(dataset_.get(), type_, mspace.get(), fspace.get(), H5P_DEFAULT, data) < 0) {
+    return fail("write failed");
   }
   rows_ += num_rows;
+  return Status::Ok();
+}
+
+Status Appender::Close() {
+  if (dataset_.valid() && dataset_.Close() < 0) return Status::IoError(where_ + ": write failed: " + LastErrorReason());
   return Status::Ok();
 }
 

@@ -1,5 +1,7 @@
 // Thin RAII layer over the HDF5 C API. Every failure is a Status naming the file and the object, so a
-// missing, truncated or corrupt file reaches the user as one clear line. HDF5's own error stack
+// missing, truncated or corrupt file reaches the user as one clear line; on the write path every call is
+// checked, including the closes that flush cached chunks, so a full disk or an I/O error is a Status with
+// the system's reason, never a crash or a silently incomplete file. HDF5's own error stack
 // printing is switched off on first use.
 //
 // Thread safety: a File is not thread-safe; the Debian HDF5 build is not thread-safe either, so use
@@ -16,7 +18,9 @@
 
 namespace eldr::h5 {
 
-// Owns one hid_t and closes it with the matching H5?close.
+// Owns one hid_t and closes it with the matching H5?close. The destructor never throws and ignores a failed
+// close (it runs on error paths, after the first error was reported); a writer that needs to know whether
+// the close flushed its data calls Close().
 class Handle {
  public:
   using Closer = herr_t (*)(hid_t);
@@ -30,6 +34,8 @@ class Handle {
   hid_t get() const { return id_; }
   bool valid() const { return id_ >= 0; }
   void Reset();
+  // Closes now and returns the close's result (negative: the flush of cached data failed). Idempotent.
+  herr_t Close();
 
  private:
   hid_t id_ = H5I_INVALID_HID;
@@ -55,6 +61,8 @@ class File {
 
   const std::string& name() const { return name_; }
   hid_t id() const { return file_.get(); }
+  // Flushes and closes, reporting a failed flush or close (ENOSPC, EIO) with the reason. Open datasets of the
+  // file (Appender) must be closed first. The destructor closes too, ignoring errors.
   Status Close();
 
   bool Exists(const std::string& object_path) const;
@@ -99,6 +107,8 @@ class Appender {
                                  hsize_t chunk_rows, bool compress);
   // Appends `num_rows` rows of row-major data of the element type given at creation.
   Status Append(const void* data, hsize_t num_rows);
+  // Closes the dataset, reporting a failed flush of its cached chunks (a full disk often shows only here).
+  Status Close();
   hsize_t rows() const { return rows_; }
 
  private:
@@ -111,5 +121,9 @@ class Appender {
 
 // Writes a vector of variable-length UTF-8 strings by appending (used with Appender semantics).
 hid_t VarStringType();  // caller closes with H5Tclose
+
+// The reason of the last failed HDF5 call of this thread, from the HDF5 error stack: the system's message
+// when the failure was a system call ("No space left on device"), else HDF5's innermost description.
+std::string LastErrorReason();
 
 }  // namespace eldr::h5

@@ -296,7 +296,7 @@ Status WriteSafetensors(const ModelWeights& weights, const std::string& path) {
     f.write(reinterpret_cast<const char*>(&n), 8);
     f.write(h.data(), static_cast<std::streamsize>(h.size()));
     for (const auto& [p, b] : chunks) f.write(static_cast<const char*>(p), static_cast<std::streamsize>(b));
-    f.flush();
+    f.close();  // the close flushes: its failure is the write's
     if (!f) return Status::IoError(path + ": write failed (disk full?)");
   }
   return out.Commit();

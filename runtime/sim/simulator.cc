@@ -10,6 +10,7 @@
 
 #include "runtime/common/distinct_experts.h"
 #include "runtime/common/progress.h"
+#include "runtime/common/signals.h"
 #include "runtime/job/frontend.h"
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
@@ -123,6 +124,7 @@ class Simulation {
       events_.pop();
       now_ = e.time;
       ++result_.events;
+      if ((result_.events & 4095) == 0 && Interrupted()) return InterruptStatus();
       ELDR_RETURN_IF_ERROR(Handle(e));
       const int64_t done = frontend_->num_done();
       if ((done & 255) == 0 || done == N_) bar.Update(done);

@@ -8,7 +8,9 @@
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "runtime/common/atomic_file.h"
 #include "runtime/common/progress.h"
+#include "runtime/common/signals.h"
 #include "runtime/trace/trace.h"
 #include "runtime/trace/trace_store.h"
 
@@ -35,7 +37,10 @@ class LineReader {
           *error = true;
           return false;
         }
-        if (n == 0) return !line->empty();
+        if (n == 0) {
+          unterminated_ = !line->empty();
+          return unterminated_;
+        }
         pos_ = 0;
         len_ = static_cast<size_t>(n);
       }
@@ -51,12 +56,22 @@ class LineReader {
       pos_ = len_;
     }
   }
+  // The last line returned ended at the end of the input, without a newline.
+  bool unterminated() const { return unterminated_; }
 
  private:
   gzFile f_;
   std::vector<char> buf_;
   size_t pos_ = 0, len_ = 0;
+  bool unterminated_ = false;
 };
+
+// zlib reports a stream cut short as a clean end of input with Z_BUF_ERROR pending.
+bool GzStreamCutShort(gzFile gz) {
+  int err = Z_OK;
+  gzerror(gz, &err);
+  return err != Z_OK && err != Z_STREAM_END;
+}
 
 struct ParsedRequest {
   TraceRequest meta;
@@ -198,6 +213,8 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
 }  // namespace
 
 Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path, ImportSummary* summary) {
+  // Before reading a line: an output that is the input would destroy it, a bad path would fail after the work.
+  ELDR_RETURN_IF_ERROR(CheckOutputs({{out_path, "--out"}}, {{in_path, "--in"}}));
   gzFile gz = gzopen(in_path.c_str(), "rb");
   if (!gz) return Status::NotFound(in_path + ": cannot open: " + std::strerror(errno));
   struct GzCloser {
@@ -220,9 +237,15 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
   ProgressBar progress("importing " + std::filesystem::path(in_path).filename().string(),
                        ec ? 0 : static_cast<int64_t>(file_size));
   while (reader.Next(&line, &read_error)) {
+    if (Interrupted()) return InterruptStatus().WithPrefix(out_path);
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
     Status st = ParseLine(line, &req);
+    if (!st.ok() && reader.unterminated() && GzStreamCutShort(gz)) {
+      // The last line is cut, not malformed: say so instead of reporting its JSON.
+      return Status::IoError(in_path + ":" + std::to_string(line_no) +
+                             ": the gzip stream ends early (the file is truncated): " + gzerror(gz, nullptr));
+    }
     if (!st.ok()) return Status::InvalidArgument(in_path + ":" + std::to_string(line_no) + ": " + st.message());
     const std::string where = in_path + ":" + std::to_string(line_no) + ": ";
     if (!writer) {
@@ -246,10 +269,7 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
     progress.Update(static_cast<int64_t>(gzoffset(gz)));
   }
   progress.Finish();
-  // zlib reports a stream cut short as a clean end of input with Z_BUF_ERROR pending: check it.
-  int gz_err = Z_OK;
-  gzerror(gz, &gz_err);
-  if (gz_err != Z_OK && gz_err != Z_STREAM_END) read_error = true;
+  if (GzStreamCutShort(gz)) read_error = true;
   if (read_error) {
     int errnum = 0;
     const char* msg = gzerror(gz, &errnum);

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 
 namespace eldr {
 
@@ -274,6 +275,7 @@ Result<Trace> SynthesizeTrace(const SynthOptions& o) {
   const int max_tries = 64 * K + 256;
 
   for (int64_t r = 0; r < o.num_requests; ++r) {
+    if (Interrupted()) return InterruptStatus();
     const auto& req = trace.requests[r];
     const int d = request_domain[r];
     std::mt19937_64 id_rng(StreamSeed(o.seed, kRequestIdStream, static_cast<uint64_t>(r)));

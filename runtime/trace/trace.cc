@@ -4,6 +4,7 @@
 #include <unordered_set>
 
 #include "runtime/common/hdf5.h"
+#include "runtime/common/signals.h"
 #include "runtime/trace/trace_store.h"
 
 namespace eldr {
@@ -176,6 +177,7 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, 
 }
 
 Status TraceWriter::Append(const TraceRequest& request, const uint16_t* ids, const float* weights) {
+  if (Interrupted()) return InterruptStatus().WithPrefix(out_.path());
   TraceRequest r = request;
   r.offset = num_tokens_;
   ELDR_RETURN_IF_ERROR(ids_->Append(ids, r.num_tokens));
@@ -208,10 +210,18 @@ Status TraceWriter::Finish() {
   ELDR_RETURN_IF_ERROR(f.Write("/requests/prompt_len", prompt_len, {n}));
   ELDR_RETURN_IF_ERROR(f.Write("/requests/num_tokens", num_tokens, {n}));
   ELDR_RETURN_IF_ERROR(f.Write("/requests/offset", offset, {n}));
+  // A fixed order: the datasets (whose closes flush their last chunks), then the file, then the rename.
+  Status st = ids_->Close();
+  if (weights_) {
+    Status w = weights_->Close();
+    if (st.ok()) st = w;
+  }
   ids_.reset();
   weights_.reset();
-  ELDR_RETURN_IF_ERROR(f.Close());
+  Status closed = f.Close();
+  if (st.ok()) st = closed;
   file_.reset();
+  ELDR_RETURN_IF_ERROR(st);
   return out_.Commit();
 }
 

@@ -1,0 +1,284 @@
+#!/usr/bin/env bash
+# The output policy of every command (issue 14, runtime/common/atomic_file.h): outputs that are device nodes,
+# FIFOs, symbolic links, directories or one of the command's inputs are refused before any work and left as they
+# were; a full disk is one line naming the file (never a crash) for import, synth and calibrate; SIGINT, SIGTERM
+# and SIGHUP during a long import or synth end with 128 + signal, one line, and no temporary. Every case asserts
+# the exit code, exactly one stderr line, the named file, and that nothing was left behind or changed.
+# Usage: robustness_test.sh /path/to/eldr /path/to/source
+set -u
+ELDR="$1"
+SRC="$2"
+WORK="$(mktemp -d)"
+MNT="$WORK/full"
+cleanup() {
+  mountpoint -q "$MNT" 2>/dev/null && umount "$MNT"
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+cd "$WORK"
+source "$SRC/tests/lib.sh"
+
+# Temporaries of OUTPUT (".NAME.tmp.*" beside it).
+temps_of() { ls -a "$(dirname "$1")" 2>/dev/null | grep "^\.$(basename "$1")\.tmp"; }
+
+# check_run NAME RC_WANT PATTERN : the last command (stderr in $WORK/err.txt, exit in $rc) exited RC_WANT (or any
+# non-zero when RC_WANT is "fail") with exactly one stderr line matching PATTERN. Prints nothing; returns 1 and
+# records the failure otherwise.
+check_run() {
+  local name="$1" want="$2" pattern="$3" lines
+  lines=$(wc -l <"$WORK/err.txt")
+  if [ "$want" = fail ] && { [ "$rc" -eq 0 ] || [ "$rc" -ge 128 ]; }; then
+    bad "$name" "exit code $rc (want 1..127; 139 is a segfault)"; return 1
+  fi
+  if [ "$want" != fail ] && [ "$rc" -ne "$want" ]; then bad "$name" "exit code $rc, want $want"; return 1; fi
+  if [ "$lines" -ne 1 ]; then bad "$name" "stderr has $lines lines: $(head -3 "$WORK/err.txt")"; return 1; fi
+  if ! grep -qE -- "$pattern" "$WORK/err.txt"; then bad "$name" "stderr '$(cat "$WORK/err.txt")' lacks /$pattern/"; return 1; fi
+  return 0
+}
+
+# expect_untouched NAME PATTERN FILE CMD... : the command fails with one line matching PATTERN, FILE (an input or an
+# existing output) keeps its content and type, and no temporary of FILE is left.
+expect_untouched() {
+  local name="$1" pattern="$2" file="$3"; shift 3
+  local before; before=$(md5sum <"$file")
+  "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"
+  rc=$?
+  check_run "$name" fail "$pattern" || return
+  if [ "$(md5sum <"$file")" != "$before" ]; then bad "$name" "$file was changed"; return; fi
+  if [ -n "$(temps_of "$file")" ]; then bad "$name" "temporary left: $(temps_of "$file")"; return; fi
+  ok "$name"
+}
+
+# ---- inputs ----
+"$ELDR" trace synth --domains 3 --requests 40 --layers 4 --experts 16 --top-k 2 --prompt-len 8:16 --output-len 8 \
+  --seed 1 --out t.h5 >/dev/null || { bad "synth the input trace"; finish; exit 1; }
+"$ELDR" calibrate --trace t.h5 -K 2 --out c.h5 --quiet || { bad "calibrate the input"; finish; exit 1; }
+/usr/bin/python3 - <<'PYEOF' >g.jsonl
+import json
+for r in range(30):
+    toks = [[[(t + l + j) % 16 for j in range(2)] for l in range(4)] for t in range(12)]
+    print(json.dumps({"id": f"r{r}", "domain": "d", "num_layers": 4, "num_experts": 16, "top_k": 2,
+                      "num_tokens": 12, "prompt_len": 6, "topk_ids": toks}))
+PYEOF
+# A JSONL of ~3 MB: zlib reads 1 MB at a time, so a FIFO fed with it has the import running (and its temporary
+# created) while the rest of the input is still to come.
+/usr/bin/python3 - <<'PYEOF' >long.jsonl
+import json
+for r in range(2000):
+    toks = [[[(t + l + j + r) % 16 for j in range(2)] for l in range(4)] for t in range(40)]
+    print(json.dumps({"id": f"r{r}", "num_layers": 4, "num_experts": 16, "top_k": 2, "num_tokens": 40,
+                      "prompt_len": 20, "topk_ids": toks}))
+PYEOF
+
+# ---- outputs that are not regular files ----
+if mknod ff c 1 7 2>/dev/null; then  # /dev/full
+  for cmd in "calibrate --trace t.h5 -K 2 --out ff" "calibrate --trace t.h5 -K 2 --out c2.h5 --report ff" \
+             "trace synth --requests 4 --out ff" "trace import --in g.jsonl --out ff"; do
+    "$ELDR" $cmd >"$WORK/out.txt" 2>"$WORK/err.txt"
+    rc=$?
+    if check_run "device node: $cmd" fail "ff: cannot write: it is a character device"; then
+      if [ -c ff ] && [ -z "$(temps_of ff)" ] && [ ! -e c2.h5 ]; then ok "device node: $cmd"; else
+        bad "device node: $cmd" "ff is no longer a character device, or a temporary/partial output was left"; fi
+    fi
+  done
+else
+  echo "skip   device node cases (mknod needs root)"
+fi
+mkfifo pipe
+for cmd in "calibrate --trace t.h5 -K 2 --out pipe" "trace synth --requests 4 --out pipe" \
+           "trace import --in g.jsonl --out pipe" "calibrate --trace t.h5 -K 2 --out c2.h5 --report pipe"; do
+  timeout 20 "$ELDR" $cmd >"$WORK/out.txt" 2>"$WORK/err.txt"
+  rc=$?
+  if check_run "FIFO: $cmd" fail "pipe: cannot write: it is a FIFO"; then
+    if [ -p pipe ] && [ -z "$(temps_of pipe)" ] && [ ! -e c2.h5 ]; then ok "FIFO: $cmd"; else bad "FIFO: $cmd" "pipe replaced"; fi
+  fi
+done
+cp c.h5 target.h5
+ln -s target.h5 link.h5
+for cmd in "calibrate --trace t.h5 -K 2 --out link.h5" "trace synth --requests 4 --out link.h5" \
+           "trace import --in g.jsonl --out link.h5" "calibrate --trace t.h5 -K 2 --out c2.h5 --report link.h5"; do
+  expect_untouched "symlink: $cmd" "link.h5: cannot write: it is a symbolic link" target.h5 "$ELDR" $cmd
+  [ -L link.h5 ] || bad "symlink: $cmd: link.h5 is no longer a link"
+done
+expect_error "stdout as --report (a link)" "/dev/stdout: cannot write: it is a symbolic link" c2.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out c2.h5 --report /dev/stdout
+mkdir adir
+expect_error "directory as --out" "adir: cannot write: it is a directory" - "$ELDR" trace synth --requests 4 --out adir
+[ -d adir ] || bad "adir is still a directory"
+
+# ---- an output that is an input ----
+mkdir sub
+expect_untouched "calibrate --out = --trace" "t.h5: --out is the same file as the input --trace" t.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out t.h5
+expect_untouched "calibrate --out = --trace through ../" "--out is the same file as the input --trace" t.h5 \
+  sh -c "cd sub && '$ELDR' calibrate --trace ../t.h5 -K 2 --out '../../$(basename "$WORK")/t.h5'"
+expect_untouched "calibrate --out = --trace through sub/../" "--out is the same file as the input --trace" t.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out sub/../t.h5
+expect_untouched "calibrate --report = --trace" "t.h5: --report is the same file as the input --trace" t.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out c2.h5 --report t.h5
+[ -e c2.h5 ] && bad "--report = --trace left the calibration"
+expect_untouched "refit --out = --refit" "c.h5: --out is the same file as the input --refit" c.h5 \
+  "$ELDR" calibrate --refit c.h5 -K 2 --out c.h5
+expect_error "calibrate --report = --out" "c2.h5: --report is the same file as the output --out" c2.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out c2.h5 --report c2.h5
+cp c.h5 c3.h5
+expect_untouched "calibrate --report = --out (existing)" "--report is the same file as the output --out" c3.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out c3.h5 --report ./sub/../c3.h5
+expect_untouched "import --in = --out" "g.jsonl: --out is the same file as the input --in" g.jsonl \
+  "$ELDR" trace import --in g.jsonl --out g.jsonl
+expect_untouched "import --in = --out through a link" "--out is the same file as the input --in" g.jsonl \
+  sh -c "ln -sf g.jsonl g_alias.jsonl && '$ELDR' trace import --in g_alias.jsonl --out ./g.jsonl"
+expect_untouched "place --evaluate --out = --trace" "t.h5: --out is the same file as the input --trace" t.h5 \
+  "$ELDR" place --evaluate --trace t.h5 --calib c.h5 -R 2 --out t.h5
+
+# ---- simulate: the fitted cost model (-o) and the run directory ----
+echo '{"kind":"prefill","worker":0,"time":0,"seconds":0.004,"prompt_tokens":8}' >steps.jsonl
+expect_untouched "simulate --fit: -o = the step log" "steps.jsonl: --out is the same file as the input --fit" \
+  steps.jsonl "$ELDR" simulate --fit steps.jsonl --model "$SRC/configs/models/tiny.yaml" -o steps.jsonl
+expect_untouched "simulate --fit: -o = --model" "--out is the same file as the input --model" \
+  "$SRC/configs/models/tiny.yaml" "$ELDR" simulate --fit steps.jsonl --model "$SRC/configs/models/tiny.yaml" \
+  -o "$SRC/configs/models/tiny.yaml"
+"$ELDR" trace synth --domains 3 --requests 30 --layers 2 --experts 8 --top-k 2 --prompt-len 8:24 --output-len 4:12 \
+  --seed 2 --out tiny.h5 >/dev/null
+cat >job.yaml <<YAML
+topology: {prefill_ranks: 1, decode_ranks: 2}
+model: {config: $SRC/configs/models/tiny.yaml, weights: synthetic, gate: replay}
+routing: {policy: round_robin}
+kv_cache: {block_size: 4, prefill_blocks: 256, decode_blocks: 256}
+decode: {max_batch: 8}
+workload: {trace: tiny.h5, num_requests: 30, request_rate: 50, seed: 1}
+output: {dir: run}
+simulate:
+  decode: {a: 2.0e-3, b: 1.0e-4, c: 1.0e-5, d: 1.0e-7}
+  prefill: {a: 1.0e-3, b: 1.0e-5}
+  kv_transfer: {latency_s: 1.0e-4, bandwidth_Bps: 1.0e9}
+  control_latency_s: 5.0e-5
+YAML
+mkdir run && ln -s ../target.h5 run/metrics.json
+expect_untouched "simulate: metrics.json in the run directory is a link" "run/metrics.json: cannot write: it is a symbolic link" \
+  target.h5 "$ELDR" simulate -c job.yaml --quiet
+[ -e run/requests.jsonl ] && bad "simulate: a refused run directory got requests.jsonl"
+rm run/metrics.json
+expect_untouched "simulate: requests.jsonl is the trace" "run/requests.jsonl: output.dir is the same file as the input trace" \
+  tiny.h5 sh -c "ln tiny.h5 run/requests.jsonl && '$ELDR' simulate -c job.yaml --quiet"
+rm -rf run
+
+# ---- messages ----
+gzip -c g.jsonl >g.jsonl.gz
+head -c $(( $(stat -c %s g.jsonl.gz) / 2 )) g.jsonl.gz >cut.jsonl.gz
+expect_error "truncated gzip is reported as truncated" "cut.jsonl.gz:[0-9]+: .*truncated" cut.h5 \
+  "$ELDR" trace import --in cut.jsonl.gz --out cut.h5
+grep -q "JSON" "$WORK/err.txt" && bad "truncated gzip: the message must not blame the JSON"
+PROFILE="$SRC/bench/data/expert-load-profiles/Qwen3-Coder-30B-A3B-Instruct_expert_scores_summary.json"
+echo '{"num_layers": 48, "num_experts": 128, "num_ranks": 16, "phy2log": [0]}' >prev.json
+expect_error "place --previous: a bad placement names the file" "^eldr: error: prev.json: " - \
+  "$ELDR" place --load "$PROFILE" -P 160 -R 16 --previous prev.json
+
+# ---- a full disk: one line naming the file, no crash, no temporary ----
+mkdir -p "$MNT"
+if mount -t tmpfs -o size=40k tmpfs "$MNT" 2>/dev/null; then
+  full_case() {  # NAME OUTPUT CMD...
+    local name="$1" out="$2"; shift 2
+    "$@" >"$WORK/out.txt" 2>"$WORK/err.txt"
+    rc=$?
+    if check_run "$name" fail "$(basename "$out"): .*(No space left on device|write failed|cannot)"; then
+      if [ -e "$out" ] || [ -n "$(temps_of "$out")" ]; then bad "$name" "left $(ls -a "$MNT" | tr '\n' ' ')"
+      else ok "$name"; fi
+    fi
+    rm -rf "${MNT:?}"/* "$MNT"/.[!.]* 2>/dev/null
+  }
+  full_case "full disk: trace synth" "$MNT/s.h5" \
+    "$ELDR" trace synth --requests 400 --layers 8 --experts 32 --top-k 4 --out "$MNT/s.h5"
+  full_case "full disk: trace import" "$MNT/real.h5" \
+    "$ELDR" trace import --in "$SRC/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz" --out "$MNT/real.h5"
+  "$ELDR" trace synth --requests 300 --layers 8 --experts 32 --top-k 4 --prompt-len 16 --output-len 16 --out big.h5 >/dev/null
+  full_case "full disk: calibrate" "$MNT/c.h5" "$ELDR" calibrate --trace big.h5 -K 2 --out "$MNT/c.h5" --quiet
+  # The report fits, the calibration does not: neither is left (all or none).
+  full_case "full disk: calibrate, report and calibration all or none" "$MNT/c.h5" \
+    "$ELDR" calibrate --trace big.h5 -K 2 --out "$MNT/c.h5" --report "$MNT/r.json" --quiet
+  [ -e "$MNT/r.json" ] && bad "full disk: the report was left without the calibration"
+  # Almost nothing left: the failure comes at the first write or at the close.
+  dd if=/dev/zero of="$MNT/filler" bs=1k count=36 status=none 2>/dev/null
+  full_case "nearly full disk: trace synth" "$MNT/s.h5" "$ELDR" trace synth --requests 20 --out "$MNT/s.h5"
+  dd if=/dev/zero of="$MNT/filler" bs=1k count=36 status=none 2>/dev/null
+  full_case "nearly full disk: calibrate" "$MNT/c.h5" "$ELDR" calibrate --trace t.h5 -K 2 --out "$MNT/c.h5" --quiet
+  umount "$MNT"
+else
+  echo "skip   full-disk cases (mounting a tmpfs needs root)"
+fi
+
+# ---- signals: 128 + signal, one line, no temporary ----
+# Import from a FIFO: the input is written, the temporary appears while the import waits for the end of the input,
+# the signal is sent, then the input ends (the line loop or the writer sees the signal).
+wait_for_temp() {  # OUTPUT PID: until OUTPUT's temporary exists (or PID ended)
+  for _ in $(seq 1 400); do
+    [ -n "$(temps_of "$1")" ] && return 0
+    kill -0 "$2" 2>/dev/null || return 1
+    sleep 0.05
+  done
+  return 1
+}
+for sig in INT TERM HUP; do
+  rm -f in.fifo && mkfifo in.fifo
+  "$ELDR" trace import --in in.fifo --out imp.h5 >"$WORK/out.txt" 2>"$WORK/err.txt" &
+  pid=$!
+  exec 3>in.fifo
+  cat long.jsonl >&3
+  if wait_for_temp imp.h5 $pid; then
+    kill -s $sig $pid
+    sleep 0.2
+  fi
+  exec 3>&-
+  wait $pid
+  rc=$?
+  want=$((128 + $(kill -l $sig)))
+  if check_run "SIG$sig during import" $want "interrupted by SIG$sig"; then
+    if [ -e imp.h5 ] || [ -n "$(temps_of imp.h5)" ]; then bad "SIG$sig during import" "output or temporary left"
+    else ok "SIG$sig during import"; fi
+  fi
+done
+# A long synth: the signal arrives while it writes (its temporary exists).
+for sig in INT TERM HUP; do
+  "$ELDR" trace synth --requests 3000 --layers 8 --experts 32 --top-k 4 --prompt-len 64 --output-len 64 \
+    --out s.h5 >"$WORK/out.txt" 2>"$WORK/err.txt" &
+  pid=$!
+  if wait_for_temp s.h5 $pid; then kill -s $sig $pid; fi
+  wait $pid
+  rc=$?
+  want=$((128 + $(kill -l $sig)))
+  if check_run "SIG$sig during synth" $want "interrupted by SIG$sig"; then
+    if [ -e s.h5 ] || [ -n "$(temps_of s.h5)" ]; then bad "SIG$sig during synth" "output or temporary left"
+    else ok "SIG$sig during synth"; fi
+  fi
+done
+# Before any file exists (the synthesis itself polls the signal too).
+"$ELDR" trace synth --requests 3000 --layers 8 --experts 32 --top-k 4 --prompt-len 64 --output-len 64 \
+  --out s.h5 >"$WORK/out.txt" 2>"$WORK/err.txt" &
+pid=$!
+sleep 0.3
+kill -s INT $pid
+wait $pid
+rc=$?
+if check_run "SIGINT during the synthesis" 130 "interrupted by SIGINT"; then
+  if [ -e s.h5 ] || [ -n "$(temps_of s.h5)" ]; then bad "SIGINT during the synthesis" "output or temporary left"
+  else ok "SIGINT during the synthesis"; fi
+fi
+
+# A long calibration (k-means restarts poll the signal): neither the calibration nor the report is left.
+"$ELDR" trace synth --requests 3000 --layers 8 --experts 32 --top-k 4 --prompt-len 16 --output-len 16 --out mid.h5 >/dev/null
+"$ELDR" calibrate --trace mid.h5 -K 8 --restarts 30 --out cm.h5 --report cm.json --quiet >"$WORK/out.txt" 2>"$WORK/err.txt" &
+pid=$!
+sleep 1
+kill -s HUP $pid
+wait $pid
+rc=$?
+if check_run "SIGHUP during calibrate" 129 "cm.h5: interrupted by SIGHUP"; then
+  if [ -e cm.h5 ] || [ -e cm.json ] || [ -n "$(temps_of cm.h5)$(temps_of cm.json)" ]; then
+    bad "SIGHUP during calibrate" "output or temporary left"
+  else ok "SIGHUP during calibrate"; fi
+fi
+
+# Nothing else was left in the work directory.
+stray=$(ls -a | grep "\.tmp\." || true)
+[ -z "$stray" ] && ok "no temporary anywhere" || bad "no temporary anywhere" "$stray"
+finish

@@ -1,0 +1,242 @@
+// The output policy (runtime/common/atomic_file.h) and the deferred signals (runtime/common/signals.h):
+// refused outputs (links, device nodes, FIFOs, directories, an input, twice the same output), the commit
+// (no temporary left, refused after a signal), OutputSet all-or-none, and HDF5 write errors as Status values.
+#include "runtime/common/atomic_file.h"
+
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <csignal>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "runtime/common/hdf5.h"
+#include "runtime/common/signals.h"
+
+namespace eldr {
+namespace {
+
+namespace fs = std::filesystem;
+
+class AtomicFileTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / ("eldr_atomic_" + std::to_string(::getpid()) + "_" +
+                                        ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::create_directories(dir_ / "sub");
+    ClearInterruptForTesting();
+  }
+  void TearDown() override {
+    ClearInterruptForTesting();
+    fs::remove_all(dir_);
+  }
+  std::string Path(const std::string& name) const { return (dir_ / name).string(); }
+  void WriteText(const std::string& name, const std::string& text) { std::ofstream(Path(name)) << text; }
+  std::string ReadText(const std::string& name) const {
+    std::ifstream f(Path(name));
+    std::stringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+  }
+  // Names in the directory (not recursive), "sub" excluded.
+  std::vector<std::string> Entries() const {
+    std::vector<std::string> out;
+    for (const auto& e : fs::directory_iterator(dir_)) {
+      if (e.path().filename() != "sub") out.push_back(e.path().filename().string());
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
+  fs::path dir_;
+};
+
+TEST_F(AtomicFileTest, AbsentAndRegularOutputsAreAccepted) {
+  EXPECT_TRUE(CheckOutputPath(Path("new.h5")).ok());
+  WriteText("old.h5", "x");
+  EXPECT_TRUE(CheckOutputPath(Path("old.h5")).ok());
+}
+
+TEST_F(AtomicFileTest, RefusesSymlinkFifoDirectoryAndDevice) {
+  WriteText("target", "keep");
+  fs::create_symlink(Path("target"), Path("link"));
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0644), 0);
+  fs::create_directory(Path("dir"));
+  struct {
+    std::string path, kind;
+  } cases[] = {{Path("link"), "a symbolic link"},
+               {Path("fifo"), "a FIFO"},
+               {Path("dir"), "a directory"},
+               {"/dev/null", "a character device"}};
+  for (const auto& c : cases) {
+    Status st = CheckOutputPath(c.path);
+    ASSERT_FALSE(st.ok()) << c.path;
+    EXPECT_EQ(st.message().rfind(c.path + ": cannot write: it is " + c.kind, 0), 0u) << st.message();
+  }
+  EXPECT_EQ(ReadText("target"), "keep");
+}
+
+TEST_F(AtomicFileTest, RefusesAnOutputThatIsAnInput) {
+  WriteText("x.h5", "input");
+  // Direct, through "../sub/..", through a symbolic link to the input, and a hard link.
+  fs::create_symlink(Path("x.h5"), Path("alias.h5"));
+  fs::create_hard_link(Path("x.h5"), Path("hard.h5"));
+  const std::string spellings[] = {Path("x.h5"), Path("sub/../x.h5"), (dir_ / "sub" / ".." / "x.h5").string()};
+  for (const auto& out : spellings) {
+    Status st = CheckOutputs({{out, "--out"}}, {{Path("x.h5"), "--trace"}});
+    ASSERT_FALSE(st.ok()) << out;
+    EXPECT_EQ(st.message(), out + ": --out is the same file as the input --trace (" + Path("x.h5") +
+                                "); writing it would destroy the input");
+  }
+  EXPECT_FALSE(CheckOutputs({{Path("x.h5"), "--out"}}, {{Path("alias.h5"), "--in"}}).ok());
+  EXPECT_FALSE(CheckOutputs({{Path("hard.h5"), "--out"}}, {{Path("x.h5"), "--in"}}).ok());
+  // A different file, a missing input and options not given are fine.
+  EXPECT_TRUE(CheckOutputs({{Path("y.h5"), "--out"}}, {{Path("x.h5"), "--trace"}, {"", "--refit"}}).ok());
+  EXPECT_TRUE(CheckOutputs({{Path("y.h5"), "--out"}, {"", "--report"}}, {{Path("missing.h5"), "--trace"}}).ok());
+  EXPECT_EQ(ReadText("x.h5"), "input");
+}
+
+TEST_F(AtomicFileTest, RefusesTwiceTheSameOutput) {
+  // Neither exists yet: compared by the resolved path.
+  Status st = CheckOutputs({{Path("c.h5"), "--out"}, {Path("sub/../c.h5"), "--report"}}, {});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message(), Path("sub/../c.h5") + ": --report is the same file as the output --out (" + Path("c.h5") +
+                              "); give two different files");
+  WriteText("c.h5", "old");
+  EXPECT_FALSE(CheckOutputs({{Path("c.h5"), "--out"}, {Path("sub/../c.h5"), "--report"}}, {}).ok());
+  EXPECT_TRUE(CheckOutputs({{Path("c.h5"), "--out"}, {Path("r.json"), "--report"}}, {}).ok());
+}
+
+TEST_F(AtomicFileTest, CommitRenamesAndLeavesNoTemporary) {
+  {
+    AtomicOutput out(Path("a.txt"));
+    ASSERT_TRUE(out.CheckWritable().ok());
+    ASSERT_TRUE(out.Write("hello").ok());
+    EXPECT_EQ(Entries(), std::vector<std::string>{out.temp_path().substr(out.temp_path().rfind('/') + 1)});
+    ASSERT_TRUE(out.Commit().ok());
+  }
+  EXPECT_EQ(ReadText("a.txt"), "hello");
+  EXPECT_EQ(Entries(), std::vector<std::string>{"a.txt"});
+}
+
+TEST_F(AtomicFileTest, UncommittedOutputRemovesItsTemporary) {
+  WriteText("a.txt", "old");
+  {
+    AtomicOutput out(Path("a.txt"));
+    ASSERT_TRUE(out.Write("new").ok());
+  }
+  EXPECT_EQ(ReadText("a.txt"), "old");
+  EXPECT_EQ(Entries(), std::vector<std::string>{"a.txt"});
+}
+
+TEST_F(AtomicFileTest, CommitRefusesALinkPutThereAfterTheCheck) {
+  WriteText("target", "keep");
+  {
+    AtomicOutput out(Path("a.txt"));
+    ASSERT_TRUE(out.CheckWritable().ok());
+    ASSERT_TRUE(out.Write("new").ok());
+    fs::create_symlink(Path("target"), Path("a.txt"));
+    Status st = out.Commit();
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find("a symbolic link"), std::string::npos) << st.message();
+  }
+  EXPECT_TRUE(fs::is_symlink(Path("a.txt")));
+  EXPECT_EQ(ReadText("target"), "keep");
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"a.txt", "target"}));
+}
+
+TEST_F(AtomicFileTest, SignalIsRecordedAndCommitRefused) {
+  InstallInterruptHandlers();
+  EXPECT_FALSE(Interrupted());
+  ASSERT_EQ(std::raise(SIGTERM), 0);  // the handler only records it: the test keeps running
+  ASSERT_EQ(std::raise(SIGINT), 0);   // the first one wins
+  EXPECT_TRUE(Interrupted());
+  EXPECT_EQ(InterruptSignal(), SIGTERM);
+  EXPECT_EQ(InterruptExitCode(), 128 + SIGTERM);
+  EXPECT_EQ(InterruptStatus().message(), "interrupted by SIGTERM");
+  {
+    AtomicOutput out(Path("a.txt"));
+    ASSERT_TRUE(out.Write("new").ok());
+    Status st = out.Commit();
+    EXPECT_EQ(st.message(), Path("a.txt") + ": interrupted by SIGTERM");
+  }
+  EXPECT_TRUE(Entries().empty());
+  ClearInterruptForTesting();
+  ASSERT_EQ(std::raise(SIGHUP), 0);
+  EXPECT_EQ(InterruptStatus().message(), "interrupted by SIGHUP");
+}
+
+TEST_F(AtomicFileTest, OutputSetCommitsAllOrNone) {
+  {
+    OutputSet set;
+    AtomicOutput& a = set.Add(Path("a.h5"), "--out");
+    AtomicOutput& b = set.Add(Path("b.json"), "--report");
+    ASSERT_TRUE(set.CheckWritable().ok());
+    ASSERT_TRUE(a.Write("A").ok());
+    ASSERT_TRUE(b.Write("B").ok());
+    ASSERT_TRUE(set.CommitAll().ok());
+  }
+  EXPECT_EQ(ReadText("a.h5"), "A");
+  EXPECT_EQ(ReadText("b.json"), "B");
+  fs::remove(Path("a.h5"));
+  fs::remove(Path("b.json"));
+  {
+    // The second temporary was never written: the first output must not appear either.
+    OutputSet set;
+    ASSERT_TRUE(set.Add(Path("a.h5")).Write("A").ok());
+    set.Add(Path("b.json"));
+    EXPECT_FALSE(set.CommitAll().ok());
+  }
+  EXPECT_TRUE(Entries().empty());
+  {
+    OutputSet set;
+    set.Add(Path("a.h5"), "--out");
+    set.Add(Path("sub/../a.h5"), "--report");
+    EXPECT_FALSE(set.CheckWritable().ok());
+  }
+}
+
+TEST_F(AtomicFileTest, WriteFilesAtomicWritesAllOrNone) {
+  ASSERT_TRUE(WriteFilesAtomic({{Path("metrics.json"), "{}"}, {Path("requests.jsonl"), "r\n"}}).ok());
+  EXPECT_EQ(ReadText("metrics.json"), "{}");
+  EXPECT_EQ(ReadText("requests.jsonl"), "r\n");
+  // The second path is refused: the first one keeps its old content, and no temporary is left.
+  fs::create_symlink(Path("metrics.json"), Path("steps.jsonl"));
+  Status st = WriteFilesAtomic({{Path("requests.jsonl"), "new\n"}, {Path("steps.jsonl"), "s\n"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind(Path("steps.jsonl") + ": cannot write: it is a symbolic link", 0), 0u) << st.message();
+  EXPECT_EQ(ReadText("requests.jsonl"), "r\n");
+  EXPECT_EQ(Entries(), (std::vector<std::string>{"metrics.json", "requests.jsonl", "steps.jsonl"}));
+  // An output that is an input.
+  EXPECT_FALSE(WriteFilesAtomic({{Path("metrics.json"), "x"}}, {{Path("metrics.json"), "--config"}}).ok());
+  EXPECT_EQ(ReadText("metrics.json"), "{}");
+}
+
+TEST_F(AtomicFileTest, WriteFileAtomicReportsAFullDevice) {
+  // /dev/full's temporary cannot be made, and the node itself is refused.
+  Status st = WriteFileAtomic("/dev/full", "x");
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(st.message().rfind("/dev/full: cannot write: it is a character device", 0), 0u) << st.message();
+}
+
+// /dev/full fails every write with ENOSPC: the HDF5 write path must turn that into a Status naming the
+// file, and closing after the error must not crash.
+TEST_F(AtomicFileTest, Hdf5WriteErrorsAreStatusValues) {
+  auto f = h5::File::Create("/dev/full", "full.h5");
+  if (!f.ok()) {
+    EXPECT_EQ(f.status().message().rfind("full.h5: ", 0), 0u) << f.status().message();
+    return;
+  }
+  std::vector<float> data(1 << 18, 1.0f);
+  Status st = f->Write("/x/data", data, {data.size()}, true);
+  if (st.ok()) st = f->WriteAttribute("/", "format", std::string("test"));
+  Status closed = f->Close();
+  EXPECT_FALSE(st.ok() && closed.ok());
+  const Status& first = st.ok() ? closed : st;
+  EXPECT_EQ(first.message().rfind("full.h5: ", 0), 0u) << first.message();
+}
+
+}  // namespace
+}  // namespace eldr
