@@ -416,8 +416,8 @@ class EldrLayerPlacer {
     int swaps_left = stay_aware_ ? P_ : kSwapsPerSlot * P_;
     const int max_rounds = stay_aware_ ? kStayAwareReplicationMoves : kMaxReplicationMoves;
     for (int round = 0; round <= max_rounds; ++round) {
-      SortRanksByLoad();
-      while (swaps_left-- > 0 && MaxLoad() > target && BottleneckSwap()) {
+      SortRanksByLoad();  // kept sorted by the swaps: its last entry is the maximum
+      while (swaps_left-- > 0 && by_load_.back().first > target && BottleneckSwap()) {
       }
       if (MaxLoad() <= target) return true;
       if (round == max_rounds || !ReplicationMove()) break;
