@@ -29,6 +29,7 @@
 
 #include "placement/placement_internal.h"
 #include "runtime/common/check.h"
+#include "runtime/common/parallel.h"
 
 namespace eldr::placement_internal {
 
@@ -923,12 +924,23 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   const int L = p.num_layers, E = p.num_experts, P = p.num_slots;
   ELDR_CHECK(P / p.num_ranks <= E, "slots per rank " << P / p.num_ranks << " > experts " << E);
   Placement out = NewPlacement(p);
-  EldrLayerPlacer placer(p);
-  for (int l = 0; l < L; ++l) {
-    placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
-                      previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
-                      out.phy2log.data() + static_cast<size_t>(l) * P, out.logcnt.data() + static_cast<size_t>(l) * E);
-  }
+  // Layers are independent and each thread owns its placer (a placer keeps no state from one layer to the
+  // next), so the placement is the same for any number of threads. A layer takes tens of microseconds and a
+  // thread about as long to start: a thread per kLayersPerThread layers at most.
+  constexpr int kLayersPerThread = 16;
+  const int threads = std::max(1, std::min(DefaultThreads(), L / kLayersPerThread));
+  ParallelFor(
+      threads,
+      [&](int64_t t) {
+        EldrLayerPlacer placer(p);
+        for (int l = static_cast<int>(t); l < L; l += threads) {
+          placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
+                            previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
+                            out.phy2log.data() + static_cast<size_t>(l) * P,
+                            out.logcnt.data() + static_cast<size_t>(l) * E);
+        }
+      },
+      threads);
   FinishPlacement(&out, nullptr);
   return out;
 }
