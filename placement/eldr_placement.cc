@@ -21,7 +21,7 @@
 //      ranks relabelled to the old ranks they overlap most (node to node, then rank to rank, exact
 //      assignments). Then swaps put experts back on ranks that already hold their weights (<= M), and
 //      inside a rank experts keep their old slots.
-// All scratch lives in one EldrLayerPlacer per call; nothing is allocated per layer.
+// All scratch lives in one EldrLayerPlacer per thread; nothing is allocated per layer.
 #include <algorithm>
 #include <cstring>
 #include <limits>
