@@ -21,7 +21,7 @@
 //      ranks relabelled to the old ranks they overlap most (node to node, then rank to rank, exact
 //      assignments). Then swaps put experts back on ranks that already hold their weights (<= M), and
 //      inside a rank experts keep their old slots.
-// All scratch lives in one EldrLayerPlacer per call; nothing is allocated per layer.
+// All scratch lives in one EldrLayerPlacer per thread; nothing is allocated per layer.
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -29,6 +29,7 @@
 
 #include "placement/placement_internal.h"
 #include "runtime/common/check.h"
+#include "runtime/common/parallel.h"
 
 namespace eldr::placement_internal {
 
@@ -63,8 +64,8 @@ class EldrLayerPlacer {
     home_.assign(E_, -1);
     slot_.resize(static_cast<size_t>(R_) * spr_);
     fill_.resize(R_);
-    skipped_.resize(R_);
     by_load_.resize(R_);
+    free_.resize(R_);
     rank_load_.resize(R_);
     has_.resize(static_cast<size_t>(R_) * E_);
     ranks_of_.resize(static_cast<size_t>(E_) * R_);
@@ -126,7 +127,7 @@ class EldrLayerPlacer {
 
  private:
   int NodeOf(int r) const { return r / rpn_; }
-  bool Has(int r, int e) const { return has_[static_cast<size_t>(r) * E_ + e] != 0; }
+  bool Has(int r, int e) const { return has_[static_cast<size_t>(e) * R_ + r] != 0; }
   int32_t& At(int r, int k) { return slot_[static_cast<size_t>(r) * spr_ + k]; }
   double MaxLoad() const { return *std::max_element(rank_load_.begin(), rank_load_.end()); }
   int ArgMaxLoad() const {
@@ -186,12 +187,12 @@ class EldrLayerPlacer {
 
   void Put(int e, int r, int k) {
     At(r, k) = e;
-    has_[static_cast<size_t>(r) * E_ + e] = 1;
+    has_[static_cast<size_t>(e) * R_ + r] = 1;
     rank_load_[r] += per_replica_[e];
   }
   void Take(int r, int k) {
     const int e = At(r, k);
-    has_[static_cast<size_t>(r) * E_ + e] = 0;
+    has_[static_cast<size_t>(e) * R_ + r] = 0;
     rank_load_[r] -= per_replica_[e];
   }
   // Exchanges slot i of rank r1 with slot j of rank r2.
@@ -222,47 +223,53 @@ class EldrLayerPlacer {
     std::memset(has_.data(), 0, has_.size());  // std::fill with an int 0 would loop byte by byte
   }
 
-  // Ranks with a free slot into the heap (after the slots were filled some other way).
-  void FillHeap() {
-    heap_.Clear();
+  // free_ = the ranks with a free slot by ascending (load, rank), after the slots were filled some way.
+  void BuildFreeRanks() {
+    num_free_ = 0;
     for (int r = 0; r < R_; ++r) {
-      if (fill_[r] < spr_) heap_.Push(r, rank_load_[r]);
+      if (fill_[r] < spr_) free_[num_free_++] = {rank_load_[r], r};
     }
+    if (!std::is_sorted(free_.begin(), free_.begin() + num_free_, KeyIndexLess())) {
+      std::sort(free_.begin(), free_.begin() + num_free_, KeyIndexLess());
+    }
+  }
+  // Rank free_[i] took a replica (its load grew or stayed): drops it if full, else moves it to its new place.
+  // Linear, but most moves are short and the loop has one hard-to-predict branch, at its exit, where a heap
+  // would mispredict at every level of a pop and a push.
+  void UpdateFreeRank(int i) {
+    const int r = free_[i].second;
+    if (fill_[r] == spr_) {
+      std::copy(free_.begin() + i + 1, free_.begin() + num_free_, free_.begin() + i);
+      --num_free_;
+      return;
+    }
+    const std::pair<double, int32_t> entry(rank_load_[r], r);
+    for (; i + 1 < num_free_ && KeyIndexLess()(free_[i + 1], entry); ++i) free_[i] = free_[i + 1];
+    free_[i] = entry;
   }
 
-  // One replica of e onto the lightest rank of `heap` (ranks [first, last) with a free slot) that lacks e;
-  // ties: the lower rank.
-  void PlaceItem(int e, PackHeap& heap, int first, int last) {
-    int num_skipped = 0, best = -1;
-    while (!heap.empty()) {
-      const int r = heap.Top();
-      heap.Pop();
-      if (!Has(r, e)) {
-        best = r;
-        break;
-      }
-      skipped_[num_skipped++] = r;
-      ++num_skips_;
-    }
-    if (best >= 0) {
-      Put(e, best, fill_[best]++);
-      if (fill_[best] < spr_) heap.Push(best, rank_load_[best]);
+  // One replica of e onto the lightest rank with a free slot that lacks e; ties: the lower rank.
+  // REQUIRES: free_ current (BuildFreeRanks).
+  void PlaceItem(int e) {
+    int i = 0;
+    while (i < num_free_ && Has(free_[i].second, e)) ++i;
+    if (i > 0) skipped_ = true;  // the lightest rank with room holds e already
+    if (i < num_free_) {
+      const int r = free_[i].second;
+      Put(e, r, fill_[r]++);
+      UpdateFreeRank(i);
     } else {
-      Repair(e, first, last);  // every rank with room holds e; all of them are in skipped_
-    }
-    for (int k = 0; k < num_skipped; ++k) {
-      const int r = skipped_[k];
-      if (fill_[r] < spr_) heap.Push(r, rank_load_[r]);
+      Repair(e, 0, R_);  // every rank with room holds e
+      BuildFreeRanks();
     }
   }
-  void PlaceItem(int e) { PlaceItem(e, heap_, 0, R_); }
 
   // Step 2: heaviest first over all ranks.
   void Pack() {
     SortByPerReplicaLoad();
-    num_skips_ = 0;
+    skipped_ = false;
     ClearRanks();
-    FillHeap();
+    BuildFreeRanks();
     for (int e : order_) {
       for (int c = 0; c < cnt_[e]; ++c) PlaceItem(e);
     }
@@ -310,7 +317,7 @@ class EldrLayerPlacer {
     // Heaviest first onto the lightest rank with a free slot (duplicates allowed), as eplb.py.
     // Until Pack first set a rank aside because it held the expert, it packed exactly as eplb.py does, so
     // without such a skip there is no duplicate to learn from.
-    if (num_skips_ == 0) return;
+    if (!skipped_) return;
     const double best_max = MaxLoad();
     if (best_max <= average_load_ * (1 + kSecondStartGap)) return;  // within 1% of the lower bound
     std::copy(cnt_.begin(), cnt_.end(), best_cnt_.begin());
@@ -319,13 +326,12 @@ class EldrLayerPlacer {
     for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
     // order_ still holds the heaviest-first order of the greedy replicas (Pack sorted it).
     ClearRanks();
-    FillHeap();
+    BuildFreeRanks();
     bool duplicate = false;
     for (int e : order_) {
       const int copies = cnt_[e];
       for (int c = 0; c < copies; ++c) {
-        const int best = heap_.Top();
-        heap_.Pop();
+        const int best = free_[0].second;
         if (Has(best, e)) {
           duplicate = true;
           --cnt_[e];  // merged: the copy's slot stays free (-1) and its share goes back to the others
@@ -334,7 +340,7 @@ class EldrLayerPlacer {
         } else {
           Put(e, best, fill_[best]++);
         }
-        if (fill_[best] < spr_) heap_.Push(best, rank_load_[best]);
+        UpdateFreeRank(0);
       }
     }
     if (!duplicate) {
@@ -411,8 +417,8 @@ class EldrLayerPlacer {
     int swaps_left = stay_aware_ ? P_ : kSwapsPerSlot * P_;
     const int max_rounds = stay_aware_ ? kStayAwareReplicationMoves : kMaxReplicationMoves;
     for (int round = 0; round <= max_rounds; ++round) {
-      SortRanksByLoad();
-      while (swaps_left-- > 0 && MaxLoad() > target && BottleneckSwap()) {
+      SortRanksByLoad();  // kept sorted by the swaps: its last entry is the maximum
+      while (swaps_left-- > 0 && by_load_.back().first > target && BottleneckSwap()) {
       }
       if (MaxLoad() <= target) return true;
       if (round == max_rounds || !ReplicationMove()) break;
@@ -760,7 +766,7 @@ class EldrLayerPlacer {
       }
     }
     SortByPerReplicaLoad();
-    FillHeap();
+    BuildFreeRanks();
     for (int e : order_) {
       for (int c = kept_[e]; c < cnt_[e]; ++c) PlaceItem(e);
     }
@@ -862,7 +868,7 @@ class EldrLayerPlacer {
   const double* load_ = nullptr;                     // [E] load of the layer being placed
   double eps_ = 0;                                   // comparison tolerance, 1e-12 of the layer's load
   double average_load_ = 0;                          // load / R, the lower bound of the bottleneck
-  int num_skips_ = 0;                                // ranks Pack set aside because they held the expert
+  bool skipped_ = false;                             // Pack set a lighter rank aside: it held the expert
   bool stay_aware_ = false;                          // moves are priced by the weights they copy (previous given)
   std::vector<int32_t> cnt_;                         // [E] replicas
   std::vector<int32_t> greedy_cnt_;                  // [E] replicas after step 1
@@ -875,11 +881,11 @@ class EldrLayerPlacer {
   std::vector<int32_t> home_;                        // [E] home node, -1 without groups or nodes
   std::vector<int32_t> slot_;                        // [R, P/R] expert in each slot
   std::vector<int32_t> fill_;                        // [R] slots used while packing
-  std::vector<int32_t> skipped_;                     // [R] ranks set aside by PlaceItem
   std::vector<std::pair<double, int32_t>> by_load_;  // [R] (load, rank) sorted for the swap search
-  PackHeap heap_;                                    // ranks with a free slot while packing
+  std::vector<std::pair<double, int32_t>> free_;     // [R] (load, rank) of the ranks with room while packing
+  int num_free_ = 0;                                 // entries of free_
   std::vector<double> rank_load_;                    // [R]
-  std::vector<uint8_t> has_;                         // [R, E] rank holds the expert
+  std::vector<uint8_t> has_;                         // [E, R] the rank holds the expert
   std::vector<int32_t> ranks_of_;                    // [E, R] ranks holding each expert (first cnt_ entries)
   std::vector<int32_t> ranks_fill_;                  // [E]
   struct MultiReplica {
@@ -918,12 +924,23 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   const int L = p.num_layers, E = p.num_experts, P = p.num_slots;
   ELDR_CHECK(P / p.num_ranks <= E, "slots per rank " << P / p.num_ranks << " > experts " << E);
   Placement out = NewPlacement(p);
-  EldrLayerPlacer placer(p);
-  for (int l = 0; l < L; ++l) {
-    placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
-                      previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
-                      out.phy2log.data() + static_cast<size_t>(l) * P, out.logcnt.data() + static_cast<size_t>(l) * E);
-  }
+  // Layers are independent and each thread owns its placer (a placer keeps no state from one layer to the
+  // next), so the placement is the same for any number of threads. A layer takes tens of microseconds and a
+  // thread about as long to start: a thread per kLayersPerThread layers at most.
+  constexpr int kLayersPerThread = 16;
+  const int threads = std::max(1, std::min(DefaultThreads(), L / kLayersPerThread));
+  ParallelFor(
+      threads,
+      [&](int64_t t) {
+        EldrLayerPlacer placer(p);
+        for (int l = static_cast<int>(t); l < L; l += threads) {
+          placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
+                            previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
+                            out.phy2log.data() + static_cast<size_t>(l) * P,
+                            out.logcnt.data() + static_cast<size_t>(l) * E);
+        }
+      },
+      threads);
   FinishPlacement(&out, nullptr);
   return out;
 }

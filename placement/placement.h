@@ -24,7 +24,8 @@
 // double precision (eplb.py converts to float32), so values that tie or nearly tie in float32 can order
 // differently from eplb.py; the README example (integer loads) reproduces exactly.
 //
-// Thread safety: every function is reentrant; nothing is shared between calls.
+// Thread safety: every function is reentrant; nothing is shared between calls (Place with kEldr starts
+// worker threads of its own and joins them before it returns; see Performance below).
 #pragma once
 
 #include <cstdint>
@@ -80,9 +81,17 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // slot goes to expert 0 of the node), kEldr spreads redundant slots over distinct experts.
 // log2phy order: DeepSeek variants list replicas in eplb.py's replica-rank order (the original slot
 // first, then redundant copies in the order they were created); kEldr lists slots in ascending order.
-// Performance: O(L * (E log E + P log R)) plus a bounded local search for kEldr; scratch buffers are
-// allocated once per call, not per layer. 94 layers x 128 experts into 160 slots on 32 ranks: about 2 ms
-// (DeepSeek variants) and 4-5 ms (kEldr) on the 2-core dev VM (bench/placement_bench).
+// Performance. Per layer, the DeepSeek variants take O(E log E + P log R). kEldr takes O(E log E + P * R) to
+// replicate and pack; its bottleneck search then makes at most 4P swaps of O(P * P/R) each (the P/R x P/R
+// replica pairs of the most loaded rank with each lighter rank) and at most 32 re-replications of
+// O(P * (P + E)) each; the node steps O(R log R + P^2); a previous placement adds O(R * E + N * (R/N)^3 + N^3).
+// The searches end as soon as no move improves, far from those bounds: on the benchmark case below a layer
+// takes about 21 swaps and one re-replication search (that finds nothing). Scratch buffers are allocated once
+// per thread, not per layer. kEldr places the layers on up to DefaultThreads() threads (ELDR_NUM_THREADS,
+// runtime/common/parallel.h), one per 16 layers or more; the result does not depend on the number of threads.
+// Measured (bench/placement_bench, BM_Place: 94 layers x 128 experts into 160 slots on 32 ranks in 4 nodes):
+// DeepSeek variants about 1-2 ms; kEldr 2.74 ms single-threaded before its packing used a sorted list of ranks
+// (quiet 2-core VM), about 0.9x of that in CPU time per thread since (bench/README.md, "Expert placement").
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
 

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <limits>
@@ -473,6 +474,35 @@ TEST(PlacementTest, EldrMoveSlackTradesBoundedBalanceForFewerMoves) {
   auto bad = Place(p, PlacementAlgorithm::kEldr, &before);
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("move slack"), std::string::npos);
+}
+
+// kEldr places layers on several threads (ELDR_NUM_THREADS): the result must be the single-threaded one.
+TEST(PlacementTest, EldrPlacementDoesNotDependOnTheThreadCount) {
+  const PlacementProblem p = Problem(64, 128, 160, 32, 4, 8, SkewedLoad(64, 128, 11));
+  PlacementProblem drifted = p;
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> drift(0.8, 1.2);
+  for (auto& v : drifted.load) v *= drift(rng);
+  const char* saved = std::getenv("ELDR_NUM_THREADS");
+  const std::string saved_value = saved ? saved : "";
+  auto place = [&](const char* threads, const PlacementProblem& problem, const Placement* previous) {
+    setenv("ELDR_NUM_THREADS", threads, 1);
+    return PlaceOrDie(problem, PlacementAlgorithm::kEldr, previous);
+  };
+  const Placement one = place("1", p, nullptr);
+  const Placement again_one = place("1", drifted, &one);
+  for (const char* threads : {"2", "3", "4"}) {
+    const Placement many = place(threads, p, nullptr);
+    EXPECT_EQ(many.phy2log, one.phy2log) << threads << " threads";
+    EXPECT_EQ(many.log2phy, one.log2phy) << threads << " threads";
+    const Placement again = place(threads, drifted, &one);
+    EXPECT_EQ(again.phy2log, again_one.phy2log) << threads << " threads, with a previous placement";
+  }
+  if (saved) {
+    setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
+  } else {
+    unsetenv("ELDR_NUM_THREADS");
+  }
 }
 
 TEST(PlacementTest, EldrAcceptsAPreviousPlacementWithDuplicates) {
