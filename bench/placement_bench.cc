@@ -18,10 +18,10 @@
 #include <string>
 #include <vector>
 
+#include "bench/bench_provenance.h"
 #include "placement/placement.h"
 #include "runtime/common/check.h"
 #include "runtime/common/json_util.h"
-#include "runtime/common/version.h"
 
 namespace eldr {
 namespace {
@@ -141,7 +141,7 @@ void PrintTable() {
       }
     }
   }
-  std::printf("# eldr %s (%s, %s) placement_bench\n", ELDR_VERSION, ELDR_GIT_SHA, ELDR_BUILD_TYPE);
+  std::printf("%s", ProvenanceHeader("placement_bench", nullptr).c_str());
   std::printf("# balancedness (1.0 = perfect) and group locality, G = %d, 8 ranks per node\n", kNumGroups);
   std::printf("%s\n", FormatTable({"profile", "ranks", "nodes", "redundant", "global", "hierarchical", "eldr",
                                    "loc_global", "loc_eldr"},
@@ -176,6 +176,7 @@ void RegisterAll() {
 }  // namespace eldr
 
 int main(int argc, char** argv) {
+  eldr::bench::AddProvenanceContext();
   benchmark::Initialize(&argc, argv);
   if (benchmark::ReportUnrecognizedArguments(argc, argv)) return 1;
   eldr::PrintTable();
