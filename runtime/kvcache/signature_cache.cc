@@ -36,36 +36,85 @@ void SignatureCache::DropBlock(BlockId b) {
   valid_[b] = 0;
 }
 
+namespace {
+
+// dst[i] += src[i] for i < n, in the (wider or equal) type of dst; the sums must not overflow it.
+template <typename Src, typename Dst>
+void AddWidened(const Src* __restrict src, Dst* __restrict dst, size_t n) {
+  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(dst[i] + src[i]);
+}
+
+}  // namespace
+
 void SignatureCache::SumCounts(const std::vector<BlockId>& blocks, const std::vector<uint8_t>* layer_mask,
                                float* counts) const {
-  // Rows are int8 with entries <= block_size, so up to 32767 / block_size rows add up exactly in int16,
-  // which halves the vector width of the hot loop; int16 partial sums flush into int32 between chunks.
-  thread_local std::vector<int32_t> acc;
-  thread_local std::vector<int16_t> part;
-  acc.assign(row_size_, 0);
-  part.assign(row_size_, 0);
+  // Exact integer sums, in three widths so the hot loop is one byte-wide add per row byte: rows are
+  // non-negative with entries <= block_size, so 255 / block_size rows add up exactly in uint8 (15 at block
+  // size 16); each uint8 group flushes into uint16 partial sums, and those into uint32 before they could
+  // pass 65535. The loops are plain element-wise adds the compiler vectorises (64 bytes per vpaddb).
+  // Masked-out layers are skipped as whole runs of contiguous layers.
   const size_t E = num_experts_;
-  const size_t chunk = static_cast<size_t>(32767 / block_size_);
-  size_t in_part = 0;
-  auto flush = [&] {
-    for (size_t x = 0; x < row_size_; ++x) acc[x] += part[x];
-    std::fill(part.begin(), part.end(), 0);
-    in_part = 0;
+  thread_local std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) byte ranges of selected layers
+  runs.clear();
+  for (int l = 0; l < num_layers_; ++l) {
+    if (layer_mask && !(*layer_mask)[l]) continue;
+    const size_t begin = static_cast<size_t>(l) * E;
+    if (!runs.empty() && runs.back().second == begin) {
+      runs.back().second = begin + E;
+    } else {
+      runs.emplace_back(begin, begin + E);
+    }
+  }
+  thread_local std::vector<uint8_t> acc8;
+  thread_local std::vector<uint16_t> acc16;
+  thread_local std::vector<uint32_t> acc32;
+  acc8.assign(row_size_, 0);
+  acc16.assign(row_size_, 0);
+  acc32.clear();  // sized on first use: only prompts of more than 65535 tokens need it
+  const int rows_per_group = 255 / block_size_;
+  const int64_t tokens_per_group = static_cast<int64_t>(rows_per_group) * block_size_;
+  int in_group = 0;
+  int64_t tokens_in16 = 0;
+  // Byte stores may alias anything, so every loop works on local copies of its bounds and pointers.
+  auto flush8 = [&] {
+    for (const auto [b, e] : runs) {
+      AddWidened(acc8.data() + b, acc16.data() + b, e - b);
+      std::memset(acc8.data() + b, 0, e - b);
+    }
+    in_group = 0;
+    tokens_in16 += tokens_per_group;
+  };
+  auto flush16 = [&] {
+    if (acc32.empty()) acc32.assign(row_size_, 0);
+    for (const auto [b, e] : runs) {
+      AddWidened(acc16.data() + b, acc32.data() + b, e - b);
+      std::memset(acc16.data() + b, 0, (e - b) * sizeof(uint16_t));
+    }
+    tokens_in16 = 0;
   };
   for (BlockId b : blocks) {
     ELDR_CHECK(valid_[b], "block " << b << " has no signature row (not prefilled, or evicted)");
-    if (in_part == chunk) flush();
-    const int8_t* r = row(b);
-    for (int l = 0; l < num_layers_; ++l) {
-      if (layer_mask && !(*layer_mask)[l]) continue;
-      int16_t* a = part.data() + l * E;
-      const int8_t* src = r + l * E;
-      for (size_t e = 0; e < E; ++e) a[e] = static_cast<int16_t>(a[e] + src[e]);
+    if (in_group == rows_per_group) {
+      if (tokens_in16 + tokens_per_group > 65535) flush16();
+      flush8();
     }
-    ++in_part;
+    const uint8_t* r = reinterpret_cast<const uint8_t*>(row(b));
+    for (const auto [begin, end] : runs) AddWidened(r + begin, acc8.data() + begin, end - begin);
+    ++in_group;
   }
-  flush();
-  for (size_t x = 0; x < row_size_; ++x) counts[x] = static_cast<float>(acc[x]);
+  if (tokens_in16 + tokens_per_group > 65535) flush16();
+  flush8();
+  std::fill(counts, counts + row_size_, 0.f);
+  if (!acc32.empty()) flush16();
+  const uint16_t* a16 = acc16.data();
+  const uint32_t* a32 = acc32.empty() ? nullptr : acc32.data();
+  for (const auto [b, e] : runs) {
+    if (a32) {
+      for (size_t x = b; x < e; ++x) counts[x] = static_cast<float>(a32[x]);
+    } else {
+      for (size_t x = b; x < e; ++x) counts[x] = static_cast<float>(a16[x]);
+    }
+  }
 }
 
 SignatureCacheFootprint ComputeSignatureCacheFootprint(int num_moe_layers, int num_experts, int num_attention_layers,

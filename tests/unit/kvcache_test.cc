@@ -3,6 +3,7 @@
 // seeded scenarios.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <map>
 #include <random>
@@ -124,6 +125,47 @@ TEST(SignatureCache, SumsBeyondTheInt16RangeStayExact) {
   std::vector<uint8_t> mask = {0, 1};
   sc.SumCounts(blocks, &mask, counts.data());
   EXPECT_EQ(counts, (std::vector<float>{0, 0, 0, 0, 76200, 76200, 0, 0}));
+}
+
+TEST(SignatureCache, SumCountsEqualsANaiveSumForAnyMaskBlockSizeAndLength) {
+  // The uint8 / uint16 / uint32 staging against a plain int64 sum: block sizes at the group edges (255 / bs
+  // rows per uint8 group), prompts long enough to flush uint16 more than once, repeated blocks, any mask.
+  std::mt19937_64 rng(7);
+  for (int scenario = 0; scenario < 60; ++scenario) {
+    const int bs = std::vector<int>{1, 15, 16, 17, 64, 127}[rng() % 6];
+    const int L = 1 + static_cast<int>(rng() % 5), E = 1 + static_cast<int>(rng() % 70),
+              k = 1 + static_cast<int>(rng() % std::min(E, 4));
+    const int num_blocks = 1 + static_cast<int>(rng() % 40);
+    SignatureCache sc(num_blocks, L, E, bs);
+    std::vector<uint16_t> ids(static_cast<size_t>(bs) * L * k);
+    for (int b = 0; b < num_blocks; ++b) {
+      const int n = 1 + static_cast<int>(rng() % bs);
+      // The most skewed rows (every token to experts 0..k-1) in some blocks, random distinct top-k otherwise.
+      const bool skewed = rng() % 3 == 0;
+      for (int t = 0; t < n * L; ++t) {
+        const int first = skewed ? 0 : static_cast<int>(rng() % (E - k + 1));
+        for (int j = 0; j < k; ++j) ids[t * k + j] = static_cast<uint16_t>(first + j);
+      }
+      sc.WriteBlock(b, ids.data(), n, k);
+    }
+    std::vector<BlockId> seq(rng() % 3 == 0 ? 1000 + rng() % 1000 : rng() % 300);
+    for (auto& b : seq) b = static_cast<BlockId>(rng() % num_blocks);
+    std::vector<uint8_t> mask(L);
+    for (auto& m : mask) m = rng() % 2;
+    const bool use_mask = rng() % 2;
+    std::vector<int64_t> want(static_cast<size_t>(L) * E, 0);
+    for (BlockId b : seq) {
+      for (int l = 0; l < L; ++l) {
+        if (use_mask && !mask[l]) continue;
+        for (int e = 0; e < E; ++e) want[l * E + e] += sc.row(b)[l * E + e];
+      }
+    }
+    std::vector<float> got(want.size(), -1.f);
+    sc.SumCounts(seq, use_mask ? &mask : nullptr, got.data());
+    for (size_t x = 0; x < want.size(); ++x) {
+      ASSERT_EQ(got[x], static_cast<float>(want[x])) << "scenario " << scenario << " entry " << x;
+    }
+  }
 }
 
 // ---- the exactness property ----
