@@ -95,6 +95,47 @@ int SignatureParams::num_selected_layers() const {
   return n;
 }
 
+namespace {
+
+// The definition of the normalisation: Σ x_i² summed in double in index order, inv = float(1 / sqrt(Σ)).
+double SequentialNorm2(const float* x, size_t n) {
+  double norm2 = 0;
+  for (size_t i = 0; i < n; ++i) norm2 += static_cast<double>(x[i]) * x[i];
+  return norm2;
+}
+
+// Sets *inv to float(1 / sqrt(SequentialNorm2(x, n))) and returns true when that sum is > 0, bit for bit,
+// without the n dependent double additions (4 cycles each: 8 µs at n = 6144). Each term x_i² is exact in
+// double and non-negative, so the in-order sum S_seq and the 8-lane sum S_vec below both lie within
+// (n−1)·u·S of the exact S (u = 2^-53; Higham, Accuracy and Stability, §4.2), hence S_seq ∈ [lo, hi] =
+// S_vec·(1 ∓ (2.01·n + 8)·u). sqrt, division and the conversion to float are correctly rounded, hence monotone,
+// so float(1/sqrt(hi)) ≤ inv_seq ≤ float(1/sqrt(lo)): when the two ends agree they are inv_seq. They
+// disagree only when 1/sqrt(S) lies within ~n·u relative of a float rounding boundary (~1e-5 of requests
+// at n = 6144); then the in-order sum is taken.
+bool L2Scale(const float* x, size_t n, float* inv) {
+  double lane[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  size_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) lane[l] += static_cast<double>(x[i + l]) * x[i + l];
+  }
+  double sum = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  if (!(sum > 0) || !std::isfinite(sum)) {  // all zero (then S_seq = 0 too), or inf/NaN: the definition
+    const double norm2 = SequentialNorm2(x, n);
+    if (!(norm2 > 0)) return false;
+    *inv = static_cast<float>(1.0 / std::sqrt(norm2));
+    return true;
+  }
+  const double rel =
+      (2.01 * static_cast<double>(n) + 8) * 0x1p-53;  // + 8u: the roundings of rel, 1 ± rel, the products
+  const float a = static_cast<float>(1.0 / std::sqrt(sum * (1 + rel)));
+  const float b = static_cast<float>(1.0 / std::sqrt(sum * (1 - rel)));
+  *inv = a == b ? a : static_cast<float>(1.0 / std::sqrt(SequentialNorm2(x, n)));
+  return true;
+}
+
+}  // namespace
+
 void ComputeSignature(const SignatureParams& p, const float* counts, const float* gate_sums, float* out) {
   // One branch per layer and variant, straight loops inside, so the compiler vectorises them.
   const int E = p.num_experts;
@@ -124,10 +165,8 @@ void ComputeSignature(const SignatureParams& p, const float* counts, const float
     o += E;
   }
   const size_t n = static_cast<size_t>(o - out);
-  double norm2 = 0;
-  for (size_t i = 0; i < n; ++i) norm2 += static_cast<double>(out[i]) * out[i];
-  if (norm2 > 0) {
-    const float inv = static_cast<float>(1.0 / std::sqrt(norm2));
+  float inv = 0.f;
+  if (L2Scale(out, n, &inv)) {
     for (size_t i = 0; i < n; ++i) out[i] *= inv;
   }
 }

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <random>
 #include <set>
 
@@ -83,6 +84,53 @@ TEST(Signature, LayerMaskSelectsAndConcatenatesInLayerOrder) {
   ComputeSignature(p, f.prefill_counts.data(), nullptr, s.data());
   const float r = 1 / std::sqrt(2.f);
   EXPECT_EQ(s, (std::vector<float>{r, 0, r, 0}));
+}
+
+TEST(Signature, NormalisationIsBitForBitTheInOrderDoubleSum) {
+  // The definition (DESIGN.md §3, s = x/‖x‖₂ with ‖x‖² summed in double in index order) written out here;
+  // ComputeSignature takes a faster sum and must still give the same floats. Lengths around the 8-lane
+  // split, zero vectors, entries spanning 60 binades (so the in-order sum rounds a lot), count·idf rows.
+  std::mt19937_64 rng(11);
+  int checked = 0;
+  for (int scenario = 0; scenario < 3000; ++scenario) {
+    const int L = 1 + static_cast<int>(rng() % 6), E = 1 + static_cast<int>(rng() % 300);
+    SignatureParams p;
+    p.variant = scenario % 2 ? SignatureVariant::kCountIdf : SignatureVariant::kCount;
+    p.num_layers = L;
+    p.num_experts = E;
+    p.layer_mask.assign(L, 0);
+    for (auto& m : p.layer_mask) m = rng() % 4 != 0;
+    std::vector<float> counts(static_cast<size_t>(L) * E);
+    p.idf.resize(counts.size());
+    const int spread = static_cast<int>(rng() % 60);
+    for (size_t x = 0; x < counts.size(); ++x) {
+      counts[x] = rng() % 5 == 0 ? 0.f : static_cast<float>(rng() % 2049);
+      if (scenario % 7 == 0)
+        counts[x] = std::ldexp(static_cast<float>(rng() % 1000 + 1), static_cast<int>(rng() % (spread + 1)) - 30);
+      p.idf[x] = static_cast<float>(rng() % 4000) / 1000.f;
+    }
+    if (scenario % 50 == 0) std::fill(counts.begin(), counts.end(), 0.f);
+    std::vector<float> want;
+    for (int l = 0; l < L; ++l) {
+      if (!p.layer_mask[l]) continue;
+      for (int e = 0; e < E; ++e) {
+        const size_t x = static_cast<size_t>(l) * E + e;
+        want.push_back(p.variant == SignatureVariant::kCount ? counts[x] : counts[x] * p.idf[x]);
+      }
+    }
+    double norm2 = 0;
+    for (float v : want) norm2 += static_cast<double>(v) * v;
+    if (norm2 > 0) {
+      const float inv = static_cast<float>(1.0 / std::sqrt(norm2));
+      for (auto& v : want) v *= inv;
+    }
+    std::vector<float> got(p.dim(), -1.f);
+    ComputeSignature(p, counts.data(), nullptr, got.data());
+    ASSERT_EQ(got.size(), want.size());
+    ASSERT_EQ(0, std::memcmp(got.data(), want.data(), got.size() * sizeof(float))) << "scenario " << scenario;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 3000);
 }
 
 TEST(Signature, GateProbNeedsWeights) {
