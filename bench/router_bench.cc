@@ -126,5 +126,3 @@ BENCHMARK(BM_SignatureCacheFootprint)->Iterations(1);
 
 }  // namespace
 }  // namespace eldr
-
-BENCHMARK_MAIN();
