@@ -347,19 +347,30 @@ LikeModel Separate(const LikeModel& model, double sep) {
   LikeModel out = model;
   if (sep == 1.0) return out;
   const int L = model.shape.num_layers, E = model.shape.num_experts;
-  const size_t cells = 2 * static_cast<size_t>(L) * E;
-  std::vector<double> global(cells, 0.0);
+  const size_t cells = static_cast<size_t>(L) * E;
+  std::vector<double> global(2 * cells, 0.0);  // ḡ_p, [2, L, E]
   double mix_sum = 0;
   for (const auto& d : model.domains) mix_sum += d.mix;
   for (const auto& d : model.domains) {
-    for (size_t c = 0; c < cells; ++c) global[c] += d.mix / mix_sum * d.mean[c];
+    for (size_t c = 0; c < 2 * cells; ++c) global[c] += d.mix / mix_sum * d.mean[c];
   }
+  const double phase_share = std::min(sep, 1.0);
   for (auto& d : out.domains) {
+    std::vector<double> moved(2 * cells, 0.0);
     for (size_t c = 0; c < cells; ++c) {
-      d.mean[c] = d.mean[c] > 0 ? std::exp((1 - sep) * std::log(global[c]) + sep * std::log(d.mean[c])) : 0.0;
+      const double dom = 0.5 * (d.mean[c] + d.mean[cells + c]), all = 0.5 * (global[c] + global[cells + c]);
+      if (!(dom > 0) || !(all > 0)) continue;
+      for (int p = 0; p < 2; ++p) {
+        const double m = d.mean[p * cells + c], g = global[p * cells + c];
+        if (!(m > 0) || !(g > 0)) continue;
+        const double log_m = std::log(g) + sep * (std::log(dom) - std::log(all)) +
+                             phase_share * ((std::log(m) - std::log(dom)) - (std::log(g) - std::log(all)));
+        moved[p * cells + c] = std::exp(log_m);
+      }
     }
     // Extrapolation can push a layer's small entries below double range; its top ones keep the layer positive.
-    NormaliseLayers(2 * L, E, &d.mean);
+    NormaliseLayers(2 * L, E, &moved);
+    d.mean = std::move(moved);
   }
   return out;
 }

@@ -1,45 +1,55 @@
 // Synthetic workloads of unique requests fitted to a real routing trace (`eldr trace synth --like`).
 //
-// Model, per domain d (the real trace's labels; an unlabelled trace is one domain), per MoE layer ℓ:
-//   π_r(ℓ,·) ~ Dirichlet(α_d · μ_d(ℓ,·))           a request's own expert distribution (PL weights), Σ_e μ = 1
-//   token t of r at ℓ: top-k drawn without repetition, Plackett–Luce from π_r(ℓ,·) (sequential draws, repeats
-//                      rejected; the draw order is the top-k order)
-// Prefill and decode tokens of a request draw from the same π_r, so the prefill→decode correlation arises
-// from the per-request spread rather than being imposed. A request's domain follows the real domain mix; its
-// (prompt, decode) lengths are a uniformly chosen real request's of that domain, both scaled by one factor
-// exp(σ·z), z ~ N(0,1), σ = length_jitter (the prompt share kept, >= 1 prompt token, a decode part stays
-// non-empty). Only lengths are resampled: no real request's routing is copied or perturbed.
-// Gate weights, when emitted, descend along the draw order: w_j = min(w_{j-1}, π(e_j)·jitter_j),
-// jitter uniform in [0.5, 1.5), normalised to sum 1 (as synth.h).
+// Model, per domain d (the real trace's labels; an unlabelled trace is one domain), per MoE layer ℓ, with two
+// phase means μ_d,p(ℓ,·) (p = prefill, decode; each sums to 1) and μ̄_d = (μ_d,prefill + μ_d,decode)/2:
+//   ω_r(ℓ,·) ~ Dirichlet(α_d · μ̄_d(ℓ,·))              the request's own deviation, shared by both phases
+//   π_r,p(ℓ,e) ∝ ω_r(ℓ,e) · μ_d,p(ℓ,e) / μ̄_d(ℓ,e)      its expert distribution in phase p
+//   token t of r at ℓ: top-k drawn without repetition, Plackett–Luce from π_r,p(ℓ,·) (sequential draws, repeats
+//                      rejected; the draw order is the top-k order), p = prefill for t < prompt_len
+// A request's prefill and decode tokens draw from the same ω_r, so its prefill predicts its decode through the
+// fitted per-request spread, not by construction. The phase means differ because real prompts and answers
+// route differently (ESFT intent: Chinese prompt, JSON answer, domain prefill/decode correlation 0.33): with one
+// distribution for both phases the generated correlation would be ~1.0 wherever the real one is not.
+// A request's domain follows the real domain mix; its (prompt, decode) lengths are a uniformly chosen real
+// request's of that domain, both scaled by one factor exp(σ·z), z ~ N(0,1), σ = length_jitter (the prompt share
+// kept, >= 1 prompt token, a decode part stays non-empty). Only lengths are resampled: no real request's
+// routing is copied or perturbed. Gate weights, when emitted, descend along the draw order:
+// w_j = min(w_{j-1}, π(e_j)·jitter_j), jitter uniform in [0.5, 1.5), normalised to sum 1 (as synth.h).
 //
-// Fit (simulated method of moments, per domain). For a real request r with n_r tokens (prefill + decode):
-//   a_r(ℓ,e) = c_r(ℓ,e) / (k·n_r)       its activation distribution (c_r = tokens whose top-k holds e)
-//   m_d = (Σ_r a_r + β·g) / (R_d + β)    the domain's mean, β = 0.5 requests of the global mean g (no zeros)
-//   D_d = Σ_{ℓ,e} [Var_r a_r(ℓ,e) − mean_r a_r(1 − k·a_r)/(k·(n_r − 1))] / Σ_{ℓ,e} m_d(1 − m_d)
-// D_d is the between-request share of the variance after removing the token-sampling variance; for a
-// Dirichlet in activation space D = 1/(α+1), which gives the start α_d = 1/D_d − 1. Plackett–Luce flattens
-// a distribution (an expert's inclusion probability is below k·π and capped at 1), so μ and α are then
-// refined by simulation: the model is simulated (fixed seed, fit_requests requests of fit_tokens tokens per
-// domain), the same two statistics are computed on the simulated requests (m̂, D̂), and
-//   μ ← normalise(μ · clamp(m/m̂, 1/2, 2)),   (α+1) ← (α+1) · D̂/D          for fit_iterations rounds.
-// A domain with fewer than 2 requests with >= 2 tokens takes the pooled D of the others.
+// Fit (simulated method of moments, per domain). For a real request r and phase p with n tokens:
+//   a_r,p(ℓ,e) = c(ℓ,e) / (k·n)          the phase's activation distribution (c = tokens whose top-k holds e)
+//   m_d,p = (Σ_r a_r,p + β·g_p) / (R_d + β)   the domain's phase mean, β = 0.5 requests of the global mean g_p
+//   D_d = Σ_{p,ℓ,e} [Var_r a_r,p − mean_r a_r,p(1 − k·a_r,p)/(k·(n − 1))] / Σ_{p,ℓ,e} m_d,p(1 − m_d,p)
+// D_d is the between-request share of the variance once the token-sampling variance is removed; for a
+// Dirichlet in activation space D = 1/(α+1), which gives the start α_d = 1/D_d − 1 (clamped to [0.05, 10^6];
+// 10^6 = no spread beyond token sampling). Plackett–Luce flattens a distribution (an expert's inclusion
+// probability is below k·π and capped at 1), so μ and α are then refined by simulation: the model is simulated
+// (fixed seed, fit_requests requests of fit_tokens tokens, half prefill, per domain), the same statistics are
+// computed on the simulated requests (m̂, D̂), and for fit_iterations rounds
+//   μ_d,p ← normalise(μ_d,p · clamp(m_d,p/m̂_d,p, 1/2, 2)),   (α_d+1) ← (α_d+1) · D̂_d/D_d.
+// A domain with fewer than 2 requests of >= 2 tokens takes the pooled D of the whole trace.
 //
-// Separation knob s (`--separation`, 1 = as fitted): every domain's mean moves along the log-linear path
-// through the traffic-weighted global mean ḡ = Σ_d mix_d μ_d:  μ_d^(s)(ℓ,·) ∝ ḡ^(1−s) · μ_d^s.
-// s = 0 makes all domains one, s < 1 brings them closer, s > 1 pushes them apart and sharpens each (its hot
-// experts hotter, the others colder); α is kept. bench/README.md maps s to the same-domain vs mixed union gap.
+// Separation knob s (`--separation`, 1 = as fitted). With ḡ_p = Σ_d mix_d μ_d,p and ḡ = (ḡ_prefill + ḡ_decode)/2,
+//   log μ_d,p^(s) = log ḡ_p + s·(log μ̄_d − log ḡ) + min(s, 1)·[(log μ_d,p − log μ̄_d) − (log ḡ_p − log ḡ)]
+// then normalised per layer: the domain's deviation from the global mean (shared by both phases) is scaled by s,
+// its own prefill/decode difference is kept. s = 1 is the fit, s = 0 makes all domains one, s > 1 pushes
+// domains apart and sharpens each (its hot experts hotter, the others colder); α is kept. bench/README.md maps s
+// to the same-domain vs mixed union gap.
 //
 // Novelty check: a request's decode profile (DESIGN.md §3) is compared by cosine with every real request's;
 // the mean over generated requests of the nearest real similarity must not exceed the mean over real requests
 // of the nearest *other* real similarity. A copy of a real request would score 1.
 //
-// Determinism: fixed by (model, options) — std::mt19937_64 streams derived from the seed per request, and
-// sampling.h's distributions. The fit is fixed by (trace, fit options).
-// Complexity: fit O(T·L·k + iterations · D·fit_requests·(fit_tokens·L·k + L·E)); generation O(Σ tokens·L·k)
-// expected (rejections are rare unless π is nearly one-hot), memory O(D·L·E + one request's tokens).
+// Determinism: fixed by (model, options): std::mt19937_64 streams derived from the seed per request (domain,
+// lengths and ω; ids; weights: ids do not depend on with_weights), and sampling.h's distributions. The fit is
+// fixed by (trace, fit options).
+// Complexity: fit O(T·L·k + iterations · D·fit_requests·(fit_tokens·L·k + L·E)) (~2.4 s for the bundled trace);
+// generation O(Σ tokens·L·k) expected (rejections are rare unless π is nearly one-hot), ~5 ms per request at the
+// DeepSeek-V2-Lite shape; memory O(D·L·E + one request's tokens).
 // Thread safety: reentrant.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
