@@ -44,8 +44,9 @@
 // lengths and ω; ids; weights: ids do not depend on with_weights), and sampling.h's distributions. The fit is
 // fixed by (trace, fit options).
 // Complexity: fit O(T·L·k + iterations · D·fit_requests·(fit_tokens·L·k + L·E)) (~2.4 s for the bundled trace);
-// generation O(Σ tokens·L·k) expected (rejections are rare unless π is nearly one-hot), ~5 ms per request at the
-// DeepSeek-V2-Lite shape; memory O(D·L·E + one request's tokens).
+// generation O(Σ tokens·L·k) expected (rejections are rare unless π is nearly one-hot): 20 000 requests at the
+// DeepSeek-V2-Lite shape (3.2 M tokens, 1.5 GB written) took 128 s of CPU with a 49 MB peak RSS; memory
+// O(D·L·E + one request's tokens) plus the writer's per-request metadata.
 // Thread safety: reentrant.
 #pragma once
 

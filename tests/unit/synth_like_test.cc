@@ -4,11 +4,15 @@
 
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <set>
 
+#include "runtime/trace/stats.h"
 #include "runtime/trace/trace.h"
 
 namespace eldr {
@@ -230,6 +234,43 @@ TEST(SynthLikeTest, BadInputNamesTheOption) {
   bad = o;
   bad.num_domains = 3;  // matching is fine
   EXPECT_TRUE(SynthesizeLikeTrace(m, bad).ok());
+}
+
+// On the bundled real trace (ESFT DeepSeek-V2-Lite): every domain is fitted, the generated requests are new by
+// the novelty check, and each domain's prefill/decode correlation arises near the real one (checked against
+// the real trace's own value from ComputeTraceStats, not against a stored number).
+TEST(SynthLikeTest, RealTraceFitGivesNovelRequestsWithTheRealDomainCorrelations) {
+  namespace fs = std::filesystem;
+  const fs::path dir = fs::temp_directory_path() / ("eldr_like_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  const std::string jsonl = std::string(ELDR_TEST_DATA_DIR) + "/esft-deepseek-v2-lite/routing.jsonl.gz";
+  ASSERT_TRUE(ImportJsonlTrace(jsonl, (dir / "real.h5").string(), nullptr).ok());
+  auto real = ReadTrace((dir / "real.h5").string());
+  fs::remove_all(dir);
+  ASSERT_TRUE(real.ok()) << real.status().ToString();
+  const LikeModel m = MustFit(real.value());
+  ASSERT_EQ(m.domains.size(), 4u);
+  LikeSynthOptions o;
+  o.num_requests = 200;
+  o.seed = 9;
+  o.with_weights = false;
+  const Trace gen = MustSynth(m, o);
+  auto checker = NoveltyChecker::Create(real.value());
+  ASSERT_TRUE(checker.ok());
+  for (const auto& r : gen.requests) checker.value().Add(r, gen.token_ids(r.offset));
+  const NoveltyReport rep = checker.value().Report();
+  EXPECT_TRUE(rep.novel()) << rep.ToText();
+  EXPECT_LT(rep.generated_nearest_max, rep.real_nearest_max) << rep.ToText();
+  auto real_stats = ComputeTraceStats(real.value(), {});
+  auto gen_stats = ComputeTraceStats(gen, {});
+  ASSERT_TRUE(real_stats.ok() && gen_stats.ok());
+  for (const auto& want : real_stats->domains) {
+    for (const auto& got : gen_stats->domains) {
+      if (got.domain != want.domain) continue;
+      // The real halves differ by up to ~0.04 per domain (bench/README.md); 0.08 allows the fit's own error.
+      EXPECT_NEAR(got.prefill_decode_corr, want.prefill_decode_corr, 0.08) << want.domain;
+    }
+  }
 }
 
 }  // namespace
