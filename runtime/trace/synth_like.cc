@@ -25,7 +25,7 @@ using trace_sampling::UniformUnit;
 
 enum LikeStream : uint64_t { kFitStream = 11, kRequestStream = 12, kTokenStream = 13, kWeightStream = 14 };
 
-constexpr double kPriorRequests = 0.5;  // β: pseudo-requests of the global mean in a domain's mean
+constexpr double kPriorRequests = 0.5;               // β: pseudo-requests of the global mean in a domain's mean
 constexpr double kMinAlpha = 0.05, kMaxAlpha = 1e6;  // α range; kMaxAlpha: no spread beyond token sampling
 
 // Per-(layer, expert) moments of request activation distributions: the domain mean and the between-request
@@ -116,8 +116,14 @@ void DrawTopK(std::mt19937_64& rng, const AliasBucket* tl, const double* p, int 
 class RequestSampler {
  public:
   explicit RequestSampler(const TraceShape& shape)
-      : L_(shape.num_layers), E_(shape.num_experts), K_(shape.top_k), builder_(E_),
-        table_(2 * static_cast<size_t>(L_) * E_), pi_(2 * static_cast<size_t>(L_) * E_), omega_(E_), mark_(E_, 0) {}
+      : L_(shape.num_layers),
+        E_(shape.num_experts),
+        K_(shape.top_k),
+        builder_(E_),
+        table_(2 * static_cast<size_t>(L_) * E_),
+        pi_(2 * static_cast<size_t>(L_) * E_),
+        omega_(E_),
+        mark_(E_, 0) {}
 
   // ω(ℓ,·) ~ Dirichlet(alpha · μ̄(ℓ,·)), μ̄ = (μ_prefill + μ_decode)/2; π_phase ∝ ω · μ_phase / μ̄.
   // mean: [2, L, E] (prefill, decode).
@@ -291,8 +297,9 @@ Result<LikeModel> FitLikeModel(const Trace& real, const LikeFitOptions& o) {
   int64_t decode_tokens = 0, prompt_tokens = 0;
   for (const auto& r : real.requests) decode_tokens += r.decode_len(), prompt_tokens += r.prompt_len;
   if (decode_tokens == 0) {
-    return BadOption("--like trace has no decode tokens (every request ends with its prompt); nothing to fit decode "
-                     "routing to");
+    return BadOption(
+        "--like trace has no decode tokens (every request ends with its prompt); nothing to fit decode "
+        "routing to");
   }
   if (prompt_tokens == 0) return BadOption("--like trace has no prompt tokens; nothing to fit prefill routing to");
   const TraceShape& s = real.shape;
@@ -405,7 +412,8 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
     std::mt19937_64 id_rng(StreamSeed(o.seed, kTokenStream, static_cast<uint64_t>(i)));
     std::mt19937_64 weight_rng(StreamSeed(o.seed, kWeightStream, static_cast<uint64_t>(i)));
     const double u = UniformUnit(rng) * acc;
-    const int di = std::min(num_domains - 1, static_cast<int>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin()));
+    const int di =
+        std::min(num_domains - 1, static_cast<int>(std::upper_bound(cum.begin(), cum.end(), u) - cum.begin()));
     const LikeDomain& d = m.domains[di];
     const LikeLengths& len = d.lengths[UniformBelow(rng, d.lengths.size())];
     const double scale = std::exp(o.length_jitter * StandardNormal(rng));
@@ -413,7 +421,8 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
     int64_t total = std::max<int64_t>(len.decode_len > 0 ? 2 : 1, std::llround(real_total * scale));
     int64_t prompt = total;
     if (len.decode_len > 0) {
-      prompt = std::clamp<int64_t>(std::llround(static_cast<double>(total) * len.prompt_len / real_total), 1, total - 1);
+      prompt =
+          std::clamp<int64_t>(std::llround(static_cast<double>(total) * len.prompt_len / real_total), 1, total - 1);
     }
     TraceRequest req;
     req.domain = d.name;
@@ -536,8 +545,8 @@ nlohmann::json NoveltyReport::ToJson() const {
           {"num_generated", num_generated},
           {"real_nearest_mean", real_nearest_mean},
           {"real_nearest_max", real_nearest_max},
-          {"generated_nearest_mean", std::isfinite(generated_nearest_mean) ? nlohmann::json(generated_nearest_mean)
-                                                                           : nlohmann::json(nullptr)},
+          {"generated_nearest_mean",
+           std::isfinite(generated_nearest_mean) ? nlohmann::json(generated_nearest_mean) : nlohmann::json(nullptr)},
           {"generated_nearest_max", generated_nearest_max},
           {"novel", novel()}};
 }

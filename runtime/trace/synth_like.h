@@ -114,7 +114,7 @@ Result<Trace> SynthesizeLikeTrace(const LikeModel& model, const LikeSynthOptions
 
 struct NoveltyReport {
   int64_t num_real = 0, num_generated = 0;  // requests with decode tokens compared
-  double real_nearest_mean = 0;       // mean over real requests of the nearest other real cosine similarity
+  double real_nearest_mean = 0;             // mean over real requests of the nearest other real cosine similarity
   double real_nearest_max = 0;
   double generated_nearest_mean = 0;  // mean over generated requests of the nearest real cosine similarity
   double generated_nearest_max = 0;

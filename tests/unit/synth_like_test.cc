@@ -3,7 +3,6 @@
 #include "runtime/trace/synth_like.h"
 
 #include <gtest/gtest.h>
-
 #include <unistd.h>
 
 #include <algorithm>
@@ -154,9 +153,11 @@ TEST(SynthLikeTest, SeparationZeroMergesDomainsAndAboveOnePushesThemApart) {
   const LikeModel m = KnownModel();
   const LikeModel same = Separate(m, 1.0), merged = Separate(m, 0.0), apart = Separate(m, 2.0);
   for (size_t d = 0; d < m.domains.size(); ++d) EXPECT_EQ(same.domains[d].mean, m.domains[d].mean);
-  for (size_t d = 1; d < m.domains.size(); ++d) EXPECT_LT(MaxLayerTv(merged.domains[d].mean, merged.domains[0].mean), 1e-9);
+  for (size_t d = 1; d < m.domains.size(); ++d)
+    EXPECT_LT(MaxLayerTv(merged.domains[d].mean, merged.domains[0].mean), 1e-9);
   for (size_t d = 1; d < m.domains.size(); ++d) {
-    EXPECT_GT(MaxLayerTv(apart.domains[d].mean, apart.domains[0].mean), MaxLayerTv(m.domains[d].mean, m.domains[0].mean));
+    EXPECT_GT(MaxLayerTv(apart.domains[d].mean, apart.domains[0].mean),
+              MaxLayerTv(m.domains[d].mean, m.domains[0].mean));
   }
   for (const auto& d : apart.domains) {
     for (int l = 0; l < 2 * kL; ++l) {
