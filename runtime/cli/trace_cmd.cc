@@ -8,7 +8,9 @@
 #include "runtime/common/signals.h"
 #include "runtime/trace/stats.h"
 #include "runtime/trace/synth.h"
+#include "runtime/trace/synth_like.h"
 #include "runtime/trace/trace.h"
+#include "runtime/trace/trace_store.h"
 
 namespace eldr::cli {
 
@@ -65,6 +67,47 @@ Status ParseMix(const std::string& text, int num_domains, std::vector<double>* m
   return Status::Ok();
 }
 
+// `trace synth --like`: fit, report the fit and novelty, stream the generated requests to `out`.
+Status SynthesizeLike(const std::string& like, LikeSynthOptions lopts, bool no_weights, const std::string& out) {
+  if (lopts.num_requests < 1) {
+    return Status::InvalidArgument("--requests must be >= 1, got " + std::to_string(lopts.num_requests));
+  }
+  ELDR_ASSIGN_OR_RETURN(Trace real, ReadTrace(like));
+  auto fitted = FitLikeModel(real);
+  if (!fitted.ok()) return fitted.status().WithPrefix(like);
+  const LikeModel& model = fitted.value();
+  lopts.with_weights = model.with_weights && !no_weights;
+  ELDR_ASSIGN_OR_RETURN(NoveltyChecker novelty, NoveltyChecker::Create(real));
+  // Options are checked before the output file is opened, so bad input leaves no file behind.
+  ELDR_RETURN_IF_ERROR(GenerateLike(
+      model,
+      [&] {
+        LikeSynthOptions probe = lopts;
+        probe.num_requests = 1;
+        return probe;
+      }(),
+      [](const TraceRequest&, const uint16_t*, const float*) { return Status::Ok(); }));
+  ELDR_ASSIGN_OR_RETURN(auto writer, TraceWriter::Open(out, model.shape, lopts.with_weights));
+  ELDR_RETURN_IF_ERROR(GenerateLike(model, lopts, [&](const TraceRequest& r, const uint16_t* ids, const float* w) {
+    novelty.Add(r, ids);
+    return writer->Append(r, ids, w);
+  }));
+  ELDR_RETURN_IF_ERROR(writer->Finish());
+  std::vector<std::vector<std::string>> rows;
+  for (const auto& d : model.domains) {
+    rows.push_back({d.name.empty() ? "(none)" : d.name, std::to_string(d.lengths.size()), Fmt(d.mix),
+                    Fmt(d.dispersion, 4), Fmt(d.concentration, 1)});
+  }
+  std::printf("fitted to %s (%s): separation %s\n%s", like.c_str(), model.shape.ToString().c_str(),
+              Fmt(lopts.separation, 2).c_str(),
+              FormatTable({"domain", "real_requests", "mix", "dispersion_D", "concentration_alpha"}, rows).c_str());
+  std::printf("%s", novelty.Report().ToText().c_str());
+  std::printf("wrote %lld requests, %lld tokens (%s, %zu domains) to %s\n",
+              static_cast<long long>(writer->num_requests()), static_cast<long long>(writer->num_tokens()),
+              model.shape.ToString().c_str(), model.domains.size(), out.c_str());
+  return Status::Ok();
+}
+
 }  // namespace
 
 void AddTraceCommand(CLI::App& app, Action* action) {
@@ -118,8 +161,29 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     cmd->add_option("--model", o->model, "model name stored in the trace")->capture_default_str();
     cmd->add_flag("--no-weights", *no_weights, "do not emit topk_weights");
     cmd->add_option("--out", *out, "HDF5 trace to write")->required();
+    // --like: a generative model fitted to a real trace (runtime/trace/synth_like.h); shape, domains, mix and
+    // lengths come from that trace, so the parametric options above (except --requests, --seed, --no-weights)
+    // do not apply.
+    auto like = std::make_shared<std::string>();
+    auto lo = std::make_shared<LikeSynthOptions>();
+    auto* like_opt = cmd->add_option("--like", *like, "fit the generator to this real HDF5 trace (unique requests)");
+    cmd->add_option("--separation", lo->separation, "with --like: domain separation, 1 = as fitted, >1 apart")
+        ->capture_default_str();
+    cmd->add_option("--length-jitter", lo->length_jitter, "with --like: log-normal sigma on resampled lengths")
+        ->capture_default_str();
+    auto* domains_opt = cmd->get_option("--domains");
+    auto* requests_opt = cmd->get_option("--requests");
     cmd->callback([=] {
       *action = [=]() -> Status {
+        if (!like->empty()) {
+          LikeSynthOptions lopts = *lo;
+          lopts.num_requests = o->num_requests;
+          if (requests_opt->count() == 0) lopts.num_requests = 1000;
+          lopts.num_domains = domains_opt->count() > 0 ? o->num_domains : 0;
+          lopts.seed = o->seed;
+          return SynthesizeLike(*like, lopts, *no_weights, *out);
+        }
+        if (like_opt->count() > 0) return Status::InvalidArgument("--like needs a trace path");
         SynthOptions opts = *o;
         ELDR_RETURN_IF_ERROR(ParseRange(*prompt, "--prompt-len", &opts.prompt_len_min, &opts.prompt_len_max));
         ELDR_RETURN_IF_ERROR(ParseRange(*output, "--output-len", &opts.output_len_min, &opts.output_len_max));

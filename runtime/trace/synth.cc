@@ -7,6 +7,7 @@
 
 #include "runtime/common/json_util.h"
 #include "runtime/common/signals.h"
+#include "runtime/trace/sampling.h"
 
 namespace eldr {
 
@@ -20,30 +21,12 @@ constexpr double kMaxEntries = static_cast<double>(int64_t{1} << 34);
 // shift another (ids).
 enum Stream : uint64_t { kStructureStream = 1, kRequestIdStream = 2, kRequestWeightStream = 3 };
 
-uint64_t SplitMix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-uint64_t StreamSeed(uint64_t seed, Stream stream, uint64_t index) {
-  return SplitMix64(SplitMix64(SplitMix64(seed) ^ stream) + index);
-}
-
-// Uniform in [0, n), n >= 1, without modulo bias (rejection); specified here, unlike
-// std::uniform_int_distribution, so traces are the same with every standard library.
-uint64_t UniformBelow(std::mt19937_64& rng, uint64_t n) {
-  const uint64_t limit = UINT64_MAX - UINT64_MAX % n;
-  uint64_t r;
-  do {
-    r = rng();
-  } while (r >= limit);
-  return r % n;
-}
-
-// Uniform in [0, 1) with 53 random bits.
-double UniformUnit(std::mt19937_64& rng) { return static_cast<double>(rng() >> 11) * 0x1.0p-53; }
+using trace_sampling::AliasBucket;
+using trace_sampling::AliasTable;
+using trace_sampling::DrawAlias;
+using trace_sampling::StreamSeed;
+using trace_sampling::UniformBelow;
+using trace_sampling::UniformUnit;
 
 // Writes m distinct experts, uniformly chosen, to out. perm: [E], any permutation of 0..E-1; it stays one
 // (a partial Fisher–Yates over a permutation picks a uniform subset whatever the permutation's order).
@@ -63,70 +46,6 @@ std::vector<double> ZipfWeights(int m) {
   for (int i = 0; i < m; ++i) sum += (w[i] = 1.0 / (i + 1));
   for (auto& x : w) x /= sum;
   return w;
-}
-
-// Walker/Vose alias table over n outcomes, built in exact integer arithmetic: every bucket holds 2^32
-// units, so an outcome of probability 0 is never drawn and the build never leaves a bucket half-defined.
-// A full bucket has threshold 2^32-1 and aliases itself.
-struct AliasBucket {
-  uint32_t thresh;  // the bucket's own outcome is drawn when the fraction is below this
-  uint16_t alias;   // else this one
-};
-
-class AliasTable {
- public:
-  explicit AliasTable(int n) : n_(n), units_(n), small_(n), large_(n) {}
-
-  // p: [n], non-negative with a positive sum. table: [n] output.
-  void Build(const double* p, AliasBucket* table) {
-    constexpr int64_t kBucket = int64_t{1} << 32;
-    double sum = 0;
-    for (int i = 0; i < n_; ++i) sum += p[i];
-    const double scale = static_cast<double>(n_) * static_cast<double>(kBucket) / sum;
-    int64_t total = 0;
-    int argmax = 0;
-    for (int i = 0; i < n_; ++i) {
-      units_[i] = static_cast<int64_t>(std::floor(p[i] * scale));
-      total += units_[i];
-      if (units_[i] > units_[argmax]) argmax = i;
-    }
-    units_[argmax] += static_cast<int64_t>(n_) * kBucket - total;  // rounding: units now sum to n * 2^32
-    int num_small = 0, num_large = 0;
-    for (int i = 0; i < n_; ++i) {
-      if (units_[i] < kBucket) {
-        small_[num_small++] = i;
-      } else {
-        large_[num_large++] = i;
-      }
-    }
-    while (num_small > 0 && num_large > 0) {
-      const int s = small_[--num_small];
-      const int l = large_[num_large - 1];
-      table[s] = AliasBucket{static_cast<uint32_t>(units_[s]), static_cast<uint16_t>(l)};
-      units_[l] -= kBucket - units_[s];
-      if (units_[l] < kBucket) {
-        --num_large;
-        small_[num_small++] = l;
-      }
-    }
-    // With exact sums only full buckets remain; a leftover small one cannot occur but is made full anyway.
-    for (int i = 0; i < num_large; ++i) table[large_[i]] = AliasBucket{UINT32_MAX, static_cast<uint16_t>(large_[i])};
-    for (int i = 0; i < num_small; ++i) table[small_[i]] = AliasBucket{UINT32_MAX, static_cast<uint16_t>(small_[i])};
-  }
-
- private:
-  int n_;
-  std::vector<int64_t> units_;
-  std::vector<int> small_, large_;
-};
-
-// One 32-bit uniform u draws one outcome: the integer part of u·n / 2^32 picks the bucket and the
-// fraction (uniform on a grid of step n / 2^32) is compared with the bucket's threshold. Branch-free:
-// which side of the threshold a draw falls on is unpredictable.
-inline uint16_t DrawAlias(uint32_t u, uint32_t n, const AliasBucket* table) {
-  const uint64_t scaled = static_cast<uint64_t>(u) * n;
-  const AliasBucket b = table[scaled >> 32];
-  return static_cast<uint32_t>(scaled) < b.thresh ? static_cast<uint16_t>(scaled >> 32) : b.alias;
 }
 
 Status ValidateOptions(const SynthOptions& o) {

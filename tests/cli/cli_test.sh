@@ -198,6 +198,36 @@ head -c 3000000 "$SRC/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz" > cut.j
 expect_error "truncated gzip JSONL" "cut.jsonl.gz" out.h5 "$ELDR" trace import --in cut.jsonl.gz --out out.h5
 expect_error "synth with zero domains" "domain" out.h5 "$ELDR" trace synth --domains 0 --out out.h5
 expect_error "synth with bad range" "--prompt-len" out.h5 "$ELDR" trace synth --prompt-len 9:3 --out out.h5
+# trace synth --like: a generator fitted to the real trace; the output is a trace h5py reads, of new requests.
+run_ok "synth --like the real trace" "$ELDR" trace synth --like real.h5 --requests 40 --seed 3 --separation 2 --out like.h5
+grep -q "novelty .*: novel$" "$WORK/out.txt" && ok "synth --like reports its requests novel" || bad "synth --like novelty line"
+$PY - "$WORK/like.h5" "$WORK/real.h5" <<'PYEOF'
+import sys, h5py, numpy as np
+g, r = h5py.File(sys.argv[1], "r"), h5py.File(sys.argv[2], "r")
+for a in ("num_layers", "num_experts", "top_k"):
+    assert g.attrs[a] == r.attrs[a], a
+ids, n = g["/tokens/topk_ids"], len(g["/requests/id"])
+assert n == 40 and ids.dtype == np.uint16 and ids.shape[1:] == (26, 6), (n, ids.dtype, ids.shape)
+assert g["/tokens/topk_weights"].shape == ids.shape
+nt, off, pl = g["/requests/num_tokens"][:], g["/requests/offset"][:], g["/requests/prompt_len"][:]
+assert nt.sum() == ids.shape[0] and (off == np.concatenate([[0], np.cumsum(nt)[:-1]])).all()
+assert ((pl >= 1) & (pl < nt)).all()
+t = ids[:]
+assert t.max() < 64 and all(len(set(row)) == 6 for row in t.reshape(-1, 6)[:5000])
+real_domains = set(x.decode() if isinstance(x, bytes) else x for x in r["/requests/domain"][:])
+assert set(x.decode() if isinstance(x, bytes) else x for x in g["/requests/domain"][:]) <= real_domains
+PYEOF
+[ $? -eq 0 ] && ok "h5py reads the --like trace: shape, offsets, distinct top-k, real domains" || bad "h5py reads the --like trace"
+cp real.h5 prompt_only.h5 && $PY -c "
+import h5py; f = h5py.File('prompt_only.h5', 'r+'); f['/requests/prompt_len'][...] = f['/requests/num_tokens'][:]"
+expect_error "synth --like a trace without decode tokens" "prompt_only.h5: .*--like trace has no decode tokens" out.h5 \
+  "$ELDR" trace synth --like prompt_only.h5 --out out.h5
+expect_error "synth --like --requests 0" "--requests must be >= 1" out.h5 "$ELDR" trace synth --like real.h5 --requests 0 --out out.h5
+expect_error "synth --like with a domain count unlike the trace's" "--domains 3 does not match the 4 domains" out.h5 \
+  "$ELDR" trace synth --like real.h5 --domains 3 --out out.h5
+expect_error "synth --like negative separation" "--separation must be in" out.h5 \
+  "$ELDR" trace synth --like real.h5 --separation -1 --out out.h5
+expect_error "synth --like missing trace" "nope.h5: no such file" out.h5 "$ELDR" trace synth --like nope.h5 --out out.h5
 expect_error "gate_prob without weights" "gate_prob" out.h5 "$ELDR" calibrate --trace good.h5 -K 1 --signature gate_prob --out out.h5
 # Inputs found by review: each must be one clear error, never a crash or a silent success.
 printf '{"id":"a","num_layers":2305843009213693953,"num_experts":8,"top_k":4,"num_tokens":1,"prompt_len":1,"topk_ids":[[]]}\n' > huge.jsonl
