@@ -72,6 +72,8 @@ Status SynthesizeLike(const std::string& like, LikeSynthOptions lopts, bool no_w
   if (lopts.num_requests < 1) {
     return Status::InvalidArgument("--requests must be >= 1, got " + std::to_string(lopts.num_requests));
   }
+  InstallInterruptHandlers();
+  ELDR_RETURN_IF_ERROR(CheckOutputs({{out, "--out"}}, {{like, "--like"}}));
   ELDR_ASSIGN_OR_RETURN(Trace real, ReadTrace(like));
   auto fitted = FitLikeModel(real);
   if (!fitted.ok()) return fitted.status().WithPrefix(like);

@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 #include "runtime/trace/sampling.h"
 
 namespace eldr {
@@ -408,6 +409,7 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
   std::vector<uint16_t> ids;
   std::vector<float> weights;
   for (int64_t i = 0; i < o.num_requests; ++i) {
+    if (Interrupted()) return InterruptStatus();  // SIGINT/TERM/HUP: the caller's output temporary is removed
     std::mt19937_64 rng(StreamSeed(o.seed, kRequestStream, static_cast<uint64_t>(i)));
     std::mt19937_64 id_rng(StreamSeed(o.seed, kTokenStream, static_cast<uint64_t>(i)));
     std::mt19937_64 weight_rng(StreamSeed(o.seed, kWeightStream, static_cast<uint64_t>(i)));
