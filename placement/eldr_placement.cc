@@ -44,6 +44,13 @@ constexpr int kStayAwareReplicationMoves = 4;
 constexpr double kSecondStartGap = 1e-2;  // second start only above (1 + gap) x the average rank load
 constexpr double kNoTarget = -1.0;        // bottleneck search runs until no move improves
 
+// (load, rank), ordered by KeyIndexLess. A plain struct, unlike std::pair (whose assignment is user-provided),
+// so that moving blocks of them in the sorted rank lists is a memmove.
+struct LoadRank {
+  double first;
+  int32_t second;
+};
+
 class EldrLayerPlacer {
  public:
   explicit EldrLayerPlacer(const PlacementProblem& p)
@@ -250,10 +257,10 @@ class EldrLayerPlacer {
       --num_free_;
       return;
     }
-    const std::pair<double, int32_t> entry(rank_load_[r], r);
+    const LoadRank entry{rank_load_[r], r};
     if (i + 1 < num_free_ && KeyIndexLess()(free_[i + 1], entry)) {
       // The first entry after i that is not less than `entry` (lower bound over [i + 2, num_free_)).
-      const std::pair<double, int32_t>* base = free_.data() + i + 1;
+      const LoadRank* base = free_.data() + i + 1;
       int n = num_free_ - i - 1;
       while (n > 1) {
         const int half = n / 2;
@@ -467,13 +474,22 @@ class EldrLayerPlacer {
     s.a_expert = swap_a_.data();
     s.a_load = swap_wa_.data();
     // The replicas of the most loaded rank that can move (load > 0), read once for all ranks.
+    // Sorted by ascending load (insertion sort of P/R entries; equal loads keep slot order), so that the
+    // pair scan of each lighter rank can stop at the first replica that would lift that rank too high.
     s.num_a = 0;
     for (int i = 0; i < spr_; ++i) {
       const int a = At(rmax, i);
-      if (per_replica_[a] <= 0) continue;
-      s.a_slot[s.num_a] = i;
-      s.a_expert[s.num_a] = a;
-      s.a_load[s.num_a++] = per_replica_[a];
+      const double wa = per_replica_[a];
+      if (wa <= 0) continue;
+      int k = s.num_a++;
+      for (; k > 0 && s.a_load[k - 1] > wa; --k) {
+        s.a_slot[k] = s.a_slot[k - 1];
+        s.a_expert[k] = s.a_expert[k - 1];
+        s.a_load[k] = s.a_load[k - 1];
+      }
+      s.a_slot[k] = i;
+      s.a_expert[k] = a;
+      s.a_load[k] = wa;
     }
     // Ranks from the lightest up. Without a previous placement, stop at the first rank that offers an
     // improving swap; with one, look a little further for a swap that copies fewer weights, and stop at the
@@ -509,7 +525,7 @@ class EldrLayerPlacer {
   // Moves entry i of by_load_ to the place of its rank's current load.
   void MoveEntry(int i) {
     const int r = by_load_[i].second;
-    const std::pair<double, int32_t> entry(rank_load_[r], r);
+    const LoadRank entry{rank_load_[r], r};
     while (i > 0 && KeyIndexLess()(entry, by_load_[i - 1])) {
       by_load_[i] = by_load_[i - 1];
       --i;
@@ -549,23 +565,32 @@ class EldrLayerPlacer {
       wq[num_b] = per_replica_[b];
       jq[num_b++] = j;
     }
-    for (int ia = 0; ia < s.num_a; ++ia) {
-      const int a = s.a_expert[ia];
-      const double wa = s.a_load[ia];
-      if (Has(q, a)) continue;
-      for (int jb = 0; jb < num_b; ++jb) {
-        const double wb = wq[jb];
+    // For each replica b of q, the replicas a of the maximum by ascending load: q's new load lq + wa − wb
+    // only grows with wa, so the first a that takes q to the limit ends the scan for that b. The scan order
+    // differs from slot order, so equal candidates are decided by slot order explicitly (as a scan in slot
+    // order, i then j, would keep the first).
+    for (int jb = 0; jb < num_b; ++jb) {
+      const double wb = wq[jb];
+      const int j = jq[jb];
+      for (int ia = 0; ia < s.num_a; ++ia) {
+        const double wa = s.a_load[ia];
         if (wb >= wa) continue;
-        const double val = std::max(s.lm - wa + wb, lq + wa - wb);
+        const double q_after = lq + wa - wb;
+        if (q_after >= s.limit) break;
+        const int a = s.a_expert[ia];
+        if (Has(q, a)) continue;
+        const double val = std::max(s.lm - wa + wb, q_after);
         if (val >= s.limit) continue;
         any = true;
-        const int j = jq[jb];
+        const int i = s.a_slot[ia];
         const int cost =
             stay_aware_ ? Cost(q, a) + Cost(s.rmax, q_slots[j]) - Cost(s.rmax, a) - Cost(q, q_slots[j]) : 0;
-        if (s.bi < 0 || Better(cost, val, s.best_cost, s.best_val)) {
+        const bool tie_first =
+            s.bq == q && cost == s.best_cost && val == s.best_val && (i < s.bi || (i == s.bi && j < s.bj));
+        if (s.bi < 0 || Better(cost, val, s.best_cost, s.best_val) || tie_first) {
           s.best_val = val;
           s.best_cost = cost;
-          s.bi = s.a_slot[ia];
+          s.bi = i;
           s.bq = q;
           s.bj = j;
         }
@@ -631,7 +656,7 @@ class EldrLayerPlacer {
           second = std::max(second, rank_load_[rx[k]]);
         }
       }
-      multi_[num_multi++] = {x, top, second};
+      multi_[num_multi++] = {x, top, second, share_minus_[x] - per_replica_[x]};
     }
     double best_val = limit;
     int best_cost = std::numeric_limits<int>::max();
@@ -658,7 +683,10 @@ class EldrLayerPlacer {
         const MultiReplica& mx = multi_[m];
         const int x = mx.x;
         if (x == y) continue;
-        const double dx = share_minus_[x] - per_replica_[x];
+        const double dx = mx.dx;
+        // The bound below is smallest for q = top (other = second): if it fails there it fails for every q
+        // (floating-point addition is monotone), and x is skipped without reading its ranks.
+        if (mx.second + dx - dy >= stop()) continue;
         const int32_t* rx = RanksOf(x);
         for (int k = 0; k < cnt_[x]; ++k) {
           const int q = rx[k];
@@ -939,33 +967,34 @@ class EldrLayerPlacer {
 
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
-  const double move_slack_;                          // PlacementProblem::move_slack
-  const double* load_ = nullptr;                     // [E] load of the layer being placed
-  double eps_ = 0;                                   // comparison tolerance, 1e-12 of the layer's load
-  double average_load_ = 0;                          // load / R, the lower bound of the bottleneck
-  bool skipped_ = false;                             // Pack set a lighter rank aside: it held the expert
-  bool stay_aware_ = false;                          // moves are priced by the weights they copy (previous given)
-  std::vector<int32_t> cnt_;                         // [E] replicas
-  std::vector<int32_t> greedy_cnt_;                  // [E] replicas after step 1
-  std::vector<int32_t> tournament_tree_;             // storage of the replication's tournament
-  std::vector<int32_t> best_cnt_;                    // [E] replicas of the best start so far
-  std::vector<int32_t> best_slot_;                   // [R, P/R] placement of the best start so far
-  std::vector<double> per_replica_;                  // [E] load / replicas
-  std::vector<int32_t> order_;                       // [E]
-  RadixScratch radix_;                               // for SortByPerReplicaLoad
-  std::vector<int32_t> home_;                        // [E] home node, -1 without groups or nodes
-  std::vector<int32_t> slot_;                        // [R, P/R] expert in each slot
-  std::vector<int32_t> fill_;                        // [R] slots used while packing
-  std::vector<std::pair<double, int32_t>> by_load_;  // [R] (load, rank) sorted for the swap search
-  std::vector<std::pair<double, int32_t>> free_;     // [R] (load, rank) of the ranks with room while packing
-  int num_free_ = 0;                                 // entries of free_
-  std::vector<double> rank_load_;                    // [R]
-  std::vector<uint8_t> has_;                         // [E, R] the rank holds the expert
-  std::vector<int32_t> ranks_of_;                    // [E, R] ranks holding each expert (first cnt_ entries)
-  std::vector<int32_t> ranks_fill_;                  // [E]
+  const double move_slack_;               // PlacementProblem::move_slack
+  const double* load_ = nullptr;          // [E] load of the layer being placed
+  double eps_ = 0;                        // comparison tolerance, 1e-12 of the layer's load
+  double average_load_ = 0;               // load / R, the lower bound of the bottleneck
+  bool skipped_ = false;                  // Pack set a lighter rank aside: it held the expert
+  bool stay_aware_ = false;               // moves are priced by the weights they copy (previous given)
+  std::vector<int32_t> cnt_;              // [E] replicas
+  std::vector<int32_t> greedy_cnt_;       // [E] replicas after step 1
+  std::vector<int32_t> tournament_tree_;  // storage of the replication's tournament
+  std::vector<int32_t> best_cnt_;         // [E] replicas of the best start so far
+  std::vector<int32_t> best_slot_;        // [R, P/R] placement of the best start so far
+  std::vector<double> per_replica_;       // [E] load / replicas
+  std::vector<int32_t> order_;            // [E]
+  RadixScratch radix_;                    // for SortByPerReplicaLoad
+  std::vector<int32_t> home_;             // [E] home node, -1 without groups or nodes
+  std::vector<int32_t> slot_;             // [R, P/R] expert in each slot
+  std::vector<int32_t> fill_;             // [R] slots used while packing
+  std::vector<LoadRank> by_load_;         // [R] (load, rank) sorted for the swap search
+  std::vector<LoadRank> free_;            // [R] (load, rank) of the ranks with room while packing
+  int num_free_ = 0;                      // entries of free_
+  std::vector<double> rank_load_;         // [R]
+  std::vector<uint8_t> has_;              // [E, R] the rank holds the expert
+  std::vector<int32_t> ranks_of_;         // [E, R] ranks holding each expert (first cnt_ entries)
+  std::vector<int32_t> ranks_fill_;       // [E]
   struct MultiReplica {
     int32_t x, top;  // an expert with >= 2 replicas; its most loaded rank
     double second;   // the load of its second most loaded rank
+    double dx;       // growth of its other replicas if it loses one
   };
   std::vector<MultiReplica> multi_;   // [E]
   std::vector<double> share_plus_;    // [E] load / (replicas + 1) during a re-replication search
