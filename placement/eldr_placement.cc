@@ -44,6 +44,13 @@ constexpr int kStayAwareReplicationMoves = 4;
 constexpr double kSecondStartGap = 1e-2;  // second start only above (1 + gap) x the average rank load
 constexpr double kNoTarget = -1.0;        // bottleneck search runs until no move improves
 
+// (load, rank), ordered by KeyIndexLess. A plain struct, unlike std::pair (whose assignment is user-provided),
+// so that moving blocks of them in the sorted rank lists is a memmove.
+struct LoadRank {
+  double first;
+  int32_t second;
+};
+
 class EldrLayerPlacer {
  public:
   explicit EldrLayerPlacer(const PlacementProblem& p)
@@ -83,6 +90,13 @@ class EldrLayerPlacer {
     bucket_size_.resize(static_cast<size_t>(N_) * N_);
     rank_map_.resize(R_);
     tmp_slot_.resize(static_cast<size_t>(R_) * spr_);
+    swap_wq_.resize(spr_);
+    candidates_.resize(spr_);
+    bucket_w_.resize(P_);
+    swap_jq_.resize(spr_);
+    swap_ia_.resize(spr_);
+    swap_a_.resize(spr_);
+    swap_wa_.resize(spr_);
   }
 
   // Places one layer. load: [E]; previous: the previous phy2log row [P] or null.
@@ -233,9 +247,9 @@ class EldrLayerPlacer {
       std::sort(free_.begin(), free_.begin() + num_free_, KeyIndexLess());
     }
   }
-  // Rank free_[i] took a replica (its load grew or stayed): drops it if full, else moves it to its new place.
-  // Linear, but most moves are short and the loop has one hard-to-predict branch, at its exit, where a heap
-  // would mispredict at every level of a pop and a push.
+  // Rank free_[i] took a replica (its load grew or stayed): drops it if full, else moves it to its new place,
+  // found by a branch-free binary search (a heap would mispredict at every level of a pop and a push, a
+  // linear scan at its exit after many steps) and a block move.
   void UpdateFreeRank(int i) {
     const int r = free_[i].second;
     if (fill_[r] == spr_) {
@@ -243,8 +257,20 @@ class EldrLayerPlacer {
       --num_free_;
       return;
     }
-    const std::pair<double, int32_t> entry(rank_load_[r], r);
-    for (; i + 1 < num_free_ && KeyIndexLess()(free_[i + 1], entry); ++i) free_[i] = free_[i + 1];
+    const LoadRank entry{rank_load_[r], r};
+    if (i + 1 < num_free_ && KeyIndexLess()(free_[i + 1], entry)) {
+      // The first entry after i that is not less than `entry` (lower bound over [i + 2, num_free_)).
+      const LoadRank* base = free_.data() + i + 1;
+      int n = num_free_ - i - 1;
+      while (n > 1) {
+        const int half = n / 2;
+        base = KeyIndexLess()(base[half], entry) ? base + half : base;
+        n -= half;
+      }
+      const int end = static_cast<int>(base - free_.data()) + (KeyIndexLess()(*base, entry) ? 1 : 0);
+      std::copy(free_.begin() + i + 1, free_.begin() + end, free_.begin() + i);
+      i = end - 1;
+    }
     free_[i] = entry;
   }
 
@@ -444,18 +470,42 @@ class EldrLayerPlacer {
     s.lm = rank_load_[rmax];
     s.limit = s.lm - eps_;
     s.best_val = s.limit;
+    s.a_slot = swap_ia_.data();
+    s.a_expert = swap_a_.data();
+    s.a_load = swap_wa_.data();
+    // The replicas of the most loaded rank that can move (load > 0), read once for all ranks.
+    // Sorted by ascending load (insertion sort of P/R entries; equal loads keep slot order), so that the
+    // pair scan of each lighter rank can stop at the first replica that would lift that rank too high.
+    s.num_a = 0;
+    for (int i = 0; i < spr_; ++i) {
+      const int a = At(rmax, i);
+      const double wa = per_replica_[a];
+      if (wa <= 0) continue;
+      int k = s.num_a++;
+      for (; k > 0 && s.a_load[k - 1] > wa; --k) {
+        s.a_slot[k] = s.a_slot[k - 1];
+        s.a_expert[k] = s.a_expert[k - 1];
+        s.a_load[k] = s.a_load[k - 1];
+      }
+      s.a_slot[k] = i;
+      s.a_expert[k] = a;
+      s.a_load[k] = wa;
+    }
     // Ranks from the lightest up. Without a previous placement, stop at the first rank that offers an
     // improving swap; with one, look a little further for a swap that copies fewer weights, and stop at the
     // first that copies none.
-    int ranks_with_swaps = 0;
-    for (const auto& [load, q] : by_load_) {
+    int ranks_with_swaps = 0, bq_index = -1;
+    for (int idx = 0; idx < R_; ++idx) {
+      const auto& [load, q] = by_load_[idx];
       if (load >= s.limit) break;
+      const int before = s.bq;
       if (!SearchSwapsWith(q, s)) continue;
+      if (s.bq != before) bq_index = idx;
       if (!stay_aware_ || s.best_cost <= 0 || ++ranks_with_swaps == kStayAwareRanks) break;
     }
     if (s.bi < 0) return false;
     Swap(rmax, s.bi, s.bq, s.bj);
-    Resort(rmax, s.bq);
+    Resort(rmax, bq_index);
     return true;
   }
 
@@ -464,22 +514,27 @@ class EldrLayerPlacer {
     for (int r = 0; r < R_; ++r) by_load_[r] = {rank_load_[r], r};
     std::sort(by_load_.begin(), by_load_.end(), KeyIndexLess());
   }
-  // After ranks r1 and r2 changed load: moves their two entries to their new places.
-  void Resort(int r1, int r2) {
-    for (int r : {r1, r2}) {
-      int i = 0;
-      while (by_load_[i].second != r) ++i;
-      const std::pair<double, int32_t> entry(rank_load_[r], r);
-      while (i > 0 && KeyIndexLess()(entry, by_load_[i - 1])) {
-        by_load_[i] = by_load_[i - 1];
-        --i;
-      }
-      while (i + 1 < R_ && KeyIndexLess()(by_load_[i + 1], entry)) {
-        by_load_[i] = by_load_[i + 1];
-        ++i;
-      }
-      by_load_[i] = entry;
+  // After a swap between the most loaded rank `rmax` and the rank at entry `i`: moves both entries to their
+  // new places (the order is total, so the result does not depend on which moves first).
+  void Resort(int rmax, int i) {
+    MoveEntry(i);
+    i = R_ - 1;  // the maximum's entry, unless the other rank passed it
+    while (by_load_[i].second != rmax) --i;
+    MoveEntry(i);
+  }
+  // Moves entry i of by_load_ to the place of its rank's current load.
+  void MoveEntry(int i) {
+    const int r = by_load_[i].second;
+    const LoadRank entry{rank_load_[r], r};
+    while (i > 0 && KeyIndexLess()(entry, by_load_[i - 1])) {
+      by_load_[i] = by_load_[i - 1];
+      --i;
     }
+    while (i + 1 < R_ && KeyIndexLess()(by_load_[i + 1], entry)) {
+      by_load_[i] = by_load_[i + 1];
+      ++i;
+    }
+    by_load_[i] = entry;
   }
 
   struct SwapSearch {
@@ -487,30 +542,52 @@ class EldrLayerPlacer {
     double lm = 0, limit = 0, best_val = 0;
     int best_cost = std::numeric_limits<int>::max();
     int bi = -1, bq = -1, bj = -1;
+    int num_a = 0;  // replicas of rmax with load > 0: slot, expert, load (point into the placer's scratch)
+    int *a_slot = nullptr, *a_expert = nullptr;
+    double* a_load = nullptr;
   };
 
   // Updates s with the swaps between s.rmax and q; returns whether q offers any improving swap.
-  bool SearchSwapsWith(int q, SwapSearch& s) const {
+  bool SearchSwapsWith(int q, SwapSearch& s) {
     // A swap leaves q at lq + wa − wb > lq, so q must be below the limit (the best value when only the value
     // counts).
     const double lq = rank_load_[q];
     if (lq >= (stay_aware_ ? s.limit : s.best_val)) return false;
     bool any = false;
-    const int32_t* rmax_slots = slot_.data() + static_cast<size_t>(s.rmax) * spr_;
     const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
-    for (int i = 0; i < spr_; ++i) {
-      const int a = rmax_slots[i];
-      const double wa = per_replica_[a];
-      if (wa <= 0 || Has(q, a)) continue;
-      for (int j = 0; j < spr_; ++j) {
-        const int b = q_slots[j];
-        const double wb = per_replica_[b];
+    // q's replicas that rmax lacks, with their loads (the same for every replica of rmax).
+    double* wq = swap_wq_.data();
+    int* jq = swap_jq_.data();
+    int num_b = 0;
+    for (int j = 0; j < spr_; ++j) {
+      const int b = q_slots[j];
+      if (Has(s.rmax, b)) continue;
+      wq[num_b] = per_replica_[b];
+      jq[num_b++] = j;
+    }
+    // For each replica b of q, the replicas a of the maximum by ascending load: q's new load lq + wa − wb
+    // only grows with wa, so the first a that takes q to the limit ends the scan for that b. The scan order
+    // differs from slot order, so equal candidates are decided by slot order explicitly (as a scan in slot
+    // order, i then j, would keep the first).
+    for (int jb = 0; jb < num_b; ++jb) {
+      const double wb = wq[jb];
+      const int j = jq[jb];
+      for (int ia = 0; ia < s.num_a; ++ia) {
+        const double wa = s.a_load[ia];
         if (wb >= wa) continue;
-        const double val = std::max(s.lm - wa + wb, lq + wa - wb);
-        if (val >= s.limit || Has(s.rmax, b)) continue;
+        const double q_after = lq + wa - wb;
+        if (q_after >= s.limit) break;
+        const int a = s.a_expert[ia];
+        if (Has(q, a)) continue;
+        const double val = std::max(s.lm - wa + wb, q_after);
+        if (val >= s.limit) continue;
         any = true;
-        const int cost = stay_aware_ ? Cost(q, a) + Cost(s.rmax, b) - Cost(s.rmax, a) - Cost(q, b) : 0;
-        if (s.bi < 0 || Better(cost, val, s.best_cost, s.best_val)) {
+        const int i = s.a_slot[ia];
+        const int cost =
+            stay_aware_ ? Cost(q, a) + Cost(s.rmax, q_slots[j]) - Cost(s.rmax, a) - Cost(q, q_slots[j]) : 0;
+        const bool tie_first =
+            s.bq == q && cost == s.best_cost && val == s.best_val && (i < s.bi || (i == s.bi && j < s.bj));
+        if (s.bi < 0 || Better(cost, val, s.best_cost, s.best_val) || tie_first) {
           s.best_val = val;
           s.best_cost = cost;
           s.bi = i;
@@ -579,7 +656,7 @@ class EldrLayerPlacer {
           second = std::max(second, rank_load_[rx[k]]);
         }
       }
-      multi_[num_multi++] = {x, top, second};
+      multi_[num_multi++] = {x, top, second, share_minus_[x] - per_replica_[x]};
     }
     double best_val = limit;
     int best_cost = std::numeric_limits<int>::max();
@@ -606,7 +683,10 @@ class EldrLayerPlacer {
         const MultiReplica& mx = multi_[m];
         const int x = mx.x;
         if (x == y) continue;
-        const double dx = share_minus_[x] - per_replica_[x];
+        const double dx = mx.dx;
+        // The bound below is smallest for q = top (other = second): if it fails there it fails for every q
+        // (floating-point addition is monotone), and x is skipped without reading its ranks.
+        if (mx.second + dx - dy >= stop()) continue;
         const int32_t* rx = RanksOf(x);
         for (int k = 0; k < cnt_[x]; ++k) {
           const int q = rx[k];
@@ -622,6 +702,25 @@ class EldrLayerPlacer {
       const int x = At(rmax, i);
       if (cnt_[x] < 2) continue;
       const double room = per_replica_[x] - (lm - stop());  // y's new share must stay below this
+      // x's most loaded other rank t grows by dx unless it holds y: if that alone reaches the limit, only the
+      // experts of t can be y (the same value MaxAfterReplication computes, so nothing else is lost).
+      const double dx = share_minus_[x] - per_replica_[x];
+      const int32_t* rx = RanksOf(x);
+      int t = -1;
+      for (int k = 0; k < cnt_[x]; ++k) {
+        if (rx[k] != rmax && (t < 0 || rank_load_[rx[k]] > rank_load_[t])) t = rx[k];
+      }
+      if (rank_load_[t] + dx >= limit) {
+        int num_y = 0;
+        for (int k = 0; k < spr_; ++k) candidates_[num_y++] = At(t, k);
+        std::sort(candidates_.begin(), candidates_.begin() + num_y);  // ascending ids, as the full scan
+        for (int k = 0; k < num_y; ++k) {
+          const int y = candidates_[k];
+          if (cnt_[y] >= R_ || share_plus_[y] >= room || Has(rmax, y)) continue;
+          consider(x, rmax, y);
+        }
+        continue;
+      }
       for (int y = 0; y < E_; ++y) {
         if (cnt_[y] >= R_ || share_plus_[y] >= room || Has(rmax, y)) continue;
         consider(x, rmax, y);
@@ -659,6 +758,9 @@ class EldrLayerPlacer {
         const size_t b1 = static_cast<size_t>(n1) * N_ + n2, b2 = static_cast<size_t>(n2) * N_ + n1;
         int32_t* there = buckets_.data() + b2 * P_;  // on n2, homed at n1
         int num_there = bucket_size_[b2];
+        // Their loads, which no swap changes, side by side for the scan.
+        double* there_w = bucket_w_.data();
+        for (int j = 0; j < num_there; ++j) there_w[j] = per_replica_[slot_[there[j]]];
         for (int i = 0; i < bucket_size_[b1] && num_there > 0; ++i) {
           const int pos_a = buckets_[b1 * P_ + i], r1 = pos_a / spr_;
           const int a = slot_[pos_a];
@@ -666,10 +768,10 @@ class EldrLayerPlacer {
           int best = -1;
           double best_wb = -1;
           for (int j = 0; j < num_there; ++j) {
+            const double wb = there_w[j];
+            if (wb > wb_max || wb <= best_wb) continue;
             const int pos_b = there[j], r2 = pos_b / spr_;
-            const int b = slot_[pos_b];
-            const double wb = per_replica_[b];
-            if (wb > wb_max || wb <= best_wb || rank_load_[r2] + wa - wb > cap || Has(r2, a) || Has(r1, b)) continue;
+            if (rank_load_[r2] + wa - wb > cap || Has(r2, a) || Has(r1, slot_[pos_b])) continue;
             best = j;
             best_wb = wb;
           }
@@ -677,6 +779,7 @@ class EldrLayerPlacer {
           const int pos_b = there[best];
           Swap(r1, pos_a % spr_, pos_b / spr_, pos_b % spr_);
           there[best] = there[--num_there];  // both are home now
+          there_w[best] = there_w[num_there];
         }
       }
     }
@@ -864,33 +967,34 @@ class EldrLayerPlacer {
 
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
-  const double move_slack_;                          // PlacementProblem::move_slack
-  const double* load_ = nullptr;                     // [E] load of the layer being placed
-  double eps_ = 0;                                   // comparison tolerance, 1e-12 of the layer's load
-  double average_load_ = 0;                          // load / R, the lower bound of the bottleneck
-  bool skipped_ = false;                             // Pack set a lighter rank aside: it held the expert
-  bool stay_aware_ = false;                          // moves are priced by the weights they copy (previous given)
-  std::vector<int32_t> cnt_;                         // [E] replicas
-  std::vector<int32_t> greedy_cnt_;                  // [E] replicas after step 1
-  std::vector<int32_t> tournament_tree_;             // storage of the replication's tournament
-  std::vector<int32_t> best_cnt_;                    // [E] replicas of the best start so far
-  std::vector<int32_t> best_slot_;                   // [R, P/R] placement of the best start so far
-  std::vector<double> per_replica_;                  // [E] load / replicas
-  std::vector<int32_t> order_;                       // [E]
-  RadixScratch radix_;                               // for SortByPerReplicaLoad
-  std::vector<int32_t> home_;                        // [E] home node, -1 without groups or nodes
-  std::vector<int32_t> slot_;                        // [R, P/R] expert in each slot
-  std::vector<int32_t> fill_;                        // [R] slots used while packing
-  std::vector<std::pair<double, int32_t>> by_load_;  // [R] (load, rank) sorted for the swap search
-  std::vector<std::pair<double, int32_t>> free_;     // [R] (load, rank) of the ranks with room while packing
-  int num_free_ = 0;                                 // entries of free_
-  std::vector<double> rank_load_;                    // [R]
-  std::vector<uint8_t> has_;                         // [E, R] the rank holds the expert
-  std::vector<int32_t> ranks_of_;                    // [E, R] ranks holding each expert (first cnt_ entries)
-  std::vector<int32_t> ranks_fill_;                  // [E]
+  const double move_slack_;               // PlacementProblem::move_slack
+  const double* load_ = nullptr;          // [E] load of the layer being placed
+  double eps_ = 0;                        // comparison tolerance, 1e-12 of the layer's load
+  double average_load_ = 0;               // load / R, the lower bound of the bottleneck
+  bool skipped_ = false;                  // Pack set a lighter rank aside: it held the expert
+  bool stay_aware_ = false;               // moves are priced by the weights they copy (previous given)
+  std::vector<int32_t> cnt_;              // [E] replicas
+  std::vector<int32_t> greedy_cnt_;       // [E] replicas after step 1
+  std::vector<int32_t> tournament_tree_;  // storage of the replication's tournament
+  std::vector<int32_t> best_cnt_;         // [E] replicas of the best start so far
+  std::vector<int32_t> best_slot_;        // [R, P/R] placement of the best start so far
+  std::vector<double> per_replica_;       // [E] load / replicas
+  std::vector<int32_t> order_;            // [E]
+  RadixScratch radix_;                    // for SortByPerReplicaLoad
+  std::vector<int32_t> home_;             // [E] home node, -1 without groups or nodes
+  std::vector<int32_t> slot_;             // [R, P/R] expert in each slot
+  std::vector<int32_t> fill_;             // [R] slots used while packing
+  std::vector<LoadRank> by_load_;         // [R] (load, rank) sorted for the swap search
+  std::vector<LoadRank> free_;            // [R] (load, rank) of the ranks with room while packing
+  int num_free_ = 0;                      // entries of free_
+  std::vector<double> rank_load_;         // [R]
+  std::vector<uint8_t> has_;              // [E, R] the rank holds the expert
+  std::vector<int32_t> ranks_of_;         // [E, R] ranks holding each expert (first cnt_ entries)
+  std::vector<int32_t> ranks_fill_;       // [E]
   struct MultiReplica {
     int32_t x, top;  // an expert with >= 2 replicas; its most loaded rank
     double second;   // the load of its second most loaded rank
+    double dx;       // growth of its other replicas if it loses one
   };
   std::vector<MultiReplica> multi_;   // [E]
   std::vector<double> share_plus_;    // [E] load / (replicas + 1) during a re-replication search
@@ -902,6 +1006,7 @@ class EldrLayerPlacer {
   std::vector<double> home_load_;     // [R, N] load a rank's content would serve at home on each node
   std::vector<int32_t> buckets_;      // [N, N, P] slots (r * P/R + k) on node n homed at node h
   std::vector<int32_t> bucket_size_;  // [N, N]
+  std::vector<double> bucket_w_;      // [P] loads of one bucket's replicas during HomeSwaps
   // Previous placement.
   std::vector<int32_t> prev_cnt_;      // [R, E] replicas on each rank before
   std::vector<int32_t> kept_;          // [E] previous replicas kept
@@ -913,6 +1018,11 @@ class EldrLayerPlacer {
   std::vector<int32_t> node_scratch_;  // [R/N]
   std::vector<int32_t> rank_map_;      // [R] new rank → old rank
   std::vector<int32_t> tmp_slot_;      // [R, P/R]
+  std::vector<double> swap_wq_;        // [P/R] loads of a lighter rank's replicas in the swap search
+  std::vector<int> swap_jq_;           // [P/R] their slots
+  std::vector<int> swap_ia_, swap_a_;  // [P/R] slots and experts of the most loaded rank's movable replicas
+  std::vector<double> swap_wa_;        // [P/R] their loads
+  std::vector<int32_t> candidates_;    // [P/R] experts of one rank, in the re-replication search
   std::vector<int32_t> row_;           // [P/R]
   std::vector<int32_t> deferred_;      // [P/R]
   Assignment assignment_, node_assignment_;
