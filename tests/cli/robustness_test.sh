@@ -128,8 +128,8 @@ expect_untouched "import --in = --out" "g.jsonl: --out is the same file as the i
   "$ELDR" trace import --in g.jsonl --out g.jsonl
 expect_untouched "import --in = --out through a link" "--out is the same file as the input --in" g.jsonl \
   sh -c "ln -sf g.jsonl g_alias.jsonl && '$ELDR' trace import --in g_alias.jsonl --out ./g.jsonl"
-expect_untouched "place --evaluate --out = --trace" "t.h5: --out is the same file as the input --trace" t.h5 \
-  "$ELDR" place --evaluate --trace t.h5 --calib c.h5 -R 2 --out t.h5
+expect_untouched "place evaluate --out = --trace" "t.h5: --out is the same file as the input --trace" t.h5 \
+  "$ELDR" place evaluate --trace t.h5 --calib c.h5 -R 2 --out t.h5
 
 # ---- simulate: the fitted cost model (-o) and the run directory ----
 echo '{"kind":"prefill","worker":0,"time":0,"seconds":0.004,"prompt_tokens":8}' >steps.jsonl
@@ -171,8 +171,8 @@ expect_error "truncated gzip is reported as truncated" "cut.jsonl.gz:[0-9]+: .*t
 grep -q "JSON" "$WORK/err.txt" && bad "truncated gzip: the message must not blame the JSON"
 PROFILE="$SRC/bench/data/expert-load-profiles/Qwen3-Coder-30B-A3B-Instruct_expert_scores_summary.json"
 echo '{"num_layers": 48, "num_experts": 128, "num_ranks": 16, "phy2log": [0]}' >prev.json
-expect_error "place --previous: a bad placement names the file" "^eldr: error: prev.json: " - \
-  "$ELDR" place --load "$PROFILE" -P 160 -R 16 --previous prev.json
+expect_error "place profile --previous: a bad placement names the file" "^eldr: error: prev.json: " - \
+  "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 --previous prev.json
 
 # ---- a full disk: one line naming the file, no crash, no temporary ----
 mkdir -p "$MNT"
