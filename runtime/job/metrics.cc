@@ -1,9 +1,15 @@
 #include "runtime/job/metrics.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <memory>
+#include <utility>
 
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
@@ -201,18 +207,42 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   return j;
 }
 
-Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
-                       bool with_tokens) {
+namespace {
+
+// Writes `content` to `path` and flushes it to the disk; errors name the path.
+Status WriteWholeFile(const std::string& path, const std::string& content) {
+  std::FILE* f = std::fopen(path.c_str(), "wb");
+  if (!f) return Status::IoError(path + ": cannot create: " + std::strerror(errno));
+  const bool written = std::fwrite(content.data(), 1, content.size(), f) == content.size() && std::fflush(f) == 0 &&
+                       ::fsync(fileno(f)) == 0;
+  const int err = errno;
+  if (std::fclose(f) != 0 || !written) return Status::IoError(path + ": write failed: " + std::strerror(err));
+  return Status::Ok();
+}
+
+// All or none: every file goes to its temporary in `dir` first; only when all are written are they renamed into
+// place, and on any error every temporary is removed (AtomicOutput's destructor) and no file is replaced.
+Status CommitFileSet(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError(dir + ": cannot create the output directory: " + ec.message());
-  std::string lines;
-  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, with_tokens)) + "\n";
-  ELDR_RETURN_IF_ERROR(WriteFileAtomic(dir + "/requests.jsonl", lines));
-  return WriteJsonFile(dir + "/metrics.json", metrics);
+  std::vector<std::unique_ptr<AtomicOutput>> outputs;
+  for (const auto& [name, content] : files) {
+    outputs.push_back(std::make_unique<AtomicOutput>(dir + "/" + name));
+    ELDR_RETURN_IF_ERROR(outputs.back()->CheckWritable());
+    ELDR_RETURN_IF_ERROR(WriteWholeFile(outputs.back()->temp_path(), content));
+  }
+  for (auto& o : outputs) ELDR_RETURN_IF_ERROR(o->Commit());
+  return Status::Ok();
 }
 
-Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps) {
+std::string RequestLines(const std::vector<RequestRecord>& records, bool with_tokens) {
+  std::string lines;
+  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, with_tokens)) + "\n";
+  return lines;
+}
+
+std::string StepLines(const std::vector<StepRecord>& steps) {
   std::string lines;
   for (const StepRecord& s : steps) {
     nlohmann::json j = {{"kind", s.kind}, {"worker", s.worker}, {"time", s.time}, {"seconds", s.seconds}};
@@ -226,7 +256,27 @@ Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& step
     }
     lines += DumpJsonLine(j) + "\n";
   }
-  return WriteFileAtomic(path, lines);
+  return lines;
+}
+
+}  // namespace
+
+Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
+                       bool with_tokens) {
+  return CommitFileSet(
+      dir, {{"requests.jsonl", RequestLines(records, with_tokens)}, {"metrics.json", DumpJson(metrics) + "\n"}});
+}
+
+Status WriteServeOutputs(const std::string& dir, const nlohmann::json& metrics,
+                         const std::vector<RequestRecord>& records, bool with_tokens,
+                         const std::vector<StepRecord>& steps) {
+  return CommitFileSet(dir, {{"requests.jsonl", RequestLines(records, with_tokens)},
+                             {"steps.jsonl", StepLines(steps)},
+                             {"metrics.json", DumpJson(metrics) + "\n"}});
+}
+
+Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps) {
+  return WriteFileAtomic(path, StepLines(steps));
 }
 
 }  // namespace eldr
