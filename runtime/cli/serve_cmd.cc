@@ -37,6 +37,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
         ELDR_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(*config));
         std::printf("ranks %d\n", job.world_size());
         for (int r = 0; r < job.world_size(); ++r) std::printf("rank %d: %s\n", r, job.RoleOf(r).c_str());
+        std::printf("watchdog_s %g\n", job.watchdog_s);  // launch/eldr-launch sizes the launcher's kill delay by it
         return Status::Ok();
       }
       int provided = 0;
@@ -72,7 +73,8 @@ void AddServeCommand(CLI::App& app, Action* action) {
       if (!st.ok()) {
         // Every rank sees the same config errors; print them once. Other errors name the rank and role,
         // and the job is aborted so that no rank waits forever on one that gave up.
-        if (rank == 0 || st.code() != StatusCode::kInvalidArgument) {
+        // An empty message: rank 0 reports this error (runtime/serve/serve.cc, AgreeOnSetup).
+        if (!st.message().empty() && (rank == 0 || st.code() != StatusCode::kInvalidArgument)) {
           std::fprintf(stderr, "eldr: error: %s: %s\n", role.c_str(), st.message().c_str());
           std::fflush(stderr);
         }

@@ -1,9 +1,15 @@
 #include "runtime/job/metrics.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
+#include <memory>
+#include <utility>
 
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
@@ -237,18 +243,26 @@ nlohmann::json JobConfigJson(const JobConfig& c) {
           {"watchdog_s", c.watchdog_s}};
 }
 
-Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
-                       bool with_tokens) {
+namespace {
+
+// All or none (runtime/common/atomic_file.h WriteFilesAtomic): every file goes to its temporary in `dir` first,
+// and only when all are written are they renamed into place; on an error no file is replaced.
+Status CommitFileSet(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
   if (ec) return Status::IoError(dir + ": cannot create the output directory: " + ec.message());
-  std::string lines;
-  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, with_tokens)) + "\n";
-  ELDR_RETURN_IF_ERROR(WriteFileAtomic(dir + "/requests.jsonl", lines));
-  return WriteJsonFile(dir + "/metrics.json", metrics);
+  std::vector<std::pair<std::string, std::string>> paths;
+  for (const auto& [name, content] : files) paths.emplace_back(dir + "/" + name, content);
+  return WriteFilesAtomic(paths);
 }
 
-Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps) {
+std::string RequestLines(const std::vector<RequestRecord>& records, bool with_tokens) {
+  std::string lines;
+  for (const auto& r : records) lines += DumpJsonLine(RequestRecordJson(r, with_tokens)) + "\n";
+  return lines;
+}
+
+std::string StepLines(const std::vector<StepRecord>& steps) {
   std::string lines;
   for (const StepRecord& s : steps) {
     nlohmann::json j = {{"kind", s.kind}, {"worker", s.worker}, {"time", s.time}, {"seconds", s.seconds}};
@@ -262,7 +276,27 @@ Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& step
     }
     lines += DumpJsonLine(j) + "\n";
   }
-  return WriteFileAtomic(path, lines);
+  return lines;
+}
+
+}  // namespace
+
+Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
+                       bool with_tokens) {
+  return CommitFileSet(
+      dir, {{"requests.jsonl", RequestLines(records, with_tokens)}, {"metrics.json", DumpJson(metrics) + "\n"}});
+}
+
+Status WriteServeOutputs(const std::string& dir, const nlohmann::json& metrics,
+                         const std::vector<RequestRecord>& records, bool with_tokens,
+                         const std::vector<StepRecord>& steps) {
+  return CommitFileSet(dir, {{"requests.jsonl", RequestLines(records, with_tokens)},
+                             {"steps.jsonl", StepLines(steps)},
+                             {"metrics.json", DumpJson(metrics) + "\n"}});
+}
+
+Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps) {
+  return WriteFileAtomic(path, StepLines(steps));
 }
 
 }  // namespace eldr

@@ -101,8 +101,15 @@ struct StepRecord {
 // Writes one JSON line per step, atomically.
 Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps);
 
-// Writes <dir>/requests.jsonl and <dir>/metrics.json, each atomically.
+// Writes <dir>/requests.jsonl and <dir>/metrics.json, all or none: both are written to temporaries in <dir>
+// first and renamed into place only when both are written; on an error no file is replaced and no temporary is
+// left. An earlier run's files in <dir> are replaced as a set.
 Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
                        bool with_tokens);
+
+// `eldr serve`'s run directory: requests.jsonl, steps.jsonl and metrics.json, all or none as WriteJobOutputs.
+Status WriteServeOutputs(const std::string& dir, const nlohmann::json& metrics,
+                         const std::vector<RequestRecord>& records, bool with_tokens,
+                         const std::vector<StepRecord>& steps);
 
 }  // namespace eldr

@@ -143,6 +143,10 @@ const char* MessageTagName(int tag) {
       return "shutdown";
     case kTagReady:
       return "ready";
+    case kTagHeartbeat:
+      return "heartbeat";
+    case kTagBye:
+      return "bye";
     default:
       return "unknown";
   }
@@ -266,11 +270,13 @@ Result<FailedMsg> FailedMsg::Decode(std::span<const uint8_t> bytes) {
   return Done(r, std::move(m));
 }
 
-std::vector<uint8_t> ShutdownMsg::Encode() const { return Writer(kTag).Take(); }
+std::vector<uint8_t> ShutdownMsg::Encode() const { return Writer(kTag).PutBool(job_failed).Take(); }
 
 Result<ShutdownMsg> ShutdownMsg::Decode(std::span<const uint8_t> bytes) {
   Reader r(bytes, kTag);
-  return Done(r, ShutdownMsg{});
+  ShutdownMsg m;
+  r.GetBool(&m.job_failed);
+  return Done(r, std::move(m));
 }
 
 std::vector<uint8_t> ReadyMsg::Encode() const { return Writer(kTag).Take(); }
@@ -278,6 +284,20 @@ std::vector<uint8_t> ReadyMsg::Encode() const { return Writer(kTag).Take(); }
 Result<ReadyMsg> ReadyMsg::Decode(std::span<const uint8_t> bytes) {
   Reader r(bytes, kTag);
   return Done(r, ReadyMsg{});
+}
+
+std::vector<uint8_t> HeartbeatMsg::Encode() const { return Writer(kTag).Take(); }
+
+Result<HeartbeatMsg> HeartbeatMsg::Decode(std::span<const uint8_t> bytes) {
+  Reader r(bytes, kTag);
+  return Done(r, HeartbeatMsg{});
+}
+
+std::vector<uint8_t> ByeMsg::Encode() const { return Writer(kTag).Take(); }
+
+Result<ByeMsg> ByeMsg::Decode(std::span<const uint8_t> bytes) {
+  Reader r(bytes, kTag);
+  return Done(r, ByeMsg{});
 }
 
 }  // namespace eldr

@@ -25,14 +25,16 @@ namespace eldr {
 
 // The MPI tags of a serve job. Rank 0 is the router; "prefill" and "decode" are the other roles.
 enum MessageTag : int {
-  kTagPrefill = 1,   // 0 → prefill: PrefillRequestMsg
-  kTagCounts = 2,    // prefill → 0: CountsMsg
-  kTagRoute = 3,     // 0 → prefill: RouteMsg
-  kTagKv = 4,        // prefill → decode leader: KvMsg
-  kTagTokens = 5,    // decode leader → 0: TokensMsg
-  kTagFailed = 6,    // prefill/decode → 0: FailedMsg
-  kTagShutdown = 7,  // 0 → every other rank: ShutdownMsg
-  kTagReady = 8,     // every other rank → 0, once its weights are loaded: ReadyMsg
+  kTagPrefill = 1,    // 0 → prefill: PrefillRequestMsg
+  kTagCounts = 2,     // prefill → 0: CountsMsg
+  kTagRoute = 3,      // 0 → prefill: RouteMsg
+  kTagKv = 4,         // prefill → decode leader: KvMsg
+  kTagTokens = 5,     // decode leader → 0: TokensMsg
+  kTagFailed = 6,     // prefill/decode → 0: FailedMsg
+  kTagShutdown = 7,   // 0 → every other rank: ShutdownMsg
+  kTagReady = 8,      // every other rank → 0, once its weights are loaded: ReadyMsg
+  kTagHeartbeat = 9,  // 0 → prefill/decode leader (ping) and back (pong): HeartbeatMsg
+  kTagBye = 10,       // prefill/decode leader → 0, the last message after a ShutdownMsg: ByeMsg
 };
 
 // The name of a tag ("counts", "tokens", ...), or "unknown".
@@ -128,9 +130,12 @@ struct FailedMsg {
   static Result<FailedMsg> Decode(std::span<const uint8_t> bytes);
 };
 
-// 0 → every other rank: stop (a decoder leader stops its EP members).
+// 0 → every other rank: stop (a decoder leader stops its EP members) and answer with ByeMsg. job_failed: rank 0
+// has reported the job's failure and exits without MPI_Finalize, so the receiver must not call it either (it
+// would wait forever on a stopped or dead peer): it exits non-zero, silently.
 struct ShutdownMsg {
   static constexpr int kTag = kTagShutdown;
+  bool job_failed = false;
   std::vector<uint8_t> Encode() const;
   static Result<ShutdownMsg> Decode(std::span<const uint8_t> bytes);
 };
@@ -140,6 +145,21 @@ struct ReadyMsg {
   static constexpr int kTag = kTagReady;
   std::vector<uint8_t> Encode() const;
   static Result<ReadyMsg> Decode(std::span<const uint8_t> bytes);
+};
+
+// 0 → prefill/decode leader every JobConfig::HeartbeatInterval(), answered by the same message back: each side
+// learns that the other is alive (serve.cc, "Liveness").
+struct HeartbeatMsg {
+  static constexpr int kTag = kTagHeartbeat;
+  std::vector<uint8_t> Encode() const;
+  static Result<HeartbeatMsg> Decode(std::span<const uint8_t> bytes);
+};
+
+// prefill/decode leader → 0: the answer to ShutdownMsg; the sender sends nothing after it.
+struct ByeMsg {
+  static constexpr int kTag = kTagBye;
+  std::vector<uint8_t> Encode() const;
+  static Result<ByeMsg> Decode(std::span<const uint8_t> bytes);
 };
 
 }  // namespace eldr

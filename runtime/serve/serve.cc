@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cmath>
 #include <csignal>
@@ -12,7 +13,9 @@
 #include <deque>
 #include <map>
 #include <optional>
+#include <string>
 #include <thread>
+#include <utility>
 
 #include "runtime/calib/calibration.h"
 #include "runtime/comm/kv_transport.h"
@@ -79,11 +82,15 @@ void MaybeDie(int rank) {
   if (v && std::atoi(v) == rank) std::_Exit(9);
 }
 
-// When another rank dies, mpirun/srun send SIGTERM to the survivors before killing them. Rank 0 turns it into
-// a flag its loop checks, so it can still write the metrics it has. (A signal handler can only set a flag:
-// this is the one piece of process-wide state, and only rank 0's loop reads it.)
-volatile std::sig_atomic_t g_terminate_requested = 0;
-extern "C" void OnTerminate(int) { g_terminate_requested = 1; }
+// mpirun and srun send SIGTERM to every surviving rank a while after one rank has exited (Open MPI: SIGCONT at
+// once, SIGTERM after odls_base_sigkill_timeout, 1 s by default, SIGKILL as long again), and a user may send
+// SIGTERM or SIGINT. Rank 0 turns it into a flag its loop checks every millisecond or so, so it still writes the
+// metrics it has within that second. (A signal handler can only set a flag: this is the one piece of
+// process-wide state, and only rank 0's loop reads it.)
+volatile std::sig_atomic_t g_signal = 0;  // the signal received, 0 for none
+extern "C" void OnTerminate(int sig) { g_signal = sig; }
+
+const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
@@ -93,6 +100,80 @@ double CpuNow() {
   timespec ts{};
   clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
   return static_cast<double>(ts.tv_sec) + 1e-9 * static_cast<double>(ts.tv_nsec);
+}
+
+// ---------------------------------------------------------------- liveness
+// Who watches whom (README "When a rank fails"). Clocks are monotonic (steady_clock); a watcher whose own loop
+// had a gap (the process was stopped or starved) moves its "last heard" times forward by the gap, so that its
+// own stall is never charged to the ranks it watches.
+//  - Rank 0 sends a HeartbeatMsg to every prefill rank and decoder leader every HeartbeatInterval() and each
+//    answers it, so every live one is heard from that often, idle or busy. A rank silent for watchdog_s is
+//    stopped, hung, dead or blocked behind one that is: rank 0 names the ranks silent longest first, marks the
+//    unfinished requests failed, writes the metrics and ends the job.
+//  - Every prefill rank and decoder leader watches rank 0 from a thread of its own (RouterWatch), which works
+//    while the main thread is blocked inside MPI: nothing from rank 0 for watchdog_s + kRouterGraceS, and it
+//    prints one line naming rank 0 and exits 1. The grace lets rank 0, which sees a stall first, report it.
+//  - Rank 0 watches itself: a gap in its own loop longer than watchdog_s means it was stopped; it says so.
+constexpr double kRouterGraceS = 2;
+
+double HeartbeatInterval(double watchdog_s) { return std::clamp(watchdog_s / 16, 0.02, 0.25); }
+
+// A gap in a loop that polls every millisecond or so, beyond which the process itself was not running.
+constexpr double kOwnStallS = 0.5;
+constexpr double kOwnStallWorkerS = 2;  // the same for RouterWatch's 50 ms sleeps
+
+// A prefill rank's or decoder leader's watch on rank 0 (see "liveness" above). Heard() is called by the main
+// thread for every message from rank 0. After the job's ShutdownMsg, Finalizing() turns the watch into a
+// deadline for MPI_Finalize, which waits forever on a stopped or dead peer: past it the process exits 1
+// silently (rank 0 has reported the job's failure). Never destroyed: it watches until the process exits.
+class RouterWatch {
+ public:
+  RouterWatch(double limit_s, std::string who)
+      : limit_s_(limit_s), who_(std::move(who)), last_heard_(Now()), thread_([this] { Loop(); }) {}
+  void Heard() { last_heard_ = Now(); }
+  void Finalizing() {
+    finalizing_ = true;
+    Heard();
+  }
+
+ private:
+  void Loop() {
+    double last_tick = Now();
+    while (true) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+      const double now = Now();
+      // This process was stopped (not merely descheduled on a loaded machine, where a 50 ms sleep can last
+      // a second): rank 0's silence over that time is not rank 0's fault.
+      if (now - last_tick > kOwnStallWorkerS) last_heard_ = last_heard_ + (now - last_tick);
+      last_tick = now;
+      if (now - last_heard_ <= limit_s_) continue;
+      if (!finalizing_) {
+        std::fprintf(stderr,
+                     "eldr: error: %s: heard nothing from the router (rank 0) for %.1f s (watchdog_s + %.0f s): "
+                     "rank 0 is stopped, hung or dead; giving up\n",
+                     who_.c_str(), now - last_heard_, kRouterGraceS);
+      }
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
+  }
+
+  const double limit_s_;
+  const std::string who_;
+  std::atomic<double> last_heard_;
+  std::atomic<bool> finalizing_{false};
+  std::thread thread_;
+};
+
+// A worker's answer to the router's ShutdownMsg: ByeMsg, then (job_failed) exit 1 at once without MPI_Finalize,
+// or let the caller return and finalize under the watch's deadline.
+void SayBye(Transport& tr, RouterWatch* watch, const ShutdownMsg& m) {
+  SendMsg(tr, 0, ByeMsg{});
+  if (m.job_failed) {
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  if (watch) watch->Finalizing();
 }
 
 Result<ModelWeights> LoadWeights(const JobConfig& c, const ModelConfig& mc, int num_domains) {
@@ -119,9 +200,11 @@ Status CheckShapes(const JobConfig& c, const ModelConfig& mc, const Trace& t) {
 // decoder rank 0 routes it to. `kv_data`: the KV data plane (NCCL), or null to ship the KV inside the KvMsg.
 class PrefillRank {
  public:
-  PrefillRank(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelWeights& w, KvTransport* kv_data)
+  PrefillRank(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelWeights& w, KvTransport* kv_data,
+              RouterWatch* watch)
       : c_(c),
         tr_(tr),
+        watch_(watch),
         in_(in),
         kv_data_(kv_data),
         domains_(in.trace.Domains()),
@@ -138,7 +221,16 @@ class PrefillRank {
       // a burst of new prompts must not hold the requests already prefilled and routed (DESIGN.md §2: the KV
       // moves as soon as the router has decided).
       Message msg = tr_.Poll(0, kTagRoute) ? tr_.Recv(0, kTagRoute) : WaitMessage(tr_);
-      if (msg.tag == kTagShutdown) return Status::Ok();
+      if (msg.source == 0 && watch_) watch_->Heard();
+      if (msg.tag == kTagHeartbeat) {
+        SendMsg(tr_, 0, HeartbeatMsg{});
+        continue;
+      }
+      if (msg.tag == kTagShutdown) {
+        ELDR_ASSIGN_OR_RETURN(ShutdownMsg m, DecodeMsg<ShutdownMsg>(msg));
+        SayBye(tr_, watch_, m);
+        return Status::Ok();
+      }
       if (hang) HangForever();
       MaybeDie(tr_.rank());
       if (msg.tag == kTagPrefill) {
@@ -244,6 +336,7 @@ class PrefillRank {
 
   const JobConfig& c_;
   Transport& tr_;
+  RouterWatch* watch_;
   const JobRequests& in_;
   KvTransport* kv_data_;
   const std::vector<std::string> domains_;
@@ -261,8 +354,9 @@ class PrefillRank {
 class DecodeRank {
  public:
   DecodeRank(const JobConfig& c, Transport& tr, const ModelWeights& w, const Placement& placement, GroupComm* group,
-             KvTransport* kv_data)
+             KvTransport* kv_data, RouterWatch* watch)
       : tr_(tr),
+        watch_(watch),
         kv_data_(kv_data),
         kv_floats_per_token_(2LL * w.config.num_hidden_layers * w.config.num_key_value_heads * w.config.head_dim),
         ep_(group ? std::make_unique<EpExpertBackend>(w, placement, *group) : nullptr),
@@ -298,7 +392,15 @@ class DecodeRank {
   }
 
   Status Handle(Message msg, bool* stop) {
+    if (msg.source == 0 && watch_) watch_->Heard();
+    if (msg.tag == kTagHeartbeat) {
+      SendMsg(tr_, 0, HeartbeatMsg{});
+      return Status::Ok();
+    }
     if (msg.tag == kTagShutdown) {
+      ELDR_ASSIGN_OR_RETURN(ShutdownMsg m, DecodeMsg<ShutdownMsg>(msg));
+      if (ep_ && m.job_failed) ep_->StopMembers();
+      SayBye(tr_, watch_, m);
       *stop = true;
       return Status::Ok();
     }
@@ -347,6 +449,7 @@ class DecodeRank {
   }
 
   Transport& tr_;
+  RouterWatch* watch_;
   KvTransport* kv_data_;
   const int64_t kv_floats_per_token_;  // Executor::KvFloatsPerToken
   std::unique_ptr<EpExpertBackend> ep_;
@@ -361,29 +464,84 @@ class DecodeRank {
 class RouterRank {
  public:
   RouterRank(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, const char* kv_transport)
-      : c_(c), tr_(tr), in_(in), mc_(mc), kv_transport_(kv_transport), last_heard_(tr.size(), 0) {}
+      : c_(c),
+        tr_(tr),
+        in_(in),
+        mc_(mc),
+        kv_transport_(kv_transport),
+        last_heard_(tr.size(), 0),
+        bye_(tr.size(), false) {
+    for (int r = 1; r <= c_.prefill_ranks; ++r) watched_.push_back(r);
+    for (int d = 0; d < c_.decode_ranks; ++d) watched_.push_back(c_.DecoderLeaderRank(d));
+  }
 
+  // Serves, then: every request accounted for → outputs, a bounded goodbye (every worker answers the shutdown
+  // within watchdog_s) and Ok; otherwise (a silent rank, rank 0 stopped, a signal) the unfinished requests are
+  // marked failed, the outputs written, the live workers told to exit, and the one-line reason returned.
   Status Run(bool progress) {
     ELDR_RETURN_IF_ERROR(CreateFrontend());
     ELDR_RETURN_IF_ERROR(WaitReady());
     ProgressBar bar("serving " + std::string(RoutingPolicyName(c_.policy)), in_.size(), progress);
     start_ = Now();
     std::fill(last_heard_.begin(), last_heard_.end(), start_);
+    last_tick_ = last_ping_ = start_;
     const Status served = Serve(bar);
     bar.Finish();
     if (!served.ok()) {
-      ShutdownWorkers();
+      ShutdownWorkers(true);
       return served;
     }
-    const std::string watchdog = frontend_->done() ? "" : WatchdogReport();
-    const Status written = WriteOutputs(watchdog);
-    ShutdownWorkers();
+    std::string failure;
+    if (frontend_->done()) {
+      const Status written = WriteOutputs("");
+      ShutdownWorkers(!written.ok());
+      ELDR_RETURN_IF_ERROR(written);
+      if (WaitBye()) return Status::Ok();
+      failure = StopReport("shutdown: ");
+    } else {
+      failure = StopReport("");
+      frontend_->AbandonUnfinished("never sent (" + failure + ")", "unfinished (" + failure + ")");
+    }
+    const Status written = WriteOutputs(failure);
+    if (!g_signal) ShutdownWorkers(true);  // on a signal the launcher is ending every rank already
     ELDR_RETURN_IF_ERROR(written);
-    if (!watchdog.empty()) return Status::FailedPrecondition(watchdog + " metrics written to " + c_.output_dir);
-    return Status::Ok();
+    return Status::FailedPrecondition(failure + "; metrics written to " + c_.output_dir);
   }
 
  private:
+  enum class Stop { kNone, kSilent, kRouterStalled, kSignal };
+
+  // Once per loop: notices rank 0's own stall (a gap in this loop: the time is not charged to the workers), the
+  // signal flag, and a worker silent for watchdog_s; sends the heartbeats. False when the job must stop (stop_).
+  bool Tick(bool ping) {
+    const double now = Now(), gap = now - last_tick_;
+    last_tick_ = now;
+    if (gap > kOwnStallS) {
+      for (double& t : last_heard_) t += gap;
+      last_ping_ = 0;
+      if (gap > c_.watchdog_s) {
+        router_gap_ = gap;
+        stop_ = Stop::kRouterStalled;
+        return false;
+      }
+    }
+    if (g_signal) {
+      stop_ = Stop::kSignal;
+      return false;
+    }
+    if (ping && now - last_ping_ >= HeartbeatInterval(c_.watchdog_s)) {
+      for (int r : watched_) SendMsg(tr_, r, HeartbeatMsg{});
+      last_ping_ = now;
+    }
+    for (int r : watched_) {
+      if (!bye_[r] && now - last_heard_[r] > c_.watchdog_s) {
+        stop_ = Stop::kSilent;
+        return false;
+      }
+    }
+    return true;
+  }
+
   Status CreateFrontend() {
     std::unique_ptr<Calibration> calib;
     if (!c_.calibration.empty()) {
@@ -413,12 +571,22 @@ class RouterRank {
         ready[m.source] = true;
         continue;
       }
-      if (g_terminate_requested || Now() - wait_start > c_.watchdog_s) {
+      // The ranks already serving watch rank 0 (RouterWatch): keep them hearing from it.
+      if (Now() - last_ping_ >= HeartbeatInterval(c_.watchdog_s)) {
+        for (int r : watched_) {
+          if (ready[r]) SendMsg(tr_, r, HeartbeatMsg{});
+        }
+        last_ping_ = Now();
+      }
+      if (g_signal || Now() - wait_start > c_.watchdog_s) {
         std::string missing;
         for (int r = 1; r < tr_.size(); ++r) {
           if (!ready[r]) missing += (missing.empty() ? "" : ", ") + c_.RoleOf(r) + " (rank " + std::to_string(r) + ")";
         }
-        for (int r = 1; r < tr_.size(); ++r) SendMsg(tr_, r, ShutdownMsg{});
+        for (int r = 1; r < tr_.size(); ++r) SendMsg(tr_, r, ShutdownMsg{true});
+        if (g_signal)
+          return Status::FailedPrecondition(std::string("rank 0 received ") + SignalName(g_signal) +
+                                            " while the ranks loaded their weights; not ready: " + missing);
         return Status::FailedPrecondition("not ready after " + Fmt(Now() - wait_start, 0) +
                                           " s (loading weights; raise watchdog_s for a large model): " + missing);
       }
@@ -427,26 +595,40 @@ class RouterRank {
     return Status::Ok();
   }
 
-  // Until every request is accounted for, or the watchdog (no message for watchdog_s, or the launcher ending
-  // the job) stops it with work outstanding. Errors: a malformed message.
+  // Until every request is accounted for, or Tick() stops it with work outstanding. Never blocks longer than a
+  // poll: every message is received only once MPI_Iprobe has seen it. Errors: a malformed message.
   Status Serve(ProgressBar& bar) {
-    double last_progress = Now();
     while (!frontend_->done()) {
+      if (!Tick(true)) return Status::Ok();
       // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work.
       const double now = Now() - start_;
       frontend_->Admit(frontend_->DueBy(now), now);
       if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
-        if (Now() - last_progress > c_.watchdog_s || g_terminate_requested) return Status::Ok();
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
       }
       const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
-      last_progress = Now();
-      last_heard_[msg.source] = last_progress;
-      ELDR_RETURN_IF_ERROR(Handle(msg, last_progress - start_));
+      last_heard_[msg.source] = Now();
+      ELDR_RETURN_IF_ERROR(Handle(msg, last_heard_[msg.source] - start_));
       bar.Update(frontend_->num_done());
     }
     return Status::Ok();
+  }
+
+  // After the ShutdownMsg: true when every prefill rank and decoder leader has answered with ByeMsg, false when
+  // one stays silent for watchdog_s (or rank 0 stalls, or a signal). Other messages still in flight are dropped.
+  bool WaitBye() {
+    while (true) {
+      if (std::all_of(watched_.begin(), watched_.end(), [&](int r) { return bye_[r]; })) return true;
+      if (!Tick(false)) return false;
+      if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+      const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
+      last_heard_[msg.source] = Now();
+      if (msg.tag == kTagBye) bye_[msg.source] = true;
+    }
   }
 
   Status Handle(const Message& msg, double t) {
@@ -457,6 +639,8 @@ class RouterRank {
         return OnTokens(msg, t);
       case kTagFailed:
         return OnFailed(msg);
+      case kTagHeartbeat:  // the answer to rank 0's heartbeat: being heard is all it says
+        return DecodeMsg<HeartbeatMsg>(msg).status();
       default:
         return Status::Corrupt("router: unexpected " + std::string(MessageTagName(msg.tag)) + " message (tag " +
                                std::to_string(msg.tag) + ") from rank " + std::to_string(msg.source));
@@ -510,47 +694,73 @@ class RouterRank {
     return Status::Ok();
   }
 
-  // Names the ranks that hold work, the longest silent first (a hung rank has been silent since it hung, while
-  // a rank blocked sending to it went silent later), and marks the unfinished requests failed.
-  std::string WatchdogReport() {
-    std::string report = g_terminate_requested ? std::string("job terminated by the launcher (a rank exited);")
-                                               : "watchdog: no progress for " + Fmt(c_.watchdog_s, 0) + " s;";
-    std::vector<std::pair<int, int64_t>> holders;  // (rank, requests)
+  std::string RankName(int rank) const { return c_.RoleOf(rank) + " (rank " + std::to_string(rank) + ")"; }
+
+  // Why the job stopped, in one line: the stalled rank first (the one silent longest: a stopped rank has been
+  // silent since it stopped, while a rank blocked sending to it went silent later), then the other silent ranks
+  // and the ranks holding requests. `phase` prefixes a stop during the shutdown.
+  std::string StopReport(const std::string& phase) const {
+    const double now = Now(), live_s = 2 * HeartbeatInterval(c_.watchdog_s) + kOwnStallS;
+    std::vector<int> silent;  // the watched ranks not heard from lately, longest silent first
+    for (int r : watched_) {
+      if (!bye_[r] && now - last_heard_[r] > live_s) silent.push_back(r);
+    }
+    std::stable_sort(silent.begin(), silent.end(), [&](int a, int b) { return last_heard_[a] < last_heard_[b]; });
+    std::string report = phase;
+    if (stop_ == Stop::kRouterStalled) {
+      report += "the router (rank 0) itself was stopped for " + Fmt(router_gap_, 1) + " s, longer than watchdog_s (" +
+                Fmt(c_.watchdog_s, 0) + " s); the other ranks give up on it after watchdog_s + " +
+                Fmt(kRouterGraceS, 0) + " s";
+    } else if (stop_ == Stop::kSignal) {
+      report += std::string("rank 0 received ") + SignalName(g_signal) +
+                " (mpirun and srun send it a while after a rank has exited, or when the job is cancelled; "
+                "launch/eldr-launch gives rank 0 the time to name the rank)";
+      if (!silent.empty())
+        report += "; silent longest: " + RankName(silent[0]) + ", " + Fmt(now - last_heard_[silent[0]], 1) + " s";
+    } else if (!silent.empty()) {
+      report += "watchdog: " + RankName(silent[0]) + " silent for " + Fmt(now - last_heard_[silent[0]], 1) +
+                " s (watchdog_s " + Fmt(c_.watchdog_s, 0) + "): stopped, hung or dead";
+      for (size_t i = 1; i < silent.size(); ++i) {
+        report += (i == 1 ? "; also silent (likely waiting on it): " : ", ") + RankName(silent[i]) + " " +
+                  Fmt(now - last_heard_[silent[i]], 1) + " s";
+      }
+    }
     for (int p = 0; p < c_.prefill_ranks; ++p) {
-      if (frontend_->prefill_outstanding(p) > 0) holders.emplace_back(1 + p, frontend_->prefill_outstanding(p));
+      if (frontend_->prefill_outstanding(p) > 0)
+        report += "; " + RankName(1 + p) + " holds " + std::to_string(frontend_->prefill_outstanding(p)) + " requests";
     }
     for (int d = 0; d < c_.decode_ranks; ++d) {
-      if (frontend_->decoder_in_flight(d) > 0)
-        holders.emplace_back(c_.DecoderLeaderRank(d), frontend_->decoder_in_flight(d));
+      if (frontend_->decoder_in_flight(d) > 0) {
+        report += "; " + RankName(c_.DecoderLeaderRank(d)) + " holds " +
+                  std::to_string(frontend_->decoder_in_flight(d)) + " requests";
+      }
     }
-    std::stable_sort(holders.begin(), holders.end(),
-                     [&](const auto& a, const auto& b) { return last_heard_[a.first] < last_heard_[b.first]; });
-    const double now = Now();
-    for (const auto& [rank, requests] : holders) {
-      report += " " + c_.RoleOf(rank) + " (rank " + std::to_string(rank) + ") holds " + std::to_string(requests) +
-                " requests, silent " + Fmt(now - last_heard_[rank], 1) + " s;";
-    }
-    frontend_->AbandonUnfinished("never sent (job ended by the watchdog)", "unfinished (job ended by the watchdog)");
     return report;
   }
 
-  // Metrics JSON (vLLM keys + eldr's), per-request JSONL, the step log and the summary.
-  Status WriteOutputs(const std::string& watchdog) {
+  // Metrics JSON (vLLM keys + eldr's), per-request JSONL and the step log, all or none, and the summary.
+  // `failure`: why the job stopped early ("" when it did not); the metrics then say "incomplete": true and why.
+  Status WriteOutputs(const std::string& failure) {
     nlohmann::json j =
         JobMetrics(c_, mc_.name, frontend_->records(), frontend_->DecoderStatistics(), frontend_->routing());
     j["kv_transport"] = kv_transport_;
-    if (!watchdog.empty()) j["watchdog"] = watchdog;
-    ELDR_RETURN_IF_ERROR(WriteJobOutputs(c_.output_dir, j, frontend_->records(), c_.output_tokens));
-    ELDR_RETURN_IF_ERROR(WriteStepLog(c_.output_dir + "/steps.jsonl", step_log_));
+    j["incomplete"] = !failure.empty();
+    if (!failure.empty()) {
+      j["reason"] = failure;
+      j["watchdog"] = failure;
+    }
+    ELDR_RETURN_IF_ERROR(WriteServeOutputs(c_.output_dir, j, frontend_->records(), c_.output_tokens, step_log_));
     std::printf("%s", FormatServingSummary(j).c_str());
     std::fflush(stdout);
     return Status::Ok();
   }
 
-  // Prefill ranks and decoder leaders; a leader stops its EP members.
-  void ShutdownWorkers() {
-    for (int r = 1; r <= c_.prefill_ranks; ++r) SendMsg(tr_, r, ShutdownMsg{});
-    for (int d = 0; d < c_.decode_ranks; ++d) SendMsg(tr_, c_.DecoderLeaderRank(d), ShutdownMsg{});
+  // Prefill ranks and decoder leaders that have not said goodbye; a leader stops its EP members. job_failed: they
+  // exit 1 without MPI_Finalize, as rank 0 does (a stopped one does so when the launcher continues it).
+  void ShutdownWorkers(bool job_failed) {
+    for (int r : watched_) {
+      if (!bye_[r]) SendMsg(tr_, r, ShutdownMsg{job_failed});
+    }
   }
 
   const JobConfig& c_;
@@ -560,9 +770,58 @@ class RouterRank {
   const char* kv_transport_;
   std::optional<Frontend> frontend_;
   std::vector<StepRecord> step_log_;  // every prefill and decode step, for `eldr simulate --fit`
-  std::vector<double> last_heard_;    // [world] when each rank was last heard from
+  std::vector<double> last_heard_;    // [world] when each rank was last heard from (Now(), rank 0's stalls excluded)
+  std::vector<bool> bye_;             // [world] the rank answered the shutdown
+  std::vector<int> watched_;          // prefill ranks and decoder leaders: the ranks rank 0 talks to
   double start_ = 0;
+  double last_tick_ = 0, last_ping_ = 0;  // Tick(): the previous loop, the last heartbeat sent
+  double router_gap_ = 0;                 // Stop::kRouterStalled: how long rank 0 was stopped
+  Stop stop_ = Stop::kNone;
 };
+
+// What every rank reads before it takes its role.
+struct JobInputs {
+  ModelConfig mc;
+  JobRequests in;
+  std::vector<Placement> placements;  // [decode_ranks]
+};
+
+// An error about the file a config key names, prefixed with that key ("workload.trace: t.h5: no such file").
+Status ForKey(const Status& st, const std::string& key, const std::string& file) {
+  return st.message().rfind(file, 0) == 0 ? st.WithPrefix(key) : st;
+}
+
+Result<JobInputs> LoadJobInputs(const JobConfig& c) {
+  auto mc = LoadModelConfig(c.model_config);
+  if (!mc.ok()) return ForKey(mc.status(), "model.config", c.model_config);
+  auto in = LoadJobRequests(c);
+  if (!in.ok()) return ForKey(in.status(), "workload.trace", c.trace);
+  ELDR_RETURN_IF_ERROR(CheckShapes(c, *mc, in->trace));
+  JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}};
+  for (int d = 0; d < c.decode_ranks; ++d) {
+    ELDR_ASSIGN_OR_RETURN(Placement p, LoadDecoderPlacement(c, inputs.mc, d));
+    inputs.placements.push_back(std::move(p));
+  }
+  return inputs;
+}
+
+// One MPI_Allreduce of the ranks' setup outcomes, so that no rank goes on to a collective another has left, and
+// an error every rank sees is printed once: rank 0 returns its own error; another rank returns a status with an
+// empty message (nothing to print: rank 0 reports) when rank 0 failed too, or its own error when it alone did.
+Status AgreeOnSetup(Transport& tr, const Status& local) {
+  auto* mpi = dynamic_cast<MpiTransport*>(&tr);
+  if (!mpi) return local;
+  const int mine[2] = {local.ok() ? 0 : 1, tr.rank() == 0 && !local.ok() ? 1 : 0};
+  int any[2] = {0, 0};  // some rank failed, rank 0 failed
+  ELDR_MPI_CHECK(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, mpi->comm()));
+  if (any[0] == 0) return Status::Ok();
+  if (tr.rank() == 0) {
+    return local.ok() ? Status::FailedPrecondition("another rank could not load the job's inputs (its error follows)")
+                      : local;
+  }
+  if (local.ok() || any[1]) return Status(local.ok() ? StatusCode::kFailedPrecondition : local.code(), "");
+  return local;
+}
 
 }  // namespace
 
@@ -587,16 +846,14 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   // MPI carries the KV inside the control message itself (one message, as before KvTransport existed).
   KvTransport* kv_data = kv && std::string(kv->name()) == "nccl" ? kv.get() : nullptr;
   const char* kv_name = kv_data ? "nccl" : "mpi";
-  ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(c.model_config));
-  ELDR_ASSIGN_OR_RETURN(JobRequests in, LoadJobRequests(c));
-  ELDR_RETURN_IF_ERROR(CheckShapes(c, mc, in.trace));
+  // Every rank loads the same inputs and checks every decoder's placement, so a bad one fails the job before it
+  // starts; the ranks agree on the outcome and only rank 0 reports an error they share.
+  Result<JobInputs> inputs = LoadJobInputs(c);
+  ELDR_RETURN_IF_ERROR(AgreeOnSetup(tr, inputs.ok() ? Status::Ok() : inputs.status()));
+  const ModelConfig& mc = inputs->mc;
+  const JobRequests& in = inputs->in;
+  const std::vector<Placement>& placements = inputs->placements;
   const int rank = tr.rank();
-  // Every rank checks every decoder's placement, so a bad one fails the job before it starts, printed once.
-  std::vector<Placement> placements;
-  for (int d = 0; d < c.decode_ranks; ++d) {
-    ELDR_ASSIGN_OR_RETURN(Placement p, LoadDecoderPlacement(c, mc, d));
-    placements.push_back(std::move(p));
-  }
   // One communicator per EP group; MPI_Comm_split is collective over the whole job, so every rank calls it.
   GroupComm group;
   if (c.ep_size > 1) {
@@ -606,15 +863,21 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
   }
   if (rank == 0) {
-    std::signal(SIGTERM, OnTerminate);
+    for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
     return RouterRank(c, tr, in, mc, kv_name).Run(progress);
   }
   ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
   SendMsg(tr, 0, ReadyMsg{});
-  if (rank <= c.prefill_ranks) return PrefillRank(c, tr, in, w, kv_data).Run();
+  // EP members hear only from their leader (an open item: they are ended by the launcher when it goes).
+  const bool talks_to_router = rank <= c.prefill_ranks || !group.valid() || group.rank() == 0;
+  RouterWatch* watch = talks_to_router ? new RouterWatch(c.watchdog_s + kRouterGraceS,
+                                                         c.RoleOf(rank) + " (rank " + std::to_string(rank) + ")")
+                                       : nullptr;  // never deleted: see RouterWatch
+  if (rank <= c.prefill_ranks) return PrefillRank(c, tr, in, w, kv_data, watch).Run();
   const Placement& placement = placements[c.DecoderOfRank(rank)];
-  if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data).Run();
-  return group.rank() == 0 ? DecodeRank(c, tr, w, placement, &group, kv_data).Run() : RunEpMember(w, placement, group);
+  if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data, watch).Run();
+  return group.rank() == 0 ? DecodeRank(c, tr, w, placement, &group, kv_data, watch).Run()
+                           : RunEpMember(w, placement, group);
 }
 
 }  // namespace eldr

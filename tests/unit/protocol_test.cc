@@ -92,7 +92,17 @@ TEST(Protocol, EveryMessageRoundTrips) {
 
   EXPECT_TRUE(ShutdownMsg::Decode(ShutdownMsg{}.Encode()).ok());
   EXPECT_TRUE(ReadyMsg::Decode(ReadyMsg{}.Encode()).ok());
-  EXPECT_EQ(ShutdownMsg{}.Encode(), std::vector<uint8_t>{kTagShutdown});  // the tag byte alone
+  EXPECT_EQ(ShutdownMsg{}.Encode(), (std::vector<uint8_t>{kTagShutdown, 0}));  // the tag byte, job_failed
+  auto failed_job = ShutdownMsg::Decode(ShutdownMsg{true}.Encode());
+  ASSERT_TRUE(failed_job.ok());
+  EXPECT_TRUE(failed_job->job_failed);
+  EXPECT_TRUE(HeartbeatMsg::Decode(HeartbeatMsg{}.Encode()).ok());
+  EXPECT_TRUE(ByeMsg::Decode(ByeMsg{}.Encode()).ok());
+  EXPECT_EQ(HeartbeatMsg{}.Encode(), std::vector<uint8_t>{kTagHeartbeat});
+  EXPECT_EQ(ByeMsg{}.Encode(), std::vector<uint8_t>{kTagBye});
+  EXPECT_FALSE(ByeMsg::Decode(HeartbeatMsg{}.Encode()).ok());
+  EXPECT_STREQ(MessageTagName(kTagHeartbeat), "heartbeat");
+  EXPECT_STREQ(MessageTagName(kTagBye), "bye");
 }
 
 TEST(Protocol, KvRoundTripsInlineAndOverTheTransport) {
@@ -139,7 +149,7 @@ TEST(Protocol, TruncatedMessagesFail) {
   ExpectEveryTruncationFails(SampleKv(false));
   ExpectEveryTruncationFails(SampleTokens());
   ExpectEveryTruncationFails(FailedMsg{1, "why"});
-  ExpectEveryTruncationFails(ShutdownMsg{});
+  ExpectEveryTruncationFails(ShutdownMsg{true});
   ExpectEveryTruncationFails(ReadyMsg{});
   auto r = RouteMsg::Decode(std::vector<uint8_t>{kTagRoute, 1, 2});
   ASSERT_FALSE(r.ok());
@@ -155,6 +165,8 @@ TEST(Protocol, TrailingBytesFail) {
   ExpectTrailingBytesFail(FailedMsg{1, "why"});
   ExpectTrailingBytesFail(ShutdownMsg{});
   ExpectTrailingBytesFail(ReadyMsg{});
+  ExpectTrailingBytesFail(HeartbeatMsg{});
+  ExpectTrailingBytesFail(ByeMsg{});
 }
 
 // Overwrites the uint64 count at `offset` of an encoded message.

@@ -1,0 +1,139 @@
+#!/usr/bin/env bash
+# eldr serve when a rank fails (ctest label mpi; README "When a rank fails"): SIGSTOP and kill -9 of the router,
+# the prefill rank, a busy decoder and an idle decoder, under plain mpirun and under launch/eldr-launch --run.
+# Each case must end within watchdog_s + grace of the fault (asserted on the wall clock; a hard outer timeout
+# turns a hang into a failure), exit non-zero, name the failed rank (rank 0's line, a worker's line about rank 0,
+# or mpirun's own "process rank R ... exited on signal 9"), never blame another rank first, and, where rank 0
+# lives, write metrics.json accounting for every request (completed + failed = requests, "incomplete": true).
+# Usage: fault_test.sh /path/to/eldr /path/to/source
+set -u
+ELDR="$(realpath "$1")"
+SRC="$(realpath "$2")"
+PY=/usr/bin/python3
+WORK="$(mktemp -d)"
+TAG="fault-$$"  # every rank of these jobs carries ELDR_FAULT_TAG=$TAG in its environment: how PIDs are found
+tagged_pids() {  # [RANK]: the PIDs of this script's eldr ranks (of world rank RANK)
+  local p
+  for p in $(pgrep -x eldr 2>/dev/null); do
+    { tr "\0" "\n" <"/proc/$p/environ"; } 2>/dev/null | grep -qx "ELDR_FAULT_TAG=$TAG" || continue
+    [ -z "${1:-}" ] || tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=$1" || continue
+    echo "$p"
+  done
+}
+cleanup() {
+  local p
+  for p in $(tagged_pids); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+  rm -rf "$WORK"
+}
+trap cleanup EXIT
+trap 'exit 1' INT TERM
+cd "$WORK"
+export ELDR_NUM_THREADS=1 ELDR_FAULT_TAG="$TAG" OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+source "$SRC/tests/lib.sh"
+W=4       # watchdog_s of these jobs
+GRACE=3   # README: every fault ends the job within watchdog_s + 3 s
+SLACK=2   # for a CI machine whose 2 cores run other tests beside this one
+N=60      # requests
+
+"$ELDR" trace synth --domains 2 --requests 20 --layers 2 --experts 8 --top-k 2 --prompt-len 8:24 --output-len 1:12 \
+  --seed 5 --out trace.h5 >/dev/null
+
+# 1 prefill rank (rank 1) and 2 decoders (ranks 2, 3). Every request decodes 600 tokens and they arrive at 5/s,
+# so the job is mid-run, its decoders busy, when the fault comes 2 s in. idle: jsq with one request at a time
+# sends every request to decoder 0, so decoder 1 (rank 3) never has work.
+job() {  # NAME POLICY MAX_CONCURRENCY
+  cat >"$1.yaml" <<YAML
+topology: {prefill_ranks: 1, decode_ranks: 2}
+model: {config: $SRC/configs/models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}
+routing: {policy: $2, seed: 1}
+kv_cache: {block_size: 8, prefill_blocks: 64, decode_blocks: 1024}
+decode: {max_batch: 4}
+workload: {trace: $WORK/trace.h5, request_rate: 5, max_concurrency: $3, seed: 3, num_requests: $N, output_len: 600}
+output: {dir: $WORK/out-$1}
+watchdog_s: $W
+YAML
+}
+
+# Cases not yet meeting the bound (README "When a rank fails", open items): reported as "open", not failed.
+#  - plain mpirun, kill -9 of a worker: rank 0 is killed before metrics.json is written (ends in ~1 s);
+#  - launch/eldr-launch: a survivor blocked in a send lingers until the launcher's SIGTERM/SIGKILL (11-17 s).
+KNOWN_OPEN=" mpirun-1-KILL mpirun-3-KILL launch-0-STOP launch-1-STOP launch-3-STOP launch-0-KILL launch-1-KILL launch-3-KILL "
+open_or_bad() {  # ID LABEL WHY
+  case "$KNOWN_OPEN" in
+    *" ${1%-*} "*) echo "open   $2"; echo "       $3" ;;
+    *) bad "$2" "$3" ;;
+  esac
+}
+
+# run_case LAUNCHER RANK SIGNAL POLICY MAXCONC WHAT NAME_PATTERN (the rank's name as rank 0 or a worker says it)
+run_case() {
+  local launcher="$1" rank="$2" sig="$3" policy="$4" mc="$5" what="$6" name="$7"
+  local id="$launcher-$rank-$sig-$policy"
+  job "$id" "$policy" "$mc"
+  if [ "$launcher" = mpirun ]; then
+    timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+      "$ELDR" serve -c "$id.yaml" --quiet >"$id.log" 2>&1 &
+  else
+    ELDR="$ELDR" timeout -k 5 60 "$SRC/launch/eldr-launch" "$id.yaml" --run -- --oversubscribe -x ELDR_NUM_THREADS \
+      -x ELDR_FAULT_TAG >"$id.log" 2>&1 &
+  fi
+  local job_pid=$! pid="" i
+  for i in $(seq 100); do
+    pid=$(tagged_pids "$rank")
+    [ -n "$pid" ] && [ "$(tagged_pids | wc -l)" = 4 ] && break
+    sleep 0.1
+  done
+  sleep 2
+  local t0 t1 rc
+  t0=$(date +%s.%N)
+  [ -n "$pid" ] && kill "-$sig" "$pid"
+  wait "$job_pid"
+  rc=$?
+  t1=$(date +%s.%N)
+  local p
+  for p in $(tagged_pids); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+  local took bound
+  took=$(awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.1f", b - a }')
+  bound=$((W + GRACE + SLACK))
+  local label="$launcher: SIG$sig of $what (rank $rank), ended ${took} s after (bound $W + $GRACE s)"
+  if [ -z "$pid" ]; then open_or_bad "$id" "$label" "rank $rank not found"; return; fi
+  if [ "$rc" = 0 ]; then open_or_bad "$id" "$label" "exit 0"; return; fi
+  if [ "$rc" = 124 ] || awk -v t="$took" 'BEGIN { exit !(t >= 55) }'; then open_or_bad "$id" "$label" "hung (outer timeout)"; return; fi
+  if ! awk -v t="$took" -v b="$bound" 'BEGIN { exit !(t <= b) }'; then open_or_bad "$id" "$label" "longer than $bound s"; return; fi
+  # Named: by rank 0 or a worker (eldr's lines), or by mpirun (a rank killed by a signal).
+  if ! grep -qE "$name|process rank $rank with PID [0-9]+ on node .* exited on signal 9" "$id.log"; then
+    open_or_bad "$id" "$label" "no line names rank $rank: $(grep -m3 -E 'eldr: error|exited on signal' "$id.log")"; return
+  fi
+  # Never another rank blamed first: what rank 0 names as silent is the failed rank.
+  local blamed
+  blamed=$(grep -oE "(watchdog|silent longest): [a-z]+ [0-9]+ \(rank [0-9]+\)" "$id.log" | grep -oE "rank [0-9]+" | sort -u)
+  if [ -n "$blamed" ] && [ "$blamed" != "rank $rank" ]; then open_or_bad "$id" "$label" "blames $blamed"; return; fi
+  if [ "$(grep -c 'eldr: error' "$id.log")" -gt 1 ] && [ "$rank" != 0 ]; then
+    open_or_bad "$id" "$label" "more than one error line: $(grep 'eldr: error' "$id.log" | head -3)"; return
+  fi
+  if [ -f "out-$id/metrics.json" ] || [ "$rank" != 0 ]; then
+    if ! $PY - "out-$id" "$N" <<'PYEOF' 2>>"$id.log"
+import json, sys
+out, n = sys.argv[1], int(sys.argv[2])
+m = json.load(open(out + "/metrics.json"))
+assert m["completed"] + m["failed"] == n, (m["completed"], m["failed"])
+assert m["incomplete"] is True and m["reason"], m.get("reason")
+recs = [json.loads(l) for l in open(out + "/requests.jsonl")]
+assert len(recs) == n and sum(not r["success"] for r in recs) == m["failed"]
+steps = open(out + "/steps.jsonl").read()  # the three files are committed together
+PYEOF
+    then open_or_bad "$id" "$label" "metrics: $(tail -1 "$id.log")"; return; fi
+  fi
+  ok "$label"
+}
+
+for launcher in mpirun launch; do
+  for sig in STOP KILL; do
+    run_case "$launcher" 0 "$sig" round_robin 0 "the router" "heard nothing from the router \(rank 0\)|the router \(rank 0\) itself was stopped"
+    run_case "$launcher" 1 "$sig" round_robin 0 "the prefill rank" "(watchdog|silent longest): prefill 0 \(rank 1\)"
+    run_case "$launcher" 3 "$sig" round_robin 0 "a busy decoder" "(watchdog|silent longest): decode 1 \(rank 3\)"
+    run_case "$launcher" 3 "$sig" jsq 1 "an idle decoder" "(watchdog|silent longest): decode 1 \(rank 3\)"
+  done
+done
+
+finish
