@@ -74,11 +74,117 @@ std::vector<int32_t> CapacitatedAssignment(const std::vector<double>& cost, int 
 
 namespace {
 
+// Rounds the split points of a basic flow (see the header): `arcs[i]` lists the clusters point i sends weight
+// to. Points with one cluster keep it; each tree of the support is walked from a cluster root, and a split
+// point reached from its parent cluster goes to its first child cluster (cheapest first).
+std::vector<int32_t> RoundForest(const std::vector<std::vector<int>>& arcs, const std::vector<double>& cost, int n,
+                                 int k) {
+  std::vector<int32_t> out(n, -1);
+  std::vector<std::vector<int>> split_of(k);  // cluster → split points touching it
+  for (int i = 0; i < n; ++i) {
+    if (arcs[i].size() == 1) out[i] = arcs[i][0];
+    if (arcs[i].size() < 2) continue;
+    for (int c : arcs[i]) split_of[c].push_back(i);
+  }
+  std::vector<uint8_t> cluster_seen(k, 0);
+  for (int root = 0; root < k; ++root) {
+    if (cluster_seen[root]) continue;
+    cluster_seen[root] = 1;
+    std::vector<int> queue{root};
+    while (!queue.empty()) {
+      const int c = queue.back();
+      queue.pop_back();
+      for (int i : split_of[c]) {
+        if (out[i] >= 0) continue;  // already reached from its parent
+        int pick = -1;
+        for (int child : arcs[i]) {
+          if (child == c || cluster_seen[child]) continue;
+          if (pick < 0 || cost[static_cast<size_t>(i) * k + child] < cost[static_cast<size_t>(i) * k + pick]) {
+            pick = child;
+          }
+        }
+        for (int child : arcs[i]) {
+          if (child == c || cluster_seen[child]) continue;
+          cluster_seen[child] = 1;
+          queue.push_back(child);
+        }
+        out[i] = pick >= 0 ? pick : c;  // no unseen child only off a forest (not a basic flow)
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+WeightedAssignment WeightedCapacitatedAssignment(const std::vector<double>& cost, const std::vector<int64_t>& weight,
+                                                 int n, int k, int64_t capacity) {
+  ELDR_CHECK(cost.size() == static_cast<size_t>(n) * k, "cost must be [n, k]");
+  ELDR_CHECK(weight.size() == static_cast<size_t>(n), "weight must be [n]");
+  int64_t total = 0;
+  for (int64_t w : weight) {
+    ELDR_CHECK(w >= 1, "weights must be >= 1");
+    total += w;
+  }
+  ELDR_CHECK(static_cast<int64_t>(k) * capacity >= total, "capacity " << capacity << " x " << k << " < " << total);
+  lemon::StaticDigraph g;
+  std::vector<std::pair<int, int>> arcs;
+  arcs.reserve(static_cast<size_t>(n) * k + k);
+  for (int i = 0; i < n; ++i) {
+    for (int c = 0; c < k; ++c) arcs.emplace_back(i, n + c);
+  }
+  for (int c = 0; c < k; ++c) arcs.emplace_back(n + c, n + k);
+  g.build(n + k + 1, arcs.begin(), arcs.end());
+  using Cost = int64_t;
+  lemon::StaticDigraph::ArcMap<int64_t> upper(g);
+  lemon::StaticDigraph::ArcMap<Cost> arc_cost(g);
+  lemon::StaticDigraph::NodeMap<int64_t> supply(g, 0);
+  constexpr double kScale = 1e6;
+  for (int a = 0; a < static_cast<int>(arcs.size()); ++a) {
+    auto arc = g.arc(a);
+    if (a < n * k) {
+      upper[arc] = weight[a / k];
+      arc_cost[arc] = static_cast<Cost>(std::llround(cost[a] * kScale));
+    } else {
+      upper[arc] = capacity;
+      arc_cost[arc] = 0;
+    }
+  }
+  for (int i = 0; i < n; ++i) supply[g.node(i)] = weight[i];
+  supply[g.node(n + k)] = -total;
+  using Solver = lemon::NetworkSimplex<lemon::StaticDigraph, int64_t, Cost>;
+  Solver solver(g);
+  solver.upperMap(upper).costMap(arc_cost).supplyMap(supply);
+  auto rc = solver.run();
+  ELDR_CHECK(rc == Solver::OPTIMAL,
+             "min-cost flow of the weighted assignment is not optimal (status " << static_cast<int>(rc) << ")");
+  WeightedAssignment res;
+  std::vector<std::vector<int>> support(n);
+  for (int i = 0; i < n; ++i) {
+    for (int c = 0; c < k; ++c) {
+      const int64_t f = solver.flow(g.arc(i * k + c));
+      if (f <= 0) continue;
+      support[i].push_back(c);
+      res.relaxed_objective += static_cast<double>(f) * cost[static_cast<size_t>(i) * k + c];
+    }
+    ELDR_CHECK(!support[i].empty(), "point " << i << " left unassigned by the flow");
+  }
+  res.assignment = RoundForest(support, cost, n, k);
+  return res;
+}
+
+namespace {
+
 // One restart. Returns the objective.
 BalancedKMeansResult RunOnce(const Eigen::Map<const RowMatrix>& X, const BalancedKMeansOptions& o,
                              std::mt19937_64& rng) {
   const int n = static_cast<int>(X.rows()), d = static_cast<int>(X.cols()), K = o.num_clusters;
   const int capacity = o.balanced ? ClusterCapacity(n, K) : n;
+  int64_t total_weight = 0;
+  if (o.weights) {
+    for (int64_t w : *o.weights) total_weight += w;
+  }
+  const int64_t weight_capacity = (total_weight + K - 1) / K;
   RowMatrix C(K, d);
   // k-means++ seeding on cosine distance: next centre drawn ∝ D(x)², D = distance to the nearest centre.
   std::vector<double> nearest(n, std::numeric_limits<double>::infinity());
@@ -114,7 +220,9 @@ BalancedKMeansResult RunOnce(const Eigen::Map<const RowMatrix>& X, const Balance
       for (int c = 0; c < K; ++c) cost[static_cast<size_t>(i) * K + c] = 1.0 - static_cast<double>(S(i, c));
     }
     std::vector<int32_t> assign;
-    if (o.balanced) {
+    if (o.balanced && o.weights) {
+      assign = WeightedCapacitatedAssignment(cost, *o.weights, n, K, weight_capacity).assignment;
+    } else if (o.balanced) {
       assign = CapacitatedAssignment(cost, n, K, capacity);
     } else {
       assign.resize(n);
@@ -187,6 +295,12 @@ Result<BalancedKMeansResult> BalancedKMeans(const std::vector<float>& points, in
   if (points.size() != static_cast<size_t>(n) * d) return Status::InvalidArgument("points must be [N, D]");
   for (float v : points) {
     if (!std::isfinite(v)) return Status::InvalidArgument("a signature has a NaN or infinite value");
+  }
+  if (o.weights) {
+    if (o.weights->size() != static_cast<size_t>(n)) return Status::InvalidArgument("weights must be [N]");
+    for (int64_t w : *o.weights) {
+      if (w < 1) return Status::InvalidArgument("clustering weights must be >= 1");
+    }
   }
   if (o.restarts < 1 || o.max_iterations < 1) return Status::InvalidArgument("restarts and iterations must be >= 1");
   Eigen::Map<const RowMatrix> X(points.data(), n, d);

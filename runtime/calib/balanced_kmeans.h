@@ -20,6 +20,24 @@ namespace eldr {
 // objective is within n·1e-9 of the real-valued optimum.
 std::vector<int32_t> CapacitatedAssignment(const std::vector<double>& cost, int n, int k, int capacity);
 
+// Work-balanced assignment: each point i carries a weight w_i (its decode tokens), each cluster takes at most
+// `capacity` weight, minimise Σ_i w_i·cost[i, c(i)]. With weights this is a generalised assignment problem
+// (NP-hard), so it is solved as its min-cost-flow relaxation — supply w_i at point i, unit cost cost[i, c] per
+// unit of weight, cluster arcs of capacity `capacity` — by LEMON's network simplex, whose optimal basic flow
+// splits a point over several clusters only along a forest (at most K − 1 points are split). Each split point
+// is then rounded to a child cluster of its tree rooted at a cluster, so every cluster receives at most one
+// rounded point beyond the whole points it already held.
+// GUARANTEE: every cluster's Σ w ≤ capacity + max_i w_i; relaxed_objective (the relaxation's optimum) is a
+// lower bound of the exact problem's optimum. No bound on the rounded objective beyond that.
+// cost: [n, k] row-major; weight: [n], each >= 1. REQUIRES: Σ w ≤ k·capacity.
+// Costs are scaled to integers with a resolution of 1e-6 per unit of weight.
+struct WeightedAssignment {
+  std::vector<int32_t> assignment;  // [n]
+  double relaxed_objective = 0;     // Σ over arcs of flow · cost of the relaxation
+};
+WeightedAssignment WeightedCapacitatedAssignment(const std::vector<double>& cost, const std::vector<int64_t>& weight,
+                                                 int n, int k, int64_t capacity);
+
 struct BalancedKMeansOptions {
   int num_clusters = 1;  // K
   int restarts = 4;
@@ -27,6 +45,9 @@ struct BalancedKMeansOptions {
   uint64_t seed = 0;
   bool balanced = true;   // false: plain spherical k-means (ablation)
   bool progress = false;  // progress bar on a terminal
+  // [n], each >= 1, or null: with `balanced`, clusters are balanced by Σ weight (capacity ⌈Σw/K⌉, through
+  // WeightedCapacitatedAssignment) instead of by count. Borrowed for the call.
+  const std::vector<int64_t>* weights = nullptr;
 };
 
 struct BalancedKMeansResult {

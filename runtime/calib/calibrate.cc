@@ -54,9 +54,17 @@ std::vector<uint8_t> MaskFromOrder(const std::vector<int32_t>& order, int num_se
 }
 
 Status ClusterInto(Calibration* c, int K, uint64_t seed, int restarts, int max_iterations, bool balanced, bool progress,
-                   CalibrateReport* report) {
+                   CalibrateReport* report, bool work_balanced) {
   const int N = c->num_signatures(), D = c->dim();
+  if (work_balanced && !balanced) return Status::InvalidArgument("work-balanced clustering needs balanced clusters");
+  if (work_balanced && c->decode_lens.empty()) {
+    return Status::FailedPrecondition("the calibration has no /calibration/decode_lens; re-run 'eldr calibrate'");
+  }
+  // A request's decode work is at least one step (a zero-length decode still takes its slot).
+  std::vector<int64_t> weights;
+  for (int64_t v : c->decode_lens) weights.push_back(std::max<int64_t>(v, 1));
   BalancedKMeansOptions ko;
+  ko.weights = work_balanced ? &weights : nullptr;
   ko.num_clusters = K;
   ko.restarts = restarts;
   ko.max_iterations = max_iterations;
@@ -72,6 +80,8 @@ Status ClusterInto(Calibration* c, int K, uint64_t seed, int restarts, int max_i
   c->sizes = km.sizes;
   c->expert_load = ClusterExpertLoad(c->decode_profiles, c->assignment, K,
                                      static_cast<size_t>(c->shape.num_layers) * c->shape.num_experts);
+  c->mean_decode_len = ClusterMeanDecodeLen(c->decode_lens, c->assignment, K);
+  c->work_balanced = work_balanced;
   if (report) {
     report->sizes = km.sizes;
     report->objective = km.objective;
@@ -182,11 +192,12 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   for (int32_t i : calib_idx) {
     c.request_ids.push_back(trace.requests[i].id);
     c.domains.push_back(trace.requests[i].domain);
+    c.decode_lens.push_back(trace.requests[i].decode_len());
   }
   c.decode_profiles = fc.decode_profile;
   c.tau = o.tau;
-  ELDR_RETURN_IF_ERROR(
-      ClusterInto(&c, o.num_decoders, o.seed, o.restarts, o.max_iterations, o.balanced, o.progress, &rep));
+  ELDR_RETURN_IF_ERROR(ClusterInto(&c, o.num_decoders, o.seed, o.restarts, o.max_iterations, o.balanced, o.progress,
+                                   &rep, o.work_balanced));
   const auto t3 = Clock::now();
   rep.seconds_kmeans = Seconds(t2, t3);
 
@@ -203,7 +214,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
 }
 
 Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t seed, int restarts, bool balanced,
-                          bool progress, CalibrateReport* report) {
+                          bool progress, CalibrateReport* report, bool work_balanced) {
   if (calib.decode_profiles.empty()) {
     return Status::FailedPrecondition("the calibration has no /calibration/decode_profiles; re-run 'eldr calibrate'");
   }
@@ -224,7 +235,7 @@ Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t s
   rep.n_star = calib.n_star;
   rep.num_selected_layers = calib.signature.num_selected_layers();
   rep.rho_all_layers = rep.rho_selected = rep.rho_holdout = kNaN;
-  ELDR_RETURN_IF_ERROR(ClusterInto(&c, num_decoders, seed, restarts, 100, balanced, progress, &rep));
+  ELDR_RETURN_IF_ERROR(ClusterInto(&c, num_decoders, seed, restarts, 100, balanced, progress, &rep, work_balanced));
   rep.seconds_kmeans = rep.seconds_total = Seconds(t0, Clock::now());
   return c;
 }

@@ -24,6 +24,9 @@ struct CalibrateOptions {
   double holdout = 0;         // fraction of requests kept out of calibration
   int64_t max_pairs = 20000;  // ρ pair sample; <= 0 = all pairs
   bool balanced = true;       // false: plain spherical k-means (ablation)
+  // Balance clusters by expected decode work (Σ decode tokens, WeightedCapacitatedAssignment) instead of by
+  // request count. REQUIRES: balanced.
+  bool work_balanced = false;
   bool progress = true;
 };
 
@@ -61,9 +64,10 @@ struct CalibrateReport {
 Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& options, CalibrateReport* report);
 
 // Offline reconfiguration: re-clusters the stored signatures for K' decoders (centroids, assignment,
-// sizes, expert load), keeping IDF, mask and signatures.
+// sizes, expert load, mean decode length), keeping IDF, mask and signatures. work_balanced needs the stored
+// /calibration/decode_lens (FailedPrecondition without them).
 Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t seed, int restarts, bool balanced,
-                          bool progress, CalibrateReport* report);
+                          bool progress, CalibrateReport* report, bool work_balanced = false);
 
 // How a calibration describes a (new) trace: ρ of its signatures on the trace's requests, and where
 // the nearest centroid would put them. FailedPrecondition when the model shapes differ.

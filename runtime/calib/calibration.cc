@@ -7,6 +7,19 @@
 
 namespace eldr {
 
+std::vector<double> ClusterMeanDecodeLen(const std::vector<int64_t>& decode_lens,
+                                         const std::vector<int32_t>& assignment, int num_clusters) {
+  if (decode_lens.empty()) return {};
+  std::vector<double> sum(num_clusters, 0.0);
+  std::vector<int64_t> n(num_clusters, 0);
+  for (size_t i = 0; i < assignment.size() && i < decode_lens.size(); ++i) {
+    sum[assignment[i]] += static_cast<double>(decode_lens[i]);
+    ++n[assignment[i]];
+  }
+  for (int k = 0; k < num_clusters; ++k) sum[k] = n[k] > 0 ? sum[k] / static_cast<double>(n[k]) : 0.0;
+  return sum;
+}
+
 std::vector<float> ClusterExpertLoad(const std::vector<float>& decode_profiles, const std::vector<int32_t>& assignment,
                                      int num_clusters, size_t row_size) {
   std::vector<double> sum(static_cast<size_t>(num_clusters) * row_size, 0.0);
@@ -86,6 +99,18 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (c.sizes != sizes) return bad("/clusters/sizes does not match the assignment");
   if (c.expert_load.size() != static_cast<size_t>(K) * row) return bad("/clusters/expert_load must be [K, L, E]");
   if (!AllFinite(c.expert_load)) return bad("/clusters/expert_load has NaN or infinite values");
+  if (!c.decode_lens.empty()) {
+    if (c.decode_lens.size() != static_cast<size_t>(N)) return bad("/calibration/decode_lens must be [N]");
+    for (int64_t v : c.decode_lens) {
+      if (v < 0) return bad("/calibration/decode_lens has a negative length");
+    }
+  }
+  if (!c.mean_decode_len.empty()) {
+    if (c.mean_decode_len.size() != static_cast<size_t>(K)) return bad("/clusters/mean_decode_len must be [K]");
+    for (double v : c.mean_decode_len) {
+      if (!std::isfinite(v) || v < 0) return bad("/clusters/mean_decode_len must be finite and >= 0");
+    }
+  }
   if (!(c.tau >= 0) || !std::isfinite(c.tau)) return bad("/clusters tau must be a finite value >= 0");
   return Status::Ok();
 }
@@ -131,6 +156,12 @@ Status WriteCalibration(const Calibration& c, const AtomicOutput& out) {
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/assignment", c.assignment, {N}));
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/sizes", c.sizes, {K}));
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/expert_load", c.expert_load, {K, L, E}, true));
+    if (!c.decode_lens.empty()) {
+      ELDR_RETURN_IF_ERROR(f.Write("/calibration/decode_lens", c.decode_lens, {N}));
+      ELDR_RETURN_IF_ERROR(f.Write("/clusters/mean_decode_len", c.mean_decode_len, {K}));
+      ELDR_RETURN_IF_ERROR(
+          f.WriteAttribute("/clusters", "work_balanced", static_cast<int64_t>(c.work_balanced ? 1 : 0)));
+    }
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "K", static_cast<int64_t>(K)));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "tau", c.tau));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "seed", static_cast<int64_t>(c.seed)));
@@ -192,6 +223,14 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(c.assignment, f.Read<int32_t>("/clusters/assignment", &dims, 1));
   ELDR_ASSIGN_OR_RETURN(c.sizes, f.Read<int64_t>("/clusters/sizes", &dims, 1));
   ELDR_ASSIGN_OR_RETURN(c.expert_load, f.Read<float>("/clusters/expert_load", &dims, 3));
+  if (f.Exists("/calibration/decode_lens")) {
+    ELDR_ASSIGN_OR_RETURN(c.decode_lens, f.Read<int64_t>("/calibration/decode_lens", &dims, 1));
+  }
+  if (f.Exists("/clusters/mean_decode_len")) {
+    ELDR_ASSIGN_OR_RETURN(c.mean_decode_len, f.Read<double>("/clusters/mean_decode_len", &dims, 1));
+  }
+  auto work_balanced = f.ReadIntAttribute("/clusters", "work_balanced");
+  c.work_balanced = work_balanced.ok() && work_balanced.value() != 0;
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/clusters", "K"));
   if (K < 1 || K > static_cast<int64_t>(c.request_ids.size())) {
     return Status::Corrupt(path + ": /clusters K = " + std::to_string(K) + " must be in [1, N]");

@@ -32,6 +32,9 @@ struct Calibration {
   std::vector<std::string> request_ids;  // [N]
   std::vector<std::string> domains;      // [N]
   std::vector<float> decode_profiles;    // [N, L, E] d_r, for the per-cluster load on refit
+  // [N] decode tokens of each request (optional dataset /calibration/decode_lens; empty in files written
+  // before it): the weights of work-balanced clustering and the per-cluster prior below.
+  std::vector<int64_t> decode_lens;
 
   // /clusters
   int num_clusters = 0;  // K
@@ -42,6 +45,10 @@ struct Calibration {
   std::vector<int32_t> assignment;  // [N]
   std::vector<int64_t> sizes;       // [K]
   std::vector<float> expert_load;   // [K, L, E] mean decode profile of the cluster's members
+  // [K] mean decode tokens of the cluster's members (optional dataset /clusters/mean_decode_len, written when
+  // decode_lens is known; empty otherwise): eldr_tail's prior of a request's decode length (router.h).
+  std::vector<double> mean_decode_len;
+  bool work_balanced = false;  // attribute /clusters/work_balanced: clusters balanced by Σ decode_lens
 
   int num_signatures() const { return static_cast<int>(request_ids.size()); }
   int dim() const { return signature.dim(); }
@@ -56,6 +63,10 @@ Status WriteCalibration(const Calibration& calib, const std::string& path);
 Status WriteCalibration(const Calibration& calib, const AtomicOutput& out);
 // Checks internal consistency; `name` prefixes errors.
 Status ValidateCalibration(const Calibration& calib, const std::string& name);
+
+// The per-cluster mean of `decode_lens` [K] (0 for an empty cluster); empty when decode_lens is.
+std::vector<double> ClusterMeanDecodeLen(const std::vector<int64_t>& decode_lens,
+                                         const std::vector<int32_t>& assignment, int num_clusters);
 
 // The per-cluster expert load [K, L, E]: mean of the members' decode profiles.
 std::vector<float> ClusterExpertLoad(const std::vector<float>& decode_profiles, const std::vector<int32_t>& assignment,

@@ -47,7 +47,7 @@ Status RunCalibrate(const CalibrateArgs& a) {
   ELDR_RETURN_IF_ERROR(outputs.CheckWritable({{a.trace, "--trace"}, {a.refit, "--refit"}}));
   if (!a.refit.empty()) {
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
-    auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report);
+    auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report, o.work_balanced);
     if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.refit);
     calib = std::move(r).value();
     if (a.tau_given) calib.tau = o.tau;  // otherwise keep the stored τ
@@ -114,6 +114,8 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--max-pairs", a->options.max_pairs, "request pairs sampled for rho (0 = all pairs)")
       ->capture_default_str();
   cmd->add_flag("--unbalanced", a->unbalanced, "plain spherical k-means without the capacity (ablation)");
+  cmd->add_flag("--work-balanced", a->options.work_balanced,
+                "balance clusters by expected decode work (Σ decode tokens) instead of request count");
   cmd->add_option("--report", a->report, "also write the report as JSON to this file");
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");

@@ -19,7 +19,8 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       "band sizes, distinct experts per decode step");
   cmd->add_option("--calib", a->calib, "calibration.h5 (its K is the number of decoders)")->required();
   cmd->add_option("--trace", a->trace, "HDF5 routing trace to replay")->required();
-  cmd->add_option("--policy", a->policy, "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr")
+  cmd->add_option("--policy", a->policy,
+                  "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail")
       ->capture_default_str();
   cmd->add_option("--tau", a->options.tau, "eldr band width (default: the calibration's)");
   cmd->add_option("--rate", a->options.rate, "arrival rate, requests/s (Poisson; 0 = all at once)")

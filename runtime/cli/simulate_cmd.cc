@@ -183,7 +183,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--prefill", a->prefill, "override topology.prefill_ranks");
   cmd->add_option("--policy", a->policy,
                   "override routing.policy (random, round_robin, jsq, p2c, domain, "
-                  "locality_top1, eldr)");
+                  "locality_top1, eldr, eldr_paper, eldr_tail)");
   cmd->add_option("--tau", a->tau, "override routing.tau");
   cmd->add_option("--load-bound", a->load_bound, "override routing.load_bound (bounded-load band ε; 0 = off)");
   cmd->add_option("--rate", a->rate, "override workload.request_rate (requests/s)");

@@ -18,6 +18,7 @@ namespace {
 struct Active {
   int request;       // index into trace.requests
   int64_t progress;  // decode tokens already produced
+  double work_left;  // of its predicted decode tokens (Router::ConsumeToken)
 };
 
 }  // namespace
@@ -123,9 +124,9 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
         ++ps.decoders[d.decoder].requests;
         ++domain_counts[d.decoder][req.domain];
         if (req.decode_len() == 0) continue;  // nothing to decode: in and out at once
-        router.Dispatch(d.decoder);
+        router.Dispatch(d.decoder, d.predicted_tokens);
         ++in_flight;
-        active[d.decoder].push_back({r, 0});
+        active[d.decoder].push_back({r, 0, d.predicted_tokens});
       }
       ps.max_in_flight = std::max(ps.max_in_flight, in_flight);
       // One decode step on every decoder.
@@ -144,10 +145,13 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
         total_distinct += static_cast<double>(distinct);
         total_batch += static_cast<double>(batch.size());
         ++total_steps;
-        for (auto& a : batch) ++a.progress;
+        for (auto& a : batch) {
+          ++a.progress;
+          a.work_left = router.ConsumeToken(dec, a.work_left);
+        }
         auto done = std::remove_if(batch.begin(), batch.end(), [&](const Active& a) {
           if (a.progress < trace.requests[a.request].decode_len()) return false;
-          router.Complete(dec);
+          router.Complete(dec, a.work_left);
           --in_flight;
           return true;
         });

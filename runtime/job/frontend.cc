@@ -23,6 +23,7 @@ Frontend::Frontend(const JobConfig& c, const JobRequests& in, Router router, std
       records_(in.size()),
       prefill_of_(in.size(), -1),
       prefill_outstanding_(c.prefill_ranks, 0),
+      work_left_(in.size(), 0.0),
       decoders_(c.decode_ranks) {
   for (int64_t i = 0; i < in.size(); ++i) {
     RequestRecord& r = records_[i];
@@ -63,6 +64,7 @@ void Frontend::OnToken(int64_t request, double t, std::optional<int32_t> token) 
   if (r.token_times.size() >= static_cast<size_t>(requests_->output_len[request])) return;
   r.token_times.push_back(t);
   if (token) r.tokens.push_back(*token);
+  if (r.decoder >= 0) work_left_[request] = router_.ConsumeToken(r.decoder, work_left_[request]);
 }
 
 void Frontend::OnDecodeStep(int decoder, int64_t batch, int64_t distinct_experts, std::span<const int64_t> rank_load,
@@ -83,7 +85,8 @@ bool Frontend::Route(int64_t request, const std::vector<float>& counts) {
   RequestRecord& r = records_[request];
   const RoutingDecision d = router_.Route(counts.data(), nullptr, r.domain);
   if (d.decoder < 0) return false;
-  router_.Dispatch(d.decoder);
+  router_.Dispatch(d.decoder, d.predicted_tokens);
+  work_left_[request] = d.predicted_tokens;
   if (UsesSignature(config_->policy)) {
     routing_.band_sum += d.band_size;
     ++routing_.band_n;
@@ -105,7 +108,7 @@ void Frontend::Finish(int64_t request, bool ok, const std::string& error) {
   r.success = ok;
   r.error = error;
   r.output_len = static_cast<int64_t>(r.token_times.size());
-  if (r.decoder >= 0) router_.Complete(r.decoder);  // failed at the decoder: its slot frees too
+  if (r.decoder >= 0) router_.Complete(r.decoder, work_left_[request]);  // failed at the decoder: its slot frees too
   --active_;
   ++done_;
   ReleaseHeld();

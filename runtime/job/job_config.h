@@ -4,7 +4,9 @@
 //   topology:  {prefill_ranks: 1, decode_ranks: 4}        # world size = 1 (router) + prefill + decode · ep_size
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
-//               load_bound: 0}       # ε of the bounded-load band (router.h); 0 = off
+//               load_bound: 0}       # ε of the bounded-load band (router.h); 0 = off (eldr_tail: 0 → 0.25)
+//              policy: random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper (= eldr, the
+//              published band) or eldr_tail (the tail-safe band: decode-work loads, overflow in distance order)
 //   kv_cache:  {block_size: 16, prefill_blocks: 4096, decode_blocks: 4096, transport: auto}
 //              transport: how KV goes from a prefill rank to its decoder (runtime/comm/kv_transport.h).
 //              mpi: inside the MPI control message (kTagKv). nccl: the control message carries the request's

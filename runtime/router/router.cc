@@ -26,24 +26,33 @@ const char* RoutingPolicyName(RoutingPolicy p) {
       return "locality_top1";
     case RoutingPolicy::kEldr:
       return "eldr";
+    case RoutingPolicy::kEldrPaper:
+      return "eldr_paper";
+    case RoutingPolicy::kEldrTail:
+      return "eldr_tail";
   }
   return "unknown";
 }
 
 std::vector<RoutingPolicy> AllRoutingPolicies() {
-  return {RoutingPolicy::kRandom, RoutingPolicy::kRoundRobin,   RoutingPolicy::kJsq, RoutingPolicy::kP2c,
-          RoutingPolicy::kDomain, RoutingPolicy::kLocalityTop1, RoutingPolicy::kEldr};
+  return {RoutingPolicy::kRandom, RoutingPolicy::kRoundRobin, RoutingPolicy::kJsq,
+          RoutingPolicy::kP2c,    RoutingPolicy::kDomain,     RoutingPolicy::kLocalityTop1,
+          RoutingPolicy::kEldr,   RoutingPolicy::kEldrPaper,  RoutingPolicy::kEldrTail};
 }
 
 Result<RoutingPolicy> ParseRoutingPolicy(const std::string& name) {
   for (auto p : AllRoutingPolicies()) {
     if (name == RoutingPolicyName(p)) return p;
   }
-  return Status::InvalidArgument("unknown routing policy '" + name +
-                                 "' (expected random, round_robin, jsq, p2c, domain, locality_top1 or eldr)");
+  return Status::InvalidArgument(
+      "unknown routing policy '" + name +
+      "' (expected random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper or eldr_tail)");
 }
 
-bool UsesSignature(RoutingPolicy p) { return p == RoutingPolicy::kEldr || p == RoutingPolicy::kLocalityTop1; }
+bool UsesSignature(RoutingPolicy p) {
+  return p == RoutingPolicy::kEldr || p == RoutingPolicy::kEldrPaper || p == RoutingPolicy::kEldrTail ||
+         p == RoutingPolicy::kLocalityTop1;
+}
 
 namespace {
 
@@ -97,6 +106,55 @@ RoutingDecision Band(const DecisionInputs& in, double tau) {
   return out;
 }
 
+int Nearest(const double* distances, int K) {
+  int best = 0;
+  for (int k = 1; k < K; ++k) {
+    if (distances[k] < distances[best]) best = k;
+  }
+  return best;
+}
+
+// eldr_tail (see Decide in router.h).
+RoutingDecision TailBand(const DecisionInputs& in) {
+  const auto& d = *in.decoders;
+  const int K = static_cast<int>(d.size());
+  const double eps = in.load_bound > 0 ? in.load_bound : kTailLoadBound;
+  double total = in.request_work;
+  for (int k = 0; k < K; ++k) total += d[k].work;
+  const double cap = (1.0 + eps) * total / K;
+  auto ok = [&](int k) { return d[k].eligible() && d[k].work < cap; };
+  RoutingDecision out;
+  out.nearest = Nearest(in.distances, K);
+  out.predicted_tokens = in.request_work;
+  const double bound = in.distances[out.nearest] + in.tau;
+  int best = -1;
+  for (int k = 0; k < K; ++k) {
+    if (!(in.distances[k] <= bound)) continue;
+    ++out.band_size;
+    if (!ok(k)) continue;
+    if (best < 0 || d[k].work < d[best].work || (d[k].work == d[best].work && in.distances[k] < in.distances[best])) {
+      best = k;
+    }
+  }
+  if (best < 0) {
+    // Overflow keeps locality: the nearest centroid's decoder under the bound, in ascending (d_k, k).
+    out.fallback = true;
+    for (int k = 0; k < K; ++k) {
+      if (!ok(k)) continue;
+      if (best < 0 || in.distances[k] < in.distances[best]) best = k;
+    }
+    out.overflow = best >= 0;
+  }
+  if (best < 0) {
+    for (int k = 0; k < K; ++k) {
+      if (d[k].eligible() && (best < 0 || d[k].work < d[best].work)) best = k;
+    }
+  }
+  out.decoder = best;
+  out.distance = best >= 0 ? in.distances[best] : 0.0;
+  return out;
+}
+
 }  // namespace
 
 RoutingDecision Decide(const DecisionInputs& in) {
@@ -107,8 +165,16 @@ RoutingDecision Decide(const DecisionInputs& in) {
   std::vector<int> eligible;
   switch (in.policy) {
     case RoutingPolicy::kEldr:
+    case RoutingPolicy::kEldrPaper: {
       ELDR_CHECK(in.distances, "eldr routing needs distances");
-      return Band(in, in.tau);
+      RoutingDecision b = Band(in, in.tau);
+      b.nearest = Nearest(in.distances, K);
+      return b;
+    }
+    case RoutingPolicy::kEldrTail:
+      ELDR_CHECK(in.distances, "eldr_tail routing needs distances");
+      ELDR_CHECK(in.request_work > 0, "eldr_tail needs a request work > 0");
+      return TailBand(in);
     case RoutingPolicy::kLocalityTop1:
       ELDR_CHECK(in.distances, "locality_top1 routing needs distances");
       return Band(in, 0.0);
@@ -186,6 +252,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     }
     r.params_ = calib->signature;
     r.centroids_ = calib->centroids;
+    r.prior_ = calib->mean_decode_len;
     if (config.tau < 0) r.config_.tau = calib->tau;
   } else if (UsesSignature(config.policy)) {
     return Status::InvalidArgument(std::string("routing policy ") + RoutingPolicyName(config.policy) +
@@ -242,6 +309,7 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
     in.random_b = rng_();
   }
   in.round_robin_next = round_robin_next_;
+  if (distances) in.request_work = PriorDecodeTokens(Nearest(distances, config_.num_decoders));
   RoutingDecision out = Decide(in);
   if (config_.policy == RoutingPolicy::kRoundRobin && out.decoder >= 0) round_robin_next_ = out.decoder + 1;
   return out;
@@ -266,15 +334,35 @@ RoutingDecision Router::Route(const float* counts, const float* gate_sums, const
   return RouteSignature(signature_.data(), domain);
 }
 
-void Router::Dispatch(int decoder) {
-  ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
-  ++decoders_[decoder].in_flight;
+double Router::PriorDecodeTokens(int cluster) const {
+  if (cluster < 0 || cluster >= static_cast<int>(prior_.size())) return 1.0;
+  return std::max(1.0, prior_[cluster]);
 }
 
-void Router::Complete(int decoder) {
+void Router::Dispatch(int decoder, double work) {
   ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
-  ELDR_CHECK(decoders_[decoder].in_flight > 0, "decoder " << decoder << " completed more requests than it was sent");
-  --decoders_[decoder].in_flight;
+  ++decoders_[decoder].in_flight;
+  decoders_[decoder].work += work;
+}
+
+void Router::AddWork(int decoder, double delta) {
+  ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
+  decoders_[decoder].work = std::max(0.0, decoders_[decoder].work + delta);
+}
+
+double Router::ConsumeToken(int decoder, double work_left) {
+  const double spent = std::min(1.0, std::max(0.0, work_left - 1.0));
+  if (spent > 0) AddWork(decoder, -spent);
+  return work_left - spent;
+}
+
+void Router::Complete(int decoder, double work_left) {
+  ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
+  DecoderState& s = decoders_[decoder];
+  ELDR_CHECK(s.in_flight > 0, "decoder " << decoder << " completed more requests than it was sent");
+  --s.in_flight;
+  // Nothing in flight holds no work: drop the floating-point residue of the additions.
+  s.work = s.in_flight == 0 ? 0.0 : std::max(0.0, s.work - work_left);
 }
 
 }  // namespace eldr

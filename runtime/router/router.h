@@ -22,10 +22,10 @@
 
 namespace eldr {
 
-enum class RoutingPolicy { kRandom, kRoundRobin, kJsq, kP2c, kDomain, kLocalityTop1, kEldr };
+enum class RoutingPolicy { kRandom, kRoundRobin, kJsq, kP2c, kDomain, kLocalityTop1, kEldr, kEldrPaper, kEldrTail };
 
-const char* RoutingPolicyName(
-    RoutingPolicy p);  // "random", "round_robin", "jsq", "p2c", "domain", "locality_top1", "eldr"
+const char* RoutingPolicyName(RoutingPolicy p);  // "random", "round_robin", "jsq", "p2c", "domain", "locality_top1",
+                                                 // "eldr", "eldr_paper", "eldr_tail"
 Result<RoutingPolicy> ParseRoutingPolicy(const std::string& name);
 std::vector<RoutingPolicy> AllRoutingPolicies();
 // True for policies that need a signature and centroids.
@@ -35,14 +35,21 @@ bool UsesSignature(RoutingPolicy p);
 struct DecoderState {
   int64_t in_flight = 0;      // requests dispatched and not completed (the JSQ load signal)
   int64_t admission_cap = 0;  // a decoder with in_flight >= cap is not eligible; 0 = no cap
+  // Predicted decode tokens its in-flight requests still have to generate (eldr_tail's load signal):
+  // Σ over them of max(prior − generated since routing, 1), the prior being the mean decode length of the
+  // request's nearest cluster (calibration /clusters/mean_decode_len), 1 without it — then work = in_flight.
+  double work = 0;
   bool eligible() const { return admission_cap <= 0 || in_flight < admission_cap; }
 };
 
 struct RoutingDecision {
-  int decoder = -1;       // -1: no decoder can admit the request now (all at their cap)
-  int band_size = 0;      // eldr / locality_top1: |B|; 0 for load-only policies
-  bool fallback = false;  // no eligible decoder in the band: globally least-loaded eligible one
-  double distance = 0;    // d_k of the chosen decoder (signature policies)
+  int decoder = -1;             // -1: no decoder can admit the request now (all at their cap)
+  int band_size = 0;            // eldr / locality_top1: |B|; 0 for load-only policies
+  bool fallback = false;        // no eligible decoder in the band: globally least-loaded eligible one
+  double distance = 0;          // d_k of the chosen decoder (signature policies)
+  bool overflow = false;        // eldr_tail: no band member under the bound; a next-nearest decoder took it
+  int nearest = -1;             // signature policies: argmin_k d_k (tie → lower k), the request's cluster
+  double predicted_tokens = 1;  // the request's prior decode length (eldr_tail's w_r; 1 elsewhere)
 };
 
 // The inputs of one decision. Pointers are borrowed for the call.
@@ -55,6 +62,7 @@ struct DecisionInputs {
   const std::vector<int>* domain_group = nullptr;  // decoders of the request's domain (domain policy); null/empty = all
   uint64_t random_a = 0, random_b = 0;             // uniform 64-bit draws (random: a; p2c: a and b)
   int64_t round_robin_next = 0;                    // the round-robin counter
+  double request_work = 1;                         // eldr_tail: w_r, the request's predicted decode tokens (> 0)
 };
 
 // The pure decision. Rules (DESIGN.md §3):
@@ -63,6 +71,15 @@ struct DecisionInputs {
 //        With load_bound ε > 0 (an extension, off by default): band members holding at least
 //        ceil((1+ε)·(Σ_k in_flight_k + 1)/K) requests are not candidates ("consistent hashing with bounded
 //        loads", Mirrokni et al. 2018), so the fallback takes over before one decoder's queue runs away.
+//  eldr_paper: exactly eldr (the published rule, kept under its own name for the ablation tables).
+//  eldr_tail (tail-safe, DESIGN.md §3 "Tail-safe band"): loads are w_k = DecoderState::work, the request's
+//        w_r = request_work. Decoder k is under the bound iff w_k < (1+ε)·(Σ_j w_j + w_r)/K (ε = load_bound).
+//        B as above; argmin w_k over eligible band members under the bound, tie → smaller d_k, then lower k.
+//        None: overflow in distance order — the first eligible decoder under the bound in ascending
+//        (d_k, k) (overflow = true, fallback = true); none at all (only when the under-bound ones are at their
+//        admission caps): the eligible decoder of least w_k, tie → lower k (fallback = true).
+//        The least-loaded decoder is always under the bound (min w ≤ Σw/K < (1+ε)(Σw + w_r)/K), so with no
+//        admission cap the overflow never leaves the distance order.
 //  locality_top1: eldr with τ = 0.
 //  jsq: argmin load over eligible decoders, tie → lower index.
 //  p2c: two distinct decoders drawn from a and b among the eligible ones; the less loaded (tie → lower index).
@@ -72,11 +89,14 @@ struct DecisionInputs {
 // with fallback = true: the request waits at the router until a completion frees a slot.
 RoutingDecision Decide(const DecisionInputs& in);
 
+// eldr_tail's ε when routing.load_bound is 0.
+inline constexpr double kTailLoadBound = 0.25;
+
 struct RouterConfig {
   RoutingPolicy policy = RoutingPolicy::kEldr;
   int num_decoders = 1;
   double tau = 0.1;           // eldr band width (negative: take the calibration's value)
-  double load_bound = 0;      // bounded-load band ε (see Decide); 0 = off
+  double load_bound = 0;      // bounded-load band ε (see Decide); 0 = off (eldr_tail: 0 → kTailLoadBound)
   int64_t admission_cap = 0;  // per decoder; 0 = none
   uint64_t seed = 0;
   TraceShape job_shape;  // the model of the job; must match the calibration's
@@ -96,8 +116,17 @@ class Router {
   // Routes with a ready signature s_r ([signature_dim()]).
   RoutingDecision RouteSignature(const float* signature, const std::string& domain);
 
-  void Dispatch(int decoder);  // one more request in flight on `decoder`. REQUIRES: decoder >= 0.
-  void Complete(int decoder);  // one fewer. REQUIRES: in_flight > 0.
+  // One more request in flight on `decoder`, predicted to generate `work` decode tokens. REQUIRES: decoder >= 0.
+  void Dispatch(int decoder, double work = 1);
+  // The decoder's in-flight requests are predicted to generate `delta` more tokens (negative: a token came).
+  void AddWork(int decoder, double delta);
+  // A request on `decoder` with `work_left` of its prediction produced one token: the decoder's work drops by
+  // min(1, work_left − 1) (a request holds at least 1 until it completes). Returns the request's new work_left.
+  double ConsumeToken(int decoder, double work_left);
+  // One fewer, with `work_left` of its prediction unspent. REQUIRES: in_flight > 0.
+  void Complete(int decoder, double work_left = 1);
+  // The prior decode length of cluster k: calibration /clusters/mean_decode_len[k], or 1 without it.
+  double PriorDecodeTokens(int cluster) const;
 
   const std::vector<DecoderState>& decoders() const { return decoders_; }
   const SignatureParams& signature_params() const { return params_; }
@@ -115,6 +144,7 @@ class Router {
   RouterConfig config_;
   SignatureParams params_;
   std::vector<float> centroids_;  // [K, D]
+  std::vector<double> prior_;     // [K] mean decode tokens per cluster (empty: 1)
   std::vector<DecoderState> decoders_;
   std::vector<double> distances_;
   std::vector<float> dots_;       // scratch [K]

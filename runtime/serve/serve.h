@@ -35,7 +35,8 @@
 //    locality_top1 and single-decoder domain groups are functions of the request alone and stay reproducible
 //    with several prefill ranks; round_robin and random do not (prefill results reach rank 0 in an order that
 //    depends on timing).
-//  - Load-dependent policies (jsq, p2c, eldr) see in-flight counts that depend on when completions arrive
+//  - Load-dependent policies (jsq, p2c, eldr, eldr_paper, eldr_tail) see in-flight counts that depend on when
+//  completions arrive
 //    relative to routing, which is inherent to load balancing: they are reproducible with max_concurrency 1
 //    (one request in the system at a time, so every decision sees the same loads), not under concurrency.
 //  - An admission cap makes every policy load-dependent (a decoder at its cap is not eligible).

@@ -6,6 +6,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <functional>
 #include <limits>
@@ -271,6 +272,102 @@ TEST(BalancedKMeans, EveryAssignmentIsOptimalForItsCentroids) {
     }
   }
   EXPECT_NEAR(TotalCost(cost, k, r->assignment), HungarianOptimum(cost, n, k, ClusterCapacity(n, k)), 1e-4);
+}
+
+// Work-balanced assignment: the rounding's guarantee (every cluster within capacity + max weight) and the
+// relaxation's lower bound, against brute force over all k^n assignments.
+std::vector<int64_t> WeightedLoads(const std::vector<int64_t>& w, int k, const std::vector<int32_t>& a) {
+  std::vector<int64_t> load(k, 0);
+  for (size_t i = 0; i < a.size(); ++i) load[a[i]] += w[i];
+  return load;
+}
+
+TEST(WeightedCapacitatedAssignment, HandComputedCase) {
+  // Weights {10, 1, 1}, K = 2, capacity 6. Point 0 costs {0, 1} per unit, points 1 and 2 {0, 0.5}. Cluster 1
+  // must take 6 of the 12 units: points 1 and 2 whole (2 · 0.5) and 4 units of point 0 (4 · 1) → the
+  // relaxation's optimum is 5 with point 0 split 6/4. No integral assignment fits capacity 6 (point 0 alone
+  // is 10); the rounding stays within 6 + 10 = 16.
+  const std::vector<double> cost = {0, 1, 0, 0.5, 0, 0.5};
+  const std::vector<int64_t> w = {10, 1, 1};
+  const WeightedAssignment r = WeightedCapacitatedAssignment(cost, w, 3, 2, 6);
+  EXPECT_NEAR(r.relaxed_objective, 5.0, 1e-5);
+  EXPECT_EQ(r.assignment[1], 1);
+  EXPECT_EQ(r.assignment[2], 1);
+  for (int64_t load : WeightedLoads(w, 2, r.assignment)) EXPECT_LE(load, 16);
+  // Unit weights and capacity ⌈n/K⌉: the relaxation is integral, so this is CapacitatedAssignment's optimum.
+  const std::vector<double> c2 = {0.1, 0.9, 0.2, 0.8, 0.3, 0.4, 0.7, 0.1};
+  const std::vector<int64_t> ones(4, 1);
+  const WeightedAssignment u = WeightedCapacitatedAssignment(c2, ones, 4, 2, 2);
+  EXPECT_NEAR(TotalCost(c2, 2, u.assignment), TotalCost(c2, 2, CapacitatedAssignment(c2, 4, 2, 2)), 1e-9);
+}
+
+TEST(WeightedCapacitatedAssignment, GuaranteeAndLowerBoundAgainstBruteForce) {
+  std::mt19937_64 rng(3);
+  std::uniform_real_distribution<double> u(0.0, 2.0);
+  int feasible_cases = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 8), k = 1 + static_cast<int>(rng() % 3);
+    std::vector<double> cost(static_cast<size_t>(n) * k);
+    for (double& c : cost) c = u(rng);
+    std::vector<int64_t> w(n);
+    int64_t total = 0, wmax = 0;
+    for (int64_t& x : w) {
+      x = 1 + static_cast<int64_t>(rng() % (trial % 2 ? 40 : 5));
+      total += x;
+      wmax = std::max(wmax, x);
+    }
+    // The tight capacity ⌈W/K⌉, or some slack.
+    const int64_t capacity = (total + k - 1) / k + (trial % 3 == 0 ? static_cast<int64_t>(rng() % 10) : 0);
+    const WeightedAssignment r = WeightedCapacitatedAssignment(cost, w, n, k, capacity);
+    ASSERT_EQ(r.assignment.size(), static_cast<size_t>(n));
+    for (int32_t a : r.assignment) ASSERT_TRUE(a >= 0 && a < k);
+    for (int64_t load : WeightedLoads(w, k, r.assignment)) EXPECT_LE(load, capacity + wmax) << "trial " << trial;
+    // Brute force: the exact optimum of Σ w_i cost[i, c] with every load ≤ capacity (when one exists).
+    double best = std::numeric_limits<double>::infinity();
+    std::vector<int32_t> a(n, 0);
+    for (int64_t code = 0, num = static_cast<int64_t>(std::pow(k, n)); code < num; ++code) {
+      int64_t x = code;
+      for (int i = 0; i < n; ++i, x /= k) a[i] = static_cast<int32_t>(x % k);
+      const auto loads = WeightedLoads(w, k, a);
+      if (*std::max_element(loads.begin(), loads.end()) > capacity) continue;
+      double obj = 0;
+      for (int i = 0; i < n; ++i) obj += static_cast<double>(w[i]) * cost[static_cast<size_t>(i) * k + a[i]];
+      best = std::min(best, obj);
+    }
+    if (std::isfinite(best)) {
+      ++feasible_cases;
+      // Integer costs at 1e-6 per unit of weight: the relaxation is within total · 1e-6 of its real optimum.
+      EXPECT_LE(r.relaxed_objective, best + static_cast<double>(total) * 1e-6) << "trial " << trial;
+    }
+  }
+  EXPECT_GT(feasible_cases, 100);
+}
+
+TEST(BalancedKMeans, WorkBalancedClustersHoldTheirWeightBound) {
+  // Two tight groups of 6 points; group A's points weigh 10, group B's 1. Count-balanced clustering keeps the
+  // groups (6 and 6 points, work 60 vs 6); work-balanced clustering (capacity ⌈66/2⌉ = 33) must move work so
+  // that no cluster exceeds 33 + 10.
+  std::vector<float> pts;
+  std::vector<int64_t> w;
+  for (int i = 0; i < 12; ++i) {
+    const float a = i < 6 ? 1.f : 0.f;
+    const float jitter = 0.01f * static_cast<float>(i % 6);
+    float x = a + jitter, y = 1 - a + jitter;
+    const float norm = std::sqrt(x * x + y * y);
+    pts.push_back(x / norm);
+    pts.push_back(y / norm);
+    w.push_back(i < 6 ? 10 : 1);
+  }
+  BalancedKMeansOptions o;
+  o.num_clusters = 2;
+  o.weights = &w;
+  auto r = BalancedKMeans(pts, 12, 2, o);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  for (int64_t load : WeightedLoads(w, 2, r->assignment)) EXPECT_LE(load, 43);
+  std::vector<int64_t> bad(12, 1);
+  bad[3] = 0;  // a weight below 1
+  o.weights = &bad;
+  EXPECT_EQ(BalancedKMeans(pts, 12, 2, o).status().code(), StatusCode::kInvalidArgument);
 }
 
 TEST(BalancedKMeans, RejectsBadInput) {

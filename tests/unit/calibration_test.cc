@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <filesystem>
 #include <map>
@@ -118,6 +119,30 @@ TEST_F(CalibrationTest, FileRoundTripAndSchema) {
   EXPECT_EQ(f->Shape("/clusters/expert_load").value(), (h5::Dims{3, 6, 32}));
   EXPECT_EQ(f->Shape("/clusters/centroids").value(), (h5::Dims{3, static_cast<hsize_t>(c->dim())}));
   EXPECT_EQ(f->Shape("/calibration/signatures").value(), (h5::Dims{60, static_cast<hsize_t>(c->dim())}));
+  // The optional decode-work datasets: decode_lens [N] from the trace, mean_decode_len [K] their cluster means.
+  EXPECT_EQ(r->decode_lens, c->decode_lens);
+  EXPECT_EQ(r->mean_decode_len, c->mean_decode_len);
+  EXPECT_EQ(f->Shape("/calibration/decode_lens").value(), (h5::Dims{60}));
+  EXPECT_EQ(f->Shape("/clusters/mean_decode_len").value(), (h5::Dims{3}));
+  for (int k = 0; k < 3; ++k) {
+    double sum = 0;
+    int n = 0;
+    for (int i = 0; i < 60; ++i) {
+      if (c->assignment[i] != k) continue;
+      sum += static_cast<double>(t.requests[i].decode_len());
+      ++n;
+    }
+    EXPECT_NEAR(r->mean_decode_len[k], sum / n, 1e-9);
+  }
+  // A file without them (written before they existed) still reads, with both empty.
+  Calibration old = c.value();
+  old.decode_lens.clear();
+  old.mean_decode_len.clear();
+  ASSERT_TRUE(WriteCalibration(old, Path("old.h5")).ok());
+  auto o = ReadCalibration(Path("old.h5"));
+  ASSERT_TRUE(o.ok()) << o.status().message();
+  EXPECT_TRUE(o->decode_lens.empty());
+  EXPECT_TRUE(o->mean_decode_len.empty());
 }
 
 TEST_F(CalibrationTest, RefitFromStoredSignatures) {
@@ -131,6 +156,22 @@ TEST_F(CalibrationTest, RefitFromStoredSignatures) {
   EXPECT_EQ(r->signatures, c->signatures);
   EXPECT_EQ(r->signature.layer_mask, c->signature.layer_mask);
   EXPECT_EQ(r->expert_load.size(), 2u * 6 * 32);
+  // Work-balanced refit: every cluster within ⌈Σ w/K⌉ + max w of decode work.
+  auto w = Refit(c.value(), 2, 0, 4, true, false, nullptr, true);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  EXPECT_TRUE(w->work_balanced);
+  int64_t total = 0, wmax = 0;
+  std::vector<int64_t> work(2, 0);
+  for (int i = 0; i < 80; ++i) {
+    const int64_t x = std::max<int64_t>(c->decode_lens[i], 1);
+    total += x;
+    wmax = std::max(wmax, x);
+    work[w->assignment[i]] += x;
+  }
+  for (int64_t x : work) EXPECT_LE(x, (total + 1) / 2 + wmax);
+  Calibration no_lens = c.value();
+  no_lens.decode_lens.clear();
+  EXPECT_EQ(Refit(no_lens, 2, 0, 4, true, false, nullptr, true).status().code(), StatusCode::kFailedPrecondition);
   EXPECT_EQ(Refit(c.value(), 81, 0, 4, true, false, nullptr).status().code(), StatusCode::kInvalidArgument);
   EXPECT_EQ(Refit(c.value(), 0, 0, 4, true, false, nullptr).status().code(), StatusCode::kInvalidArgument);
 }

@@ -280,6 +280,204 @@ TEST(Router, SignatureRoutingFromCounts) {
   EXPECT_EQ(wide.Route(counts.data(), nullptr, "").decoder, 0);
 }
 
+// eldr_tail (router.h): loads are decode work w_k; under the bound iff w_k < (1+ε)(Σ w + w_r)/K.
+std::vector<DecoderState> Work(std::vector<double> work, std::vector<int64_t> in_flight = {}, int64_t cap = 0) {
+  std::vector<DecoderState> d;
+  for (size_t k = 0; k < work.size(); ++k) {
+    DecoderState s;
+    s.in_flight = in_flight.empty() ? 1 : in_flight[k];
+    s.admission_cap = cap;
+    s.work = work[k];
+    d.push_back(s);
+  }
+  return d;
+}
+
+RoutingDecision Tail(const std::vector<DecoderState>& d, std::vector<double> dist, double tau, double w_r,
+                     double eps = 0.25) {
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldrTail;
+  in.decoders = &d;
+  in.distances = dist.data();
+  in.tau = tau;
+  in.load_bound = eps;
+  in.request_work = w_r;
+  return Decide(in);
+}
+
+TEST(DecideTail, PicksTheLeastDecodeWorkInTheBandNotTheFewestRequests) {
+  // d = {0.30, 0.35, 0.50, 0.38}, τ = 0.1 → B = {0, 1, 3}. Work {100, 40, 10, 60}, w_r = 20: Σ + w_r = 230,
+  // bound 1.25·230/4 = 71.875 → 0 is over; 1 (40) and 3 (60) under → 1. Counts {1, 5, 0, 1} would send the
+  // count-based band (eldr_paper) to 0 (tie with 3 on one request, 0 nearer).
+  auto d = Work({100, 40, 10, 60}, {1, 5, 0, 1});
+  std::vector<double> dist = {0.30, 0.35, 0.50, 0.38};
+  auto r = Tail(d, dist, 0.1, 20);
+  EXPECT_EQ(r.decoder, 1);
+  EXPECT_EQ(r.band_size, 3);
+  EXPECT_FALSE(r.fallback);
+  EXPECT_FALSE(r.overflow);
+  EXPECT_EQ(r.nearest, 0);
+  EXPECT_DOUBLE_EQ(r.predicted_tokens, 20);
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldrPaper;
+  in.decoders = &d;
+  in.distances = dist.data();
+  in.tau = 0.1;
+  EXPECT_EQ(Decide(in).decoder, 0);
+}
+
+TEST(DecideTail, OverflowGoesToTheNextNearestCentroidNotTheGlobalLeastLoaded) {
+  // d = {0.1, 0.6, 0.3, 0.2}, τ = 0.05 → B = {0}. Work {90, 0, 10, 20}, w_r = 10: bound 1.25·130/4 = 40.625;
+  // 0 (90) is over → ascending distance: 3 (d 0.2, work 20 < 40.625) takes it, though 1 holds nothing.
+  auto d = Work({90, 0, 10, 20}, {9, 0, 1, 2});
+  std::vector<double> dist = {0.1, 0.6, 0.3, 0.2};
+  auto r = Tail(d, dist, 0.05, 10);
+  EXPECT_EQ(r.decoder, 3);
+  EXPECT_TRUE(r.overflow);
+  EXPECT_TRUE(r.fallback);
+  EXPECT_EQ(r.band_size, 1);
+  EXPECT_DOUBLE_EQ(r.distance, 0.2);
+  // The published band with the same ε on counts: Σ + 1 = 13, cap ceil(1.25·13/4) = 5, 0 holds 9 → the global
+  // least loaded, decoder 1.
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldrPaper;
+  in.decoders = &d;
+  in.distances = dist.data();
+  in.tau = 0.05;
+  in.load_bound = 0.25;
+  EXPECT_EQ(Decide(in).decoder, 1);
+}
+
+TEST(DecideTail, OverflowSkipsDecodersOverTheBoundOrAtTheirCap) {
+  // Work {90, 0, 50, 20}, w_r = 10: bound 1.25·170/4 = 53.125. Distance order 0 (over), 3 (at its cap 2),
+  // 2 (50 < 53.125) → 2.
+  auto d = Work({90, 0, 50, 20}, {1, 0, 1, 2}, 2);
+  auto r = Tail(d, {0.1, 0.6, 0.3, 0.2}, 0.05, 10);
+  EXPECT_EQ(r.decoder, 2);
+  EXPECT_TRUE(r.overflow);
+}
+
+TEST(DecideTail, WhenOnlyCappedDecodersAreUnderTheBoundTheLeastWorkEligibleOneTakesIt) {
+  // Work {90, 0, 90, 90}, w_r = 10: bound 1.25·280/4 = 87.5; only 1 is under and it is at its cap →
+  // least work among the eligible {0, 2, 3}: all 90 → the lower index, 0. Not an overflow.
+  auto d = Work({90, 0, 90, 90}, {1, 1, 1, 1}, 1);
+  d[0].in_flight = d[2].in_flight = d[3].in_flight = 0;
+  auto r = Tail(d, {0.5, 0.1, 0.6, 0.7}, 0.05, 10);
+  EXPECT_EQ(r.decoder, 0);
+  EXPECT_TRUE(r.fallback);
+  EXPECT_FALSE(r.overflow);
+}
+
+TEST(DecideTail, LoadBoundZeroMeansTheDefaultEpsilon) {
+  // K = 2, work {50, 0}, w_r = 10, B = {0}. ε = kTailLoadBound = 0.25: bound 1.25·60/2 = 37.5 → 0 over → 1.
+  // ε = 1: bound 60 → 0 keeps it.
+  auto d = Work({50, 0});
+  EXPECT_EQ(Tail(d, {0.1, 0.9}, 0.1, 10, 0.0).decoder, 1);
+  EXPECT_EQ(Tail(d, {0.1, 0.9}, 0.1, 10, 1.0).decoder, 0);
+  // Ties on work go to the nearer centroid, then the lower index (the band's rule).
+  auto t = Work({5, 5, 5});
+  EXPECT_EQ(Tail(t, {0.20, 0.10, 0.15}, 0.2, 1, 10).decoder, 1);
+  EXPECT_EQ(Tail(t, {0.10, 0.10, 0.30}, 0.2, 1, 10).decoder, 0);
+}
+
+TEST(DecideTail, InvariantsOverRandomScenarios) {
+  // Without caps: the chosen decoder is under the bound; it is a band member whenever one is under the bound
+  // (and then the least work among those); otherwise it is the nearest decoder under the bound.
+  std::mt19937_64 rng(11);
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int K = 1 + static_cast<int>(rng() % 8);
+    std::vector<double> work(K), dist(K);
+    for (int k = 0; k < K; ++k) {
+      work[k] = static_cast<double>(rng() % 200);
+      dist[k] = static_cast<double>(rng() % 1000) / 1000.0;
+    }
+    const double w_r = 1 + static_cast<double>(rng() % 50), eps = static_cast<double>(rng() % 100) / 100.0;
+    const double tau = static_cast<double>(rng() % 300) / 1000.0;
+    auto d = Work(work);
+    auto r = Tail(d, dist, tau, w_r, eps);
+    const double e = eps > 0 ? eps : kTailLoadBound;
+    double total = w_r;
+    for (double w : work) total += w;
+    const double bound = (1 + e) * total / K;
+    const double dmin = *std::min_element(dist.begin(), dist.end());
+    ASSERT_GE(r.decoder, 0);
+    EXPECT_LT(work[r.decoder], bound);
+    double best_in_band = -1;
+    double nearest_under = 1e9;
+    for (int k = 0; k < K; ++k) {
+      if (work[k] >= bound) continue;
+      nearest_under = std::min(nearest_under, dist[k]);
+      if (dist[k] <= dmin + tau && (best_in_band < 0 || work[k] < best_in_band)) best_in_band = work[k];
+    }
+    if (best_in_band >= 0) {
+      EXPECT_LE(dist[r.decoder], dmin + tau);
+      EXPECT_EQ(work[r.decoder], best_in_band);
+      EXPECT_FALSE(r.overflow);
+    } else {
+      EXPECT_TRUE(r.overflow);
+      EXPECT_EQ(dist[r.decoder], nearest_under);
+    }
+  }
+}
+
+TEST(Decide, EldrPaperIsExactlyEldr) {
+  std::mt19937_64 rng(5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    const int K = 1 + static_cast<int>(rng() % 8);
+    std::vector<int64_t> loads(K);
+    std::vector<double> dist(K);
+    for (int k = 0; k < K; ++k) {
+      loads[k] = static_cast<int64_t>(rng() % 6);
+      dist[k] = static_cast<double>(rng() % 100) / 100.0;
+    }
+    auto d = Loads(loads, static_cast<int64_t>(rng() % 6));
+    DecisionInputs in;
+    in.decoders = &d;
+    in.distances = dist.data();
+    in.tau = static_cast<double>(rng() % 30) / 100.0;
+    in.load_bound = static_cast<double>(rng() % 3) / 2.0;
+    in.policy = RoutingPolicy::kEldr;
+    const RoutingDecision a = Decide(in);
+    in.policy = RoutingPolicy::kEldrPaper;
+    const RoutingDecision b = Decide(in);
+    EXPECT_EQ(a.decoder, b.decoder);
+    EXPECT_EQ(a.band_size, b.band_size);
+    EXPECT_EQ(a.fallback, b.fallback);
+  }
+}
+
+TEST(Router, DecodeWorkIsHeldSpentPerTokenAndReleased) {
+  // Prior 5 (cluster 1's mean decode length): the request holds 5; each token spends 1 until 1 is left, which
+  // stays held until it completes.
+  Calibration calib = TinyCalibration(3);
+  calib.mean_decode_len = {2, 5, 8};
+  RouterConfig c;
+  c.policy = RoutingPolicy::kEldrTail;
+  c.num_decoders = 3;
+  c.job_shape = calib.shape;
+  auto r = Router::Create(c, &calib).value();
+  std::vector<float> counts = {0, 5, 0, 1};  // nearest centroid 1
+  auto d = r.Route(counts.data(), nullptr, "");
+  EXPECT_EQ(d.nearest, 1);
+  EXPECT_DOUBLE_EQ(d.predicted_tokens, 5);
+  EXPECT_EQ(d.decoder, 1);
+  r.Dispatch(d.decoder, d.predicted_tokens);
+  EXPECT_DOUBLE_EQ(r.decoders()[1].work, 5);
+  double left = d.predicted_tokens;
+  for (int t = 0; t < 7; ++t) left = r.ConsumeToken(1, left);
+  EXPECT_DOUBLE_EQ(left, 1);
+  EXPECT_DOUBLE_EQ(r.decoders()[1].work, 1);
+  r.Complete(1, left);
+  EXPECT_DOUBLE_EQ(r.decoders()[1].work, 0);
+  EXPECT_EQ(r.decoders()[1].in_flight, 0);
+  EXPECT_DOUBLE_EQ(r.PriorDecodeTokens(0), 2);
+  EXPECT_DOUBLE_EQ(r.PriorDecodeTokens(-1), 1);  // no cluster: one token
+  // Without the calibration's prior every request weighs 1: work = in-flight requests.
+  calib.mean_decode_len.clear();
+  auto plain = Router::Create(c, &calib).value();
+  EXPECT_DOUBLE_EQ(plain.Route(counts.data(), nullptr, "").predicted_tokens, 1);
+}
+
 TEST(Router, RefusesMismatchedCalibration) {
   Calibration calib = TinyCalibration(3);
   RouterConfig c;
