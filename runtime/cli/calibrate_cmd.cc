@@ -27,6 +27,7 @@ struct CalibrateArgs {
   bool tau_given = false;
   bool as_json = false;
   bool quiet = false;
+  std::vector<std::string> fit_only_given;  // --signature / --layers on the command line (a fit's, not --refit's)
 };
 
 Status RunCalibrate(const CalibrateArgs& a) {
@@ -44,6 +45,11 @@ Status RunCalibrate(const CalibrateArgs& a) {
   if (!a.report.empty()) {
     report_out = std::make_unique<AtomicOutput>(a.report);
     ELDR_RETURN_IF_ERROR(report_out->CheckWritable());
+  }
+  if (!a.refit.empty() && !a.fit_only_given.empty()) {
+    return Status::InvalidArgument(a.fit_only_given[0] +
+                                   " is a fit option: --refit re-clusters the stored signatures (their variant and "
+                                   "layer mask); fit again with --trace to change it");
   }
   if (!a.refit.empty()) {
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
@@ -107,24 +113,35 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--layers", a->layers, "layers in the mask: auto (N*, where rho peaks) or N (greedy prefix)")
       ->capture_default_str();
   cmd->add_option_function<double>(
-      "--tau",
-      [a](const double& v) {
-        a->options.tau = v;
-        a->tau_given = true;
-      },
-      "routing band width stored for the router (default 0.1; --refit keeps the stored value)");
+         "--tau",
+         [a](const double& v) {
+           a->options.tau = v;
+           a->tau_given = true;
+         },
+         "routing band width stored for the router (default 0.1; --refit keeps the stored value)")
+      ->check(InRange(NumberRange::AtLeast(0)));
   cmd->add_option("--seed", a->options.seed, "seed for k-means++, restarts, holdout and pair sampling")
       ->capture_default_str();
-  cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")->capture_default_str();
+  cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")
+      ->capture_default_str()
+      ->check(InRange(IntRange::Between(1, 1 << 20)));
   cmd->add_option("--holdout", a->options.holdout, "fraction of requests held out to measure rho on unseen requests")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(InRange(NumberRange{0, 1, false, true}));
   cmd->add_option("--max-pairs", a->options.max_pairs, "request pairs sampled for rho (0 = all pairs)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(InRange(IntRange::AtLeast(0)));
   cmd->add_flag("--unbalanced", a->unbalanced, "plain spherical k-means without the capacity (ablation)");
   cmd->add_option("--report", a->report, "also write the report as JSON to this file");
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
-  cmd->callback([=] { *action = [=] { return RunCalibrate(*a); }; });
+  cmd->callback([=] {
+    a->fit_only_given.clear();
+    for (const char* fit_only : {"--signature", "--layers"}) {
+      if (cmd->count(fit_only) > 0) a->fit_only_given.push_back(fit_only);
+    }
+    *action = [=] { return RunCalibrate(*a); };
+  });
 }
 
 void AddInspectCommand(CLI::App& app, Action* action) {

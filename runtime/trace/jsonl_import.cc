@@ -5,9 +5,11 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/progress.h"
 #include "runtime/trace/trace.h"
 #include "runtime/trace/trace_store.h"
@@ -18,7 +20,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxTokenEntries = int64_t{1} << 31;  // per request: T * L * k
 
 // Reads lines of any length from a plain or gzip file.
@@ -109,11 +110,10 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
   ELDR_RETURN_IF_ERROR(get_int("top_k", &K, true));
   ELDR_RETURN_IF_ERROR(get_int("num_tokens", &T, true));
   ELDR_RETURN_IF_ERROR(get_int("prompt_len", &P, true));
-  if (L <= 0 || E <= 0 || K <= 0) return Status::InvalidArgument("num_layers, num_experts and top_k must be positive");
-  if (L > kMaxLayers)
-    return Status::InvalidArgument("num_layers " + std::to_string(L) + " exceeds " + std::to_string(kMaxLayers));
-  if (E > 65535) return Status::InvalidArgument("num_experts must be < 65536");
-  if (K > E) return Status::InvalidArgument("top_k exceeds num_experts");
+  {
+    const Status shape = ValidateTraceShape(L, E, K, "");
+    if (!shape.ok()) return Status::InvalidArgument(shape.message().substr(2));  // the caller adds FILE:LINE
+  }
   if (T <= 0) return Status::InvalidArgument("num_tokens must be positive");
   if (P < 0 || P > T) {
     return Status::InvalidArgument("prompt_len " + std::to_string(P) +
@@ -143,6 +143,9 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
       return Status::InvalidArgument("topk_weights must have the shape of topk_ids");
     }
   }
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(
+      static_cast<double>(T) * L * K * (w ? 6 : 2),
+      "num_tokens " + std::to_string(T) + " x " + std::to_string(L) + " layers x top-" + std::to_string(K)));
   out->ids.assign(static_cast<size_t>(T * L * K), 0);
   out->weights.assign(w ? static_cast<size_t>(T * L * K) : 0, 0.f);
   std::vector<int64_t> seen(E, -1);
@@ -183,9 +186,10 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
           const json& v = wt[l][m];
           if (!v.is_number()) return Status::InvalidArgument("topk_weights has a non-number value");
           double x = v.get<double>();
-          if (!std::isfinite(x) || x < 0) {
+          // As a float (the trace stores float32): 1e39 overflows to inf, which every reader rejects.
+          if (!std::isfinite(x) || x < 0 || x > std::numeric_limits<float>::max()) {
             return Status::InvalidArgument("topk_weights[" + std::to_string(t) + "][" + std::to_string(l) +
-                                           "] has a negative or non-finite value");
+                                           "] has a negative or non-finite value (or one beyond float32's 3.4e38)");
           }
           out->weights[(t * L + l) * K + m] = static_cast<float>(x);
         }
@@ -223,7 +227,17 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
     Status st = ParseLine(line, &req);
-    if (!st.ok()) return Status::InvalidArgument(in_path + ":" + std::to_string(line_no) + ": " + st.message());
+    if (!st.ok()) {
+      // The last line of a gzip cut short is a fragment: say that the file is truncated, not that it is bad JSON.
+      int gz_err = Z_OK;
+      gzerror(gz, &gz_err);
+      if (gz_err != Z_OK && gz_err != Z_STREAM_END) {
+        return Status::IoError(in_path + ":" + std::to_string(line_no) +
+                               ": the gzip stream ends early (truncated file?); line " + std::to_string(line_no) +
+                               " is cut off");
+      }
+      return Status::InvalidArgument(in_path + ":" + std::to_string(line_no) + ": " + st.message());
+    }
     const std::string where = in_path + ":" + std::to_string(line_no) + ": ";
     if (!writer) {
       shape = req.shape;
