@@ -55,10 +55,6 @@ Result<ModelConfig> LoadModelConfig(const std::string& path) {
   m.Get("model_type", &model_type);
   m.Get("name", &c.name);
   if (c.name.empty()) c.name = model_type;
-  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "moe_intermediate_size",
-                          "num_experts_per_tok", "vocab_size"}) {
-    m.Require(key);
-  }
   m.Get("hidden_size", &c.hidden_size, positive);
   m.Get("num_hidden_layers", &c.num_hidden_layers, positive);
   m.Get("num_attention_heads", &c.num_attention_heads, positive);
@@ -74,7 +70,6 @@ Result<ModelConfig> LoadModelConfig(const std::string& path) {
     if (m.Has(key)) ++given;
     m.Get(key, &c.num_experts, IntRange::Between(1, 65535));
   }
-  if (given == 0) m.Require("num_experts");
   if (given > 1)
     return Status::InvalidArgument(path + ": give one of num_experts, n_routed_experts, num_local_experts");
   m.Get("num_experts_per_tok", &c.num_experts_per_tok, positive);
@@ -85,6 +80,12 @@ Result<ModelConfig> LoadModelConfig(const std::string& path) {
   m.Get("rms_norm_eps", &c.rms_norm_eps, NumberRange::Above(0));
   m.Get("norm_topk_prob", &c.norm_topk_prob);
   m.Get("torch_dtype", &c.torch_dtype, {"float32", "bfloat16"});
+  // After the values, so that a bad value is reported before another key's absence.
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "moe_intermediate_size",
+                          "num_experts_per_tok", "vocab_size"}) {
+    m.Require(key);
+  }
+  if (given == 0) m.Require("num_experts");
   ELDR_RETURN_IF_ERROR(m.Finish());
   ELDR_RETURN_IF_ERROR(ValidateModelConfig(c, path));
   return c;
