@@ -8,6 +8,7 @@
 
 #include "placement/placement.h"
 #include "runtime/common/hdf5.h"
+#include "runtime/common/json_util.h"
 
 namespace eldr {
 
@@ -28,6 +29,19 @@ bool ParseIndex(const std::string& key, int64_t* value) {
 Status CheckLoadValue(const std::string& where, double v) {
   if (!std::isfinite(v) || v < 0) {
     return Status::InvalidArgument(where + " is " + std::to_string(v) + "; loads must be finite and >= 0");
+  }
+  return Status::Ok();
+}
+
+// Every load finite and >= 0, and their total small enough that the sums and products of balancedness stay
+// finite (a load of 1e308 is finite, its sum over a layer is not).
+Status CheckLoadTotal(const std::string& where, const std::vector<double>& load) {
+  constexpr double kMaxTotal = 1e300;
+  double total = 0;
+  for (double v : load) total += v;
+  if (!(total <= kMaxTotal)) {
+    return Status::InvalidArgument(where + ": the loads sum to " + Fmt(total, 0) +
+                                   ", above 1e300 (balancedness would overflow); scale them down");
   }
   return Status::Ok();
 }
@@ -63,6 +77,14 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
   }
   std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   const int L = static_cast<int>(layers.size());
+  for (int l = 1; l < L; ++l) {
+    const int64_t expected = layers[0].first + l;
+    if (layers[l].first != expected) {  // "0", "1", "5" would be renumbered 0, 1, 2
+      return Status::Corrupt(path + ": token_scores layer keys must be consecutive; layer \"" +
+                             std::to_string(expected) + "\" is missing (after \"" + std::to_string(expected - 1) +
+                             "\" comes \"" + std::to_string(layers[l].first) + "\")");
+    }
+  }
   const int E = static_cast<int>(layers.front().second->size());
   if (E == 0) return Status::Corrupt(path + ": layer " + std::to_string(layers.front().first) + " has no experts");
   std::vector<double> load(static_cast<size_t>(L) * E, -1.0);
@@ -87,6 +109,7 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
       load[static_cast<size_t>(l) * E + e] = v;
     }
   }
+  ELDR_RETURN_IF_ERROR(CheckLoadTotal(path, load));
   *num_layers = L;
   *num_experts = E;
   return load;
@@ -106,6 +129,7 @@ Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::str
     ELDR_RETURN_IF_ERROR(CheckLoadValue(
         path + ": " + dataset + "[" + std::to_string(i / E) + ", " + std::to_string(i % E) + "]", load[i]));
   }
+  ELDR_RETURN_IF_ERROR(CheckLoadTotal(path + ": " + dataset, load));
   *num_layers = static_cast<int>(dims[0]);
   *num_experts = E;
   return load;

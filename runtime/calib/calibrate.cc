@@ -127,6 +127,12 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
     std::sort(holdout_idx.begin(), holdout_idx.end());
   }
   const int N = static_cast<int>(calib_idx.size());
+  if (!holdout_idx.empty() && o.num_decoders >= 1 && o.num_decoders > N) {
+    // The bound is the holdout's doing: say so, not "K must be in [1, 0]".
+    return Status::InvalidArgument(
+        "--holdout " + Fmt(o.holdout, 3) + " leaves " + std::to_string(N) + " of " + std::to_string(usable.size()) +
+        " usable requests to calibrate on, fewer than K = " + std::to_string(o.num_decoders) + "; lower --holdout");
+  }
   if (o.num_decoders < 1 || o.num_decoders > N) {
     return Status::InvalidArgument("--decoders K = " + std::to_string(o.num_decoders) + " must be in [1, " +
                                    std::to_string(N) + "] (the usable calibration requests)");

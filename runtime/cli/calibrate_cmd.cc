@@ -28,6 +28,7 @@ struct CalibrateArgs {
   bool tau_given = false;
   bool as_json = false;
   bool quiet = false;
+  std::vector<std::string> fit_only_given;  // --signature / --layers on the command line (a fit's, not --refit's)
 };
 
 Status RunCalibrate(const CalibrateArgs& a) {
@@ -45,6 +46,11 @@ Status RunCalibrate(const CalibrateArgs& a) {
   AtomicOutput& calib_out = outputs.Add(a.out, "--out");
   AtomicOutput* report_out = a.report.empty() ? nullptr : &outputs.Add(a.report, "--report");
   ELDR_RETURN_IF_ERROR(outputs.CheckWritable({{a.trace, "--trace"}, {a.refit, "--refit"}}));
+  if (!a.refit.empty() && !a.fit_only_given.empty()) {
+    return Status::InvalidArgument(a.fit_only_given[0] +
+                                   " is a fit option: --refit re-clusters the stored signatures (their variant and "
+                                   "layer mask); fit again with --trace to change it");
+  }
   if (!a.refit.empty()) {
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
     auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report, o.work_balanced);
@@ -100,26 +106,37 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--layers", a->layers, "layers in the mask: auto (N*, where rho peaks) or N (greedy prefix)")
       ->capture_default_str();
   cmd->add_option_function<double>(
-      "--tau",
-      [a](const double& v) {
-        a->options.tau = v;
-        a->tau_given = true;
-      },
-      "routing band width stored for the router (default 0.1; --refit keeps the stored value)");
+         "--tau",
+         [a](const double& v) {
+           a->options.tau = v;
+           a->tau_given = true;
+         },
+         "routing band width stored for the router (default 0.1; --refit keeps the stored value)")
+      ->check(InRange(NumberRange::AtLeast(0)));
   cmd->add_option("--seed", a->options.seed, "seed for k-means++, restarts, holdout and pair sampling")
       ->capture_default_str();
-  cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")->capture_default_str();
+  cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")
+      ->capture_default_str()
+      ->check(InRange(IntRange::Between(1, 1 << 20)));
   cmd->add_option("--holdout", a->options.holdout, "fraction of requests held out to measure rho on unseen requests")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(InRange(NumberRange{0, 1, false, true}));
   cmd->add_option("--max-pairs", a->options.max_pairs, "request pairs sampled for rho (0 = all pairs)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(InRange(IntRange::AtLeast(0)));
   cmd->add_flag("--unbalanced", a->unbalanced, "plain spherical k-means without the capacity (ablation)");
   cmd->add_flag("--work-balanced", a->options.work_balanced,
                 "balance clusters by expected decode work (Σ decode tokens) instead of request count");
   cmd->add_option("--report", a->report, "also write the report as JSON to this file");
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
-  cmd->callback([=] { *action = [=] { return RunCalibrate(*a); }; });
+  cmd->callback([=] {
+    a->fit_only_given.clear();
+    for (const char* fit_only : {"--signature", "--layers"}) {
+      if (cmd->count(fit_only) > 0) a->fit_only_given.push_back(fit_only);
+    }
+    *action = [=] { return RunCalibrate(*a); };
+  });
 }
 
 void AddInspectCommand(CLI::App& app, Action* action) {

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "runtime/common/status.h"
+#include "runtime/common/yaml.h"
 
 namespace eldr::cli {
 
@@ -21,6 +22,26 @@ void AddRouteCommand(CLI::App& app, Action* action);
 void AddServeCommand(CLI::App& app, Action* action);
 void AddPlaceCommand(CLI::App& app, Action* action);
 void AddSimulateCommand(CLI::App& app, Action* action);
+
+// CLI11 validators that check an option like the config key it overrides (runtime/common/yaml.h), before
+// CLI11 converts it: "--tau: must be >= 0, got 'nan'", "--max-batch: must be an integer in [1, 1048576], got
+// '0'". An option whose unset state matters is read with add_option_function into a std::optional.
+inline CLI::Validator InRange(const NumberRange& range) {
+  return CLI::Validator(
+      [range](std::string& text) {
+        const Status st = CheckNumber("", text, range);
+        return st.ok() ? std::string() : st.message().substr(1);
+      },
+      range.Describe());
+}
+inline CLI::Validator InRange(const IntRange& range) {
+  return CLI::Validator(
+      [range](std::string& text) {
+        const Status st = CheckInteger("", text, range);
+        return st.ok() ? std::string() : st.message().substr(1);
+      },
+      range.Describe());
+}
 
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);

@@ -50,6 +50,9 @@ int main(int argc, char** argv) {
       "Offline: import or synthesise routing traces, calibrate signatures and balanced clusters,\n"
       "preview decode routing policies on a trace."};
   app.set_version_flag("--version", eldr::VersionString());
+  // One line, as every other error: CLI11's default adds a second ("Run with --help for more information.").
+  app.failure_message(
+      [](const CLI::App*, const CLI::Error& e) { return "eldr: error: " + std::string(e.what()) + " (see --help)\n"; });
   app.require_subcommand(1);
   app.footer("Run 'eldr <command> --help' for the options of each command.");
   eldr::cli::Action action;

@@ -136,7 +136,7 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
   const auto t0 = std::chrono::steady_clock::now();
   auto placed = Place(p, spec.algorithm, previous.get());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  if (!placed.ok()) return placed.status().WithPrefix(a.load);
+  if (!placed.ok()) return placed.status().WithPrefix(a.load + (previous ? " with --previous " + a.previous : ""));
   const Placement& pl = placed.value();
   nlohmann::json j = ProfileJson(p, pl, spec.algorithm, ms);
   std::string text = ProfileText(p, pl, spec.algorithm, ms);
@@ -162,9 +162,11 @@ void AddProfileCommand(CLI::App* place, Action* action) {
   cmd->add_option("--previous", a->previous,
                   "JSON output of an earlier eldr place profile (its phy2log): minimise moves");
   cmd->add_option("--move-slack", a->move_slack, "eldr: bottleneck increase accepted to avoid moves (fraction)")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(InRange(NumberRange::AtLeast(0)));
   cmd->add_option("--expert-bytes", a->expert_bytes, "bytes of one expert's weights, to report moved bytes")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(InRange(IntRange::AtLeast(0)));
   cmd->add_flag("--json", a->as_json, "print phy2log, log2phy, logcnt and balancedness as JSON");
   cmd->callback([=] { *action = [=] { return RunProfile(*a, *cmd); }; });
 }

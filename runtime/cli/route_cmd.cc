@@ -22,12 +22,21 @@ void AddRouteCommand(CLI::App& app, Action* action) {
   cmd->add_option("--policy", a->policy,
                   "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail")
       ->capture_default_str();
-  cmd->add_option("--tau", a->options.tau, "eldr band width (default: the calibration's)");
-  cmd->add_option("--rate", a->options.rate, "arrival rate, requests/s (Poisson; 0 = all at once)")
-      ->capture_default_str();
-  cmd->add_option("--step-ms", a->options.step_ms, "decode step time of the load model")->capture_default_str();
-  cmd->add_option("--cap", a->options.admission_cap, "admission cap per decoder (0 = none)")->capture_default_str();
-  cmd->add_option("--repeat", a->options.repeat, "replay the trace this many times")->capture_default_str();
+  cmd->add_option_function<double>(
+         "--tau", [a](const double& v) { a->options.tau = v; }, "eldr band width (default: the calibration's)")
+      ->check(InRange(NumberRange::AtLeast(0)));
+  cmd->add_option("--rate", a->options.rate, "arrival rate, requests/s (Poisson; 0 or inf = all at once)")
+      ->capture_default_str()
+      ->check(InRange(NumberRange::AtLeast(0).OrInf()));
+  cmd->add_option("--step-ms", a->options.step_ms, "decode step time of the load model")
+      ->capture_default_str()
+      ->check(InRange(NumberRange::Above(0)));
+  cmd->add_option("--cap", a->options.admission_cap, "admission cap per decoder (0 = none)")
+      ->capture_default_str()
+      ->check(InRange(IntRange::AtLeast(0)));
+  cmd->add_option("--repeat", a->options.repeat, "replay the trace this many times")
+      ->capture_default_str()
+      ->check(InRange(IntRange::Between(1, 1 << 30)));
   cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")->capture_default_str();
   cmd->add_flag("--json", a->as_json, "print JSON");
   cmd->callback([=] {

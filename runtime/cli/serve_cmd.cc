@@ -4,6 +4,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <optional>
 
 #include "runtime/cli/commands.h"
 #include "runtime/comm/transport.h"
@@ -18,8 +19,8 @@ void AddServeCommand(CLI::App& app, Action* action) {
   auto print_ranks = std::make_shared<bool>(false);
   auto policy = std::make_shared<std::string>();
   auto out_dir = std::make_shared<std::string>();
-  auto tau = std::make_shared<double>(-1);
-  auto load_bound = std::make_shared<double>(-1);
+  auto tau = std::make_shared<std::optional<double>>();
+  auto load_bound = std::make_shared<std::optional<double>>();
   auto* cmd = app.add_subcommand("serve",
                                  "Run the serving job (rank 0 router, prefill and decode ranks); start it "
                                  "with mpirun -np N or srun --mpi=pmix -n N");
@@ -28,8 +29,13 @@ void AddServeCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--quiet", *quiet, "no progress bar");
   cmd->add_flag("--print-ranks", *print_ranks, "print the world size and the rank → role map, and exit (no MPI)");
   cmd->add_option("--policy", *policy, "override routing.policy");
-  cmd->add_option("--tau", *tau, "override routing.tau");
-  cmd->add_option("--load-bound", *load_bound, "override routing.load_bound (bounded-load band ε; 0 = off)");
+  cmd->add_option_function<double>(
+         "--tau", [tau](const double& v) { *tau = v; }, "override routing.tau")
+      ->check(InRange(job_limits::kTau));
+  cmd->add_option_function<double>(
+         "--load-bound", [load_bound](const double& v) { *load_bound = v; },
+         "override routing.load_bound (bounded-load band ε; 0 = off)")
+      ->check(InRange(job_limits::kLoadBound));
   cmd->add_option("--output-dir", *out_dir, "override output.dir");
   cmd->callback([=] {
     *action = [=]() -> Status {
@@ -57,8 +63,8 @@ void AddServeCommand(CLI::App& app, Action* action) {
             job->policy = p.value();
           }
         }
-        if (job.ok() && *tau >= 0) job->tau = *tau;
-        if (job.ok() && *load_bound >= 0) job->load_bound = *load_bound;
+        if (job.ok() && *tau) job->tau = *tau;
+        if (job.ok() && *load_bound) job->load_bound = **load_bound;
         if (job.ok() && !out_dir->empty()) job->output_dir = *out_dir;
         if (!job.ok()) {
           st = job.status();

@@ -6,6 +6,8 @@
 #include <filesystem>
 #include <limits>
 #include <memory>
+#include <optional>
+#include <type_traits>
 
 #include "runtime/calib/calibration.h"
 #include "runtime/cli/commands.h"
@@ -26,11 +28,13 @@ struct SimulateArgs {
   std::string config, calib, trace, policy, cost_model, output_dir, model;
   std::vector<std::string> fit;
   std::string derive, out;
-  int decoders = 0, prefill = 0, max_batch = 0;
-  int64_t num_requests = -1, output_len = -1, max_concurrency = -1, admission_cap = -1, decode_blocks = 0;
-  double tau = -1, load_bound = -1, rate = 0, burstiness = 0, bandwidth = 0, cores = 0;
-  uint64_t seed = 0;
-  bool seed_set = false, json = false, quiet = false, no_output = false;
+  // The overrides: unset (the config's value) or a value checked against the key's range (job_limits).
+  std::optional<int> decoders, prefill, max_batch, decode_blocks;
+  std::optional<int64_t> num_requests, output_len, max_concurrency, admission_cap;
+  std::optional<double> tau, load_bound, rate, burstiness;
+  std::optional<uint64_t> seed;
+  double bandwidth = 0, cores = 0;
+  bool json = false, quiet = false, no_output = false;
 };
 
 nlohmann::json CostModelJson(const CostModel& m) {
@@ -85,7 +89,7 @@ Status RunDerive(const SimulateArgs& a) {
   if (a.derive != "h200" && a.derive != "H200") {
     return Status::InvalidArgument("--derive knows h200; give other devices with --bandwidth (bytes/s)");
   }
-  if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;
+  if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;  // 0: not given (the option's range is > 0)
   const CostModel m = DeriveCostModel(mc, dev);
   std::fprintf(stderr, "%s\n", m.source.c_str());
   return WriteOrPrint(a.out, a.json ? DumpJson(CostModelJson(m)) + "\n" : CostModelYaml(m));
@@ -96,22 +100,22 @@ Status RunSimulation(const SimulateArgs& a) {
   ELDR_ASSIGN_OR_RETURN(JobConfig c, LoadJobConfig(a.config));
   if (!a.calib.empty()) c.calibration = a.calib;
   if (!a.trace.empty()) c.trace = a.trace;
-  if (a.decoders > 0) c.decode_ranks = a.decoders;
-  if (a.prefill > 0) c.prefill_ranks = a.prefill;
-  if (a.max_batch > 0) c.max_batch = a.max_batch;
-  if (a.decode_blocks > 0) c.decode_blocks = static_cast<int>(a.decode_blocks);
+  c.decode_ranks = a.decoders.value_or(c.decode_ranks);
+  c.prefill_ranks = a.prefill.value_or(c.prefill_ranks);
+  c.max_batch = a.max_batch.value_or(c.max_batch);
+  c.decode_blocks = a.decode_blocks.value_or(c.decode_blocks);
   if (!a.policy.empty()) {
     ELDR_ASSIGN_OR_RETURN(c.policy, ParseRoutingPolicy(a.policy));
   }
-  if (a.tau >= 0) c.tau = a.tau;
-  if (a.load_bound >= 0) c.load_bound = a.load_bound;
-  if (a.rate > 0) c.request_rate = a.rate;
-  if (a.burstiness > 0) c.burstiness = a.burstiness;
-  if (a.num_requests >= 0) c.num_requests = a.num_requests;
-  if (a.output_len >= 0) c.output_len = a.output_len;
-  if (a.max_concurrency >= 0) c.max_concurrency = a.max_concurrency;
-  if (a.admission_cap >= 0) c.admission_cap = a.admission_cap;
-  if (a.seed_set) c.workload_seed = a.seed;
+  if (a.tau) c.tau = a.tau;
+  c.load_bound = a.load_bound.value_or(c.load_bound);
+  c.request_rate = a.rate.value_or(c.request_rate);
+  c.burstiness = a.burstiness.value_or(c.burstiness);
+  c.num_requests = a.num_requests.value_or(c.num_requests);
+  c.output_len = a.output_len.value_or(c.output_len);
+  c.max_concurrency = a.max_concurrency.value_or(c.max_concurrency);
+  c.admission_cap = a.admission_cap.value_or(c.admission_cap);
+  c.workload_seed = a.seed.value_or(c.workload_seed);
   if (!a.output_dir.empty()) c.output_dir = a.output_dir;
   if (UsesSignature(c.policy) && c.calibration.empty()) {
     return Status::InvalidArgument(std::string("policy ") + RoutingPolicyName(c.policy) +
@@ -179,28 +183,32 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "the cost model (cost_model: FILE and/or inline keys)");
   cmd->add_option("--calib", a->calib, "override routing.calibration");
   cmd->add_option("--trace", a->trace, "override workload.trace (a real or synthetic routing trace)");
-  cmd->add_option("--decoders,-K", a->decoders, "override topology.decode_ranks");
-  cmd->add_option("--prefill", a->prefill, "override topology.prefill_ranks");
+  // An override into its optional, checked against the range of the key it replaces.
+  auto set = [cmd](const std::string& name, auto* field, const auto& range, const std::string& help) {
+    using T = typename std::remove_pointer_t<decltype(field)>::value_type;
+    cmd->add_option_function<T>(
+           name, [field](const T& v) { *field = v; }, help)
+        ->check(InRange(range));
+  };
+  set("--decoders,-K", &a->decoders, job_limits::kRanks, "override topology.decode_ranks");
+  set("--prefill", &a->prefill, job_limits::kRanks, "override topology.prefill_ranks");
   cmd->add_option("--policy", a->policy,
                   "override routing.policy (random, round_robin, jsq, p2c, domain, "
                   "locality_top1, eldr, eldr_paper, eldr_tail)");
-  cmd->add_option("--tau", a->tau, "override routing.tau");
-  cmd->add_option("--load-bound", a->load_bound, "override routing.load_bound (bounded-load band ε; 0 = off)");
-  cmd->add_option("--rate", a->rate, "override workload.request_rate (requests/s)");
-  cmd->add_option("--burstiness", a->burstiness, "override workload.burstiness");
-  cmd->add_option("--num-requests,-n", a->num_requests, "override workload.num_requests (cycles through the trace)");
-  cmd->add_option("--output-len", a->output_len, "override workload.output_len (0: the trace's)");
-  cmd->add_option("--max-concurrency", a->max_concurrency, "override workload.max_concurrency");
-  cmd->add_option("--max-batch", a->max_batch, "override decode.max_batch");
-  cmd->add_option("--decode-blocks", a->decode_blocks, "override kv_cache.decode_blocks");
-  cmd->add_option("--admission-cap", a->admission_cap, "override routing.admission_cap");
+  set("--tau", &a->tau, job_limits::kTau, "override routing.tau");
+  set("--load-bound", &a->load_bound, job_limits::kLoadBound,
+      "override routing.load_bound (bounded-load band ε; 0 = off)");
+  set("--rate", &a->rate, job_limits::kRate, "override workload.request_rate (requests/s; inf: all at once)");
+  set("--burstiness", &a->burstiness, job_limits::kBurstiness, "override workload.burstiness");
+  set("--num-requests,-n", &a->num_requests, job_limits::kCount,
+      "override workload.num_requests (cycles through the trace; 0: every request once)");
+  set("--output-len", &a->output_len, job_limits::kCount, "override workload.output_len (0: the trace's)");
+  set("--max-concurrency", &a->max_concurrency, job_limits::kCount, "override workload.max_concurrency");
+  set("--max-batch", &a->max_batch, job_limits::kMaxBatch, "override decode.max_batch");
+  set("--decode-blocks", &a->decode_blocks, job_limits::kBlocks, "override kv_cache.decode_blocks");
+  set("--admission-cap", &a->admission_cap, job_limits::kCount, "override routing.admission_cap");
   cmd->add_option_function<uint64_t>(
-      "--seed",
-      [a](uint64_t s) {
-        a->seed = s;
-        a->seed_set = true;
-      },
-      "override workload.seed");
+      "--seed", [a](const uint64_t& s) { a->seed = s; }, "override workload.seed");
   cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)");
   cmd->add_option("--output-dir", a->output_dir, "override output.dir");
   cmd->add_flag("--no-output", a->no_output, "write no files (print only)");
@@ -211,10 +219,12 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "moe_layer_bench --benchmark_format=json output")
       ->expected(1, -1);
   cmd->add_option("--derive", a->derive, "derive a bandwidth-bound cost model for a device: h200");
-  cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)");
+  cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)")
+      ->check(InRange(NumberRange::Above(0)));
   cmd->add_option("--cores", a->cores,
                   "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
-                  "rank); the fit removes the sharing and the model simulates it");
+                  "rank); the fit removes the sharing and the model simulates it")
+      ->check(InRange(NumberRange::AtLeast(0)));
   cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML");
   cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)");
   cmd->callback([=] {

@@ -38,27 +38,26 @@ const Key kKeys[] = {
     {"", "cores", &CostModel::cores},
 };
 
-// Applies the keys present in `y` to `m`.
-Status ApplyYaml(const YAML::Node& y, const std::string& where, CostModel* m) {
-  if (y["name"]) m->name = y["name"].as<std::string>("");
-  if (y["source"]) m->source = y["source"].as<std::string>("");
+// Applies the keys present in `y` to `m`, against the cost model's schema; `required`: every coefficient of
+// decode: and prefill: must be given (a cost model file, or a simulate: section without a cost_model file), so
+// that a missing or misspelled section fails instead of costing nothing. `job_keys`: y is a job config's
+// simulate: section, which also names its cost_model file.
+Status ApplyYaml(const YAML::Node& y, const std::string& where, bool required, bool job_keys, CostModel* m) {
+  YamlMap root(where, y, job_keys ? "simulate" : "");
+  if (job_keys) root.Allow("cost_model");
+  root.Get("name", &m->name);
+  root.Get("source", &m->source);
   for (const Key& k : kKeys) {
-    const YAML::Node n =
-        *k.section ? (y[k.section] ? y[k.section][k.name] : YAML::Node(YAML::NodeType::Undefined)) : y[k.name];
-    if (!n.IsDefined() || n.IsNull()) continue;
-    double v = 0;
-    try {
-      v = n.as<double>();
-    } catch (const YAML::Exception&) {
-      v = std::numeric_limits<double>::quiet_NaN();
+    YamlMap& section = *k.section ? root.Section(k.section) : root;
+    const bool must = required && (std::string(k.section) == "decode" || std::string(k.section) == "prefill");
+    if (must && *k.section && !root.Has(k.section)) {
+      root.Require(k.section);
+    } else if (must) {
+      section.Require(k.name);
     }
-    if (!std::isfinite(v) || v < 0) {
-      return YamlError(where, n,
-                       (*k.section ? std::string(k.section) + "." : std::string()) + k.name + " must be a number >= 0");
-    }
-    m->*k.field = v;
+    section.Get(k.name, &(m->*k.field), NumberRange::AtLeast(0));
   }
-  return Status::Ok();
+  return root.Finish();
 }
 
 int64_t DtypeBytes(const ModelConfig& m) { return m.torch_dtype == "bfloat16" ? 2 : 4; }
@@ -251,7 +250,7 @@ Result<CostModel> LoadCostModel(const std::string& path) {
   CostModel m;
   m.name = fs::path(path).stem().string();
   m.source = "given (" + path + ")";
-  ELDR_RETURN_IF_ERROR(ApplyYaml(y, path, &m));
+  ELDR_RETURN_IF_ERROR(ApplyYaml(y, path, /*required=*/true, /*job_keys=*/false, &m));
   return m;
 }
 
@@ -262,7 +261,8 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
     return Status::NotFound(job_path + ": no 'simulate:' section (give one with a cost_model, or pass --cost-model)");
   }
   CostModel m;
-  if (sim["cost_model"]) {
+  const bool has_file = sim["cost_model"] && !sim["cost_model"].IsNull();
+  if (has_file) {
     std::string file = sim["cost_model"].as<std::string>("");
     if (!fs::path(file).is_absolute()) {
       const fs::path near = fs::path(job_path).parent_path() / file;
@@ -273,7 +273,7 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
     m.name = "inline";
     m.source = "given (" + job_path + " simulate:)";
   }
-  ELDR_RETURN_IF_ERROR(ApplyYaml(sim, job_path, &m));
+  ELDR_RETURN_IF_ERROR(ApplyYaml(sim, job_path, /*required=*/!has_file, /*job_keys=*/true, &m));
   return m;
 }
 

@@ -9,6 +9,7 @@
 
 #include "runtime/common/distinct_experts.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/memory_budget.h"
 #include "runtime/signature/signature.h"
 
 namespace eldr {
@@ -29,7 +30,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     return Status::FailedPrecondition(trace_name + ": model shape " + trace.shape.ToString() + " differs from " +
                                       calib_name + " (" + calib.shape.ToString() + ")");
   }
-  if (!(o.rate >= 0) || !std::isfinite(o.rate)) return Status::InvalidArgument("--rate must be >= 0");
+  if (!(o.rate >= 0)) return Status::InvalidArgument("--rate must be >= 0 or inf (0 and inf: all at once)");
   if (!(o.step_ms > 0) || !std::isfinite(o.step_ms)) return Status::InvalidArgument("--step-ms must be > 0");
   if (o.repeat < 1) return Status::InvalidArgument("--repeat must be >= 1");
   if (trace.requests.empty()) return Status::InvalidArgument(trace_name + ": the trace has no requests");
@@ -37,6 +38,10 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     return Status::FailedPrecondition(trace_name +
                                       ": the calibration uses gate_prob signatures but the trace has no weights");
   }
+  // order and arrival (int + double) and the per-policy assignment and event state (~48 B) per replayed request.
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(
+      static_cast<double>(o.repeat) * static_cast<double>(trace.requests.size()) * 64,
+      "--repeat " + std::to_string(o.repeat) + " x " + std::to_string(trace.requests.size()) + " requests"));
   const int L = trace.shape.num_layers, E = trace.shape.num_experts, k = trace.shape.top_k;
   const int K = calib.num_clusters;
   std::vector<int32_t> all(trace.requests.size());
@@ -54,9 +59,10 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
   }
   std::vector<double> arrival(order.size(), 0.0);
   double t = 0;
-  std::exponential_distribution<double> gap(o.rate > 0 ? o.rate : 1.0);
+  const bool spaced = o.rate > 0 && std::isfinite(o.rate);  // 0 and inf: all at once
+  std::exponential_distribution<double> gap(spaced ? o.rate : 1.0);
   for (size_t i = 0; i < order.size(); ++i) {
-    if (o.rate > 0 && i > 0) t += gap(rng);
+    if (spaced && i > 0) t += gap(rng);
     arrival[i] = t;
   }
   const double step_s = o.step_ms / 1000.0;
@@ -70,7 +76,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     RouterConfig rc;
     rc.policy = p;
     rc.num_decoders = K;
-    rc.tau = o.tau;
+    rc.tau = o.tau.value_or(-1);  // RouterConfig: negative = the calibration's
     rc.admission_cap = o.admission_cap;
     rc.seed = o.seed;
     rc.job_shape = trace.shape;

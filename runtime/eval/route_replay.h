@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -19,8 +20,8 @@ namespace eldr {
 
 struct RouteReplayOptions {
   std::vector<RoutingPolicy> policies;  // empty = all
-  double tau = -1;                      // < 0: the calibration's τ
-  double rate = 20;                     // requests per second; 0 = all arrive at once
+  std::optional<double> tau;            // unset: the calibration's τ
+  double rate = 20;                     // requests per second; 0 or inf = all arrive at once
   double step_ms = 20;                  // decode step time
   int64_t admission_cap = 0;            // per decoder; 0 = none
   int repeat = 1;                       // replay the trace this many times

@@ -1,10 +1,8 @@
 #include "runtime/job/job_config.h"
 
-#include <yaml-cpp/yaml.h>
-
-#include <cmath>
 #include <filesystem>
-#include <limits>
+
+#include "runtime/common/yaml.h"
 
 namespace eldr {
 
@@ -27,15 +25,12 @@ std::string Resolve(const std::string& base_dir, const std::string& p) {
   return p;  // relative to the working directory
 }
 
-// Checks the fields read from c->path and sets the parsed gate source and policy.
+// The cross-key checks (the ranges of single keys are the schema's, in ReadJobYaml) and the parsed gate source
+// and policy.
 Status Validate(const std::string& gate, const std::string& policy, JobConfig* c_out) {
   JobConfig& c = *c_out;
   const std::string& path = c.path;
   auto bad = [&](const std::string& m) { return Status::InvalidArgument(path + ": " + m); };
-  if (c.prefill_ranks < 1 || c.decode_ranks < 1) return bad("topology needs at least 1 prefill and 1 decode rank");
-  if (c.model_config.empty()) return bad("model.config (a model YAML) is required");
-  if (c.trace.empty()) return bad("workload.trace (an HDF5 routing trace) is required");
-  if (gate != "replay" && gate != "computed") return bad("model.gate must be replay or computed, got '" + gate + "'");
   c.replay_gates = gate == "replay";
   auto p = ParseRoutingPolicy(policy);
   if (!p.ok()) return p.status().WithPrefix(path);
@@ -43,22 +38,54 @@ Status Validate(const std::string& gate, const std::string& policy, JobConfig* c
   if (UsesSignature(c.policy) && c.calibration.empty()) {
     return bad(std::string("routing.policy ") + policy + " needs routing.calibration (run 'eldr calibrate')");
   }
-  if (c.block_size < 1 || c.block_size > 127) return bad("kv_cache.block_size must be in [1, 127]");
-  if (c.prefill_blocks < 1 || c.decode_blocks < 1) return bad("kv_cache blocks must be positive");
-  if (c.kv_transport != "auto" && c.kv_transport != "mpi" && c.kv_transport != "nccl") {
-    return bad("kv_cache.transport must be auto, mpi or nccl, got '" + c.kv_transport + "'");
-  }
-  if (c.max_batch < 1) return bad("decode.max_batch must be >= 1");
-  if (c.ep_size < 1) return bad("decode.ep_size must be >= 1, got " + std::to_string(c.ep_size));
   if (c.placement.empty()) return bad("decode.placement must be contiguous or a calibration.h5 path");
-  if (c.num_requests < 0 || c.output_len < 0 || c.max_concurrency < 0 || c.admission_cap < 0) {
-    return bad("workload counts and caps must be >= 0");
-  }
-  if (!(c.request_rate > 0)) return bad("workload.request_rate must be > 0 or inf");
-  if (!(c.load_bound >= 0)) return bad("routing.load_bound must be >= 0 (0 = off)");
-  if (!(c.burstiness > 0)) return bad("workload.burstiness must be > 0");
-  if (!(c.watchdog_s > 0)) return bad("watchdog_s must be > 0");
   return Status::Ok();
+}
+
+// Every key of the job config against its schema (type, range, unknown and duplicate keys); `simulate:` is the
+// cost model's (LoadJobCostModel checks it).
+Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::string* policy) {
+  YamlMap root(c->path, y);
+  YamlMap& topology = root.Section("topology");
+  topology.Get("prefill_ranks", &c->prefill_ranks, job_limits::kRanks);
+  topology.Get("decode_ranks", &c->decode_ranks, job_limits::kRanks);
+  YamlMap& model = root.Section("model");
+  model.Require("config");
+  model.Get("config", &c->model_config);
+  model.Get("weights", &c->weights);
+  model.Get("seed", &c->weight_seed);
+  model.Get("gate", gate, {"replay", "computed"});
+  YamlMap& routing = root.Section("routing");
+  routing.Get("policy", policy);
+  routing.Get("tau", &c->tau, job_limits::kTau);
+  routing.Get("load_bound", &c->load_bound, job_limits::kLoadBound);
+  routing.Get("calibration", &c->calibration);
+  routing.Get("admission_cap", &c->admission_cap, job_limits::kCount);
+  routing.Get("seed", &c->routing_seed);
+  YamlMap& kv = root.Section("kv_cache");
+  kv.Get("block_size", &c->block_size, IntRange::Between(1, 127));
+  kv.Get("prefill_blocks", &c->prefill_blocks, job_limits::kBlocks);
+  kv.Get("decode_blocks", &c->decode_blocks, job_limits::kBlocks);
+  kv.Get("transport", &c->kv_transport, {"auto", "mpi", "nccl"});
+  YamlMap& decode = root.Section("decode");
+  decode.Get("max_batch", &c->max_batch, job_limits::kMaxBatch);
+  decode.Get("ep_size", &c->ep_size, job_limits::kRanks);
+  decode.Get("placement", &c->placement);
+  YamlMap& workload = root.Section("workload");
+  workload.Require("trace");
+  workload.Get("trace", &c->trace);
+  workload.Get("num_requests", &c->num_requests, job_limits::kCount);
+  workload.Get("output_len", &c->output_len, job_limits::kCount);
+  workload.Get("request_rate", &c->request_rate, job_limits::kRate);
+  workload.Get("burstiness", &c->burstiness, job_limits::kBurstiness);
+  workload.Get("max_concurrency", &c->max_concurrency, job_limits::kCount);
+  workload.Get("seed", &c->workload_seed);
+  YamlMap& output = root.Section("output");
+  output.Get("dir", &c->output_dir);
+  output.Get("tokens", &c->output_tokens);
+  root.Get("watchdog_s", &c->watchdog_s, NumberRange::Above(0));
+  root.Allow("simulate");
+  return root.Finish();
 }
 
 // Relative paths: against the config file's directory `dir` when the file is there, else the working directory.
@@ -73,83 +100,13 @@ void ResolvePaths(const std::string& dir, JobConfig* c) {
 }  // namespace
 
 Result<JobConfig> LoadJobConfig(const std::string& path) {
-  if (!fs::exists(path)) return Status::NotFound(path + ": no such file");
-  YAML::Node y;
-  try {
-    y = YAML::LoadFile(path);
-  } catch (const YAML::Exception& e) {
-    return Status::InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
-  }
-  if (!y.IsMap()) return Status::InvalidArgument(path + ": a job config must be a YAML mapping");
+  ELDR_ASSIGN_OR_RETURN(const YAML::Node y, LoadYamlFile(path, "a job config"));
   JobConfig c;
   c.path = path;
-  const std::string dir = fs::path(path).parent_path().string();
-  Status error;
-  auto field = [&](const char* section, const char* key) -> YAML::Node {
-    if (!y[section] || !y[section].IsMap()) return YAML::Node(YAML::NodeType::Undefined);  // the default stays
-    return y[section][key];
-  };
-  auto num = [&](const char* section, const char* key, auto* v) {
-    if (!error.ok()) return;
-    YAML::Node n = field(section, key);
-    if (!n) return;
-    try {
-      using T = std::remove_pointer_t<decltype(v)>;
-      if constexpr (std::is_floating_point_v<T>) {
-        const std::string s = n.as<std::string>();
-        *v = (s == "inf" || s == ".inf" || s == "infinity") ? std::numeric_limits<double>::infinity() : n.as<double>();
-      } else {
-        *v = n.as<T>();
-      }
-    } catch (const YAML::Exception&) {
-      error = Status::InvalidArgument(path + ":" + std::to_string(n.Mark().line + 1) + ": " + section + "." + key +
-                                      " must be a number");
-    }
-  };
-  auto str = [&](const char* section, const char* key, std::string* v) {
-    YAML::Node n = field(section, key);
-    if (n && !n.IsNull()) *v = n.as<std::string>("");  // "key:" with no value keeps the default
-  };
-  num("topology", "prefill_ranks", &c.prefill_ranks);
-  num("topology", "decode_ranks", &c.decode_ranks);
-  str("model", "config", &c.model_config);
-  str("model", "weights", &c.weights);
-  num("model", "seed", &c.weight_seed);
-  std::string gate = "replay";
-  str("model", "gate", &gate);
-  std::string policy = "eldr";
-  str("routing", "policy", &policy);
-  num("routing", "tau", &c.tau);
-  num("routing", "load_bound", &c.load_bound);
-  str("routing", "calibration", &c.calibration);
-  num("routing", "admission_cap", &c.admission_cap);
-  num("routing", "seed", &c.routing_seed);
-  num("kv_cache", "block_size", &c.block_size);
-  num("kv_cache", "prefill_blocks", &c.prefill_blocks);
-  num("kv_cache", "decode_blocks", &c.decode_blocks);
-  str("kv_cache", "transport", &c.kv_transport);
-  num("decode", "max_batch", &c.max_batch);
-  num("decode", "ep_size", &c.ep_size);
-  str("decode", "placement", &c.placement);
-  str("workload", "trace", &c.trace);
-  num("workload", "num_requests", &c.num_requests);
-  num("workload", "output_len", &c.output_len);
-  num("workload", "request_rate", &c.request_rate);
-  num("workload", "burstiness", &c.burstiness);
-  num("workload", "max_concurrency", &c.max_concurrency);
-  num("workload", "seed", &c.workload_seed);
-  str("output", "dir", &c.output_dir);
-  if (y["output"] && y["output"]["tokens"]) c.output_tokens = y["output"]["tokens"].as<bool>(false);
-  if (y["watchdog_s"]) {
-    try {
-      c.watchdog_s = y["watchdog_s"].as<double>();
-    } catch (const YAML::Exception&) {
-      error = Status::InvalidArgument(path + ": watchdog_s must be a number");
-    }
-  }
-  ELDR_RETURN_IF_ERROR(error);
+  std::string gate = "replay", policy = "eldr";
+  ELDR_RETURN_IF_ERROR(ReadJobYaml(y, &c, &gate, &policy));
   ELDR_RETURN_IF_ERROR(Validate(gate, policy, &c));
-  ResolvePaths(dir, &c);
+  ResolvePaths(fs::path(path).parent_path().string(), &c);
   return c;
 }
 
@@ -157,7 +114,7 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
   RouterConfig rc;
   rc.policy = c.policy;
   rc.num_decoders = c.decode_ranks;
-  rc.tau = c.tau;
+  rc.tau = c.tau.value_or(-1);  // RouterConfig: negative = the calibration's
   rc.load_bound = c.load_bound;
   rc.admission_cap = c.admission_cap;
   rc.seed = c.routing_seed;

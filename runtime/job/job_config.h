@@ -20,24 +20,42 @@
 //   decode:    {max_batch: 64, ep_size: 1, placement: contiguous}
 //              ep_size G: each decoder is an expert-parallel group of G ranks (runtime/serve/expert_parallel.h);
 //              placement: `contiguous` (no redundant slots, expert e on EP rank e / (E/G); needs E % G == 0) or
-//              a calibration.h5 written by `eldr place --calib ... --ranks G`: decoder k uses
+//              a calibration.h5 written by `eldr place calib --calib ... --ranks G`: decoder k uses
 //              /placement/cluster_k when present, else /placement/global.
 //   workload:  {trace: trace.h5, num_requests: 0, output_len: 0, request_rate: inf, burstiness: 1.0,
 //               max_concurrency: 0, seed: 0}
 //   output:    {dir: run, tokens: false}                   # tokens: generated ids in requests.jsonl
 //   watchdog_s: 120                                       # also the limit for every rank to load its weights
-//   simulate:  {cost_model: ../costs/h200-deepseek-v2-lite.yaml}   # eldr simulate only (runtime/sim/cost_model.h):
+//   simulate:  {cost_model: ../costs/h200-deepseek-v2-lite.yaml}   # eldr simulate only (runtime/cost/cost_model.h):
 //              a cost model file and/or inline keys decode: {a, b, c, d}, prefill: {a, b},
 //              kv_transfer: {latency_s, bandwidth_Bps}, control_latency_s, cores
+//
+// Every key is checked (runtime/common/yaml.h YamlMap): an unknown or duplicate key, a section that is not a
+// mapping, a value of the wrong type or out of range is one "PATH:LINE: …" error naming the dotted key.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "runtime/common/status.h"
+#include "runtime/common/yaml.h"
 #include "runtime/router/router.h"
 
 namespace eldr {
+
+// The valid values of the keys that the command line also overrides: `eldr serve` and `eldr simulate` check
+// their options against the same ranges.
+namespace job_limits {
+inline const IntRange kRanks = IntRange::Between(1, 65536);       // topology.*, decode.ep_size
+inline const IntRange kCount = IntRange::AtLeast(0);              // workload counts, routing.admission_cap
+inline const IntRange kBlocks = IntRange::Between(1, 1 << 30);    // kv_cache.*_blocks
+inline const IntRange kMaxBatch = IntRange::Between(1, 1 << 20);  // decode.max_batch
+inline const NumberRange kTau = NumberRange::AtLeast(0);          // routing.tau
+inline const NumberRange kLoadBound = NumberRange::AtLeast(0);    // routing.load_bound
+inline const NumberRange kRate = NumberRange::Above(0).OrInf();   // workload.request_rate (inf: all at once)
+inline const NumberRange kBurstiness = NumberRange::Above(0);     // workload.burstiness
+}  // namespace job_limits
 
 struct JobConfig {
   std::string path;  // the file it came from
@@ -48,8 +66,8 @@ struct JobConfig {
   uint64_t weight_seed = 0;
   bool replay_gates = true;  // gate source: the trace's routing (replay) or the model's router
   RoutingPolicy policy = RoutingPolicy::kEldr;
-  double tau = -1;        // < 0: the calibration's
-  double load_bound = 0;  // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
+  std::optional<double> tau;  // unset: the calibration's (0.1 without one)
+  double load_bound = 0;      // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
   std::string calibration;
   int64_t admission_cap = 0;
   uint64_t routing_seed = 0;
@@ -63,7 +81,7 @@ struct JobConfig {
   std::string trace;
   int64_t num_requests = 0;  // 0: every request of the trace once
   int64_t output_len = 0;    // 0: the trace's decode length (+1 for prefill's token); else fixed
-  double request_rate = 0;   // requests/s; infinity (inf) = all at once
+  double request_rate = std::numeric_limits<double>::infinity();  // requests/s; inf = all at once
   double burstiness = 1.0;
   int64_t max_concurrency = 0;  // 0: unlimited
   uint64_t workload_seed = 0;

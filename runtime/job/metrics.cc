@@ -220,7 +220,7 @@ nlohmann::json JobConfigJson(const JobConfig& c) {
             {"gate", c.replay_gates ? "replay" : "model"}}},
           {"routing",
            {{"policy", RoutingPolicyName(c.policy)},
-            {"tau", c.tau < 0 ? nlohmann::json("calibration") : nlohmann::json(c.tau)},
+            {"tau", c.tau ? nlohmann::json(*c.tau) : nlohmann::json("calibration")},
             {"calibration", c.calibration},
             {"admission_cap", c.admission_cap},
             {"seed", c.routing_seed},

@@ -48,51 +48,45 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& name) {
 Result<ModelConfig> LoadModelConfig(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(const YAML::Node y, LoadYamlFile(path, "a model config"));
   ModelConfig c;
-  Status error;
-  auto get_int = [&](const char* key, int* v, bool required) {
-    if (!error.ok()) return;
-    const YAML::Node n = y[key];
-    if (!n) {
-      if (required) error = Status::InvalidArgument(path + ": missing field '" + key + "'");
-      return;
-    }
-    try {
-      *v = n.as<int>();
-    } catch (const YAML::Exception&) {
-      error = YamlError(path, n, std::string("field '") + key + "' must be an integer");
-    }
-  };
-  auto get_double = [&](const char* key, double* v) {
-    if (!error.ok() || !y[key]) return;
-    try {
-      *v = y[key].as<double>();
-    } catch (const YAML::Exception&) {
-      error = Status::InvalidArgument(path + ": field '" + key + "' must be a number");
-    }
-  };
-  c.name = y["name"] ? y["name"].as<std::string>("") : std::filesystem::path(path).stem().string();
-  if (y["model_type"] && c.name.empty()) c.name = y["model_type"].as<std::string>("");
-  get_int("hidden_size", &c.hidden_size, true);
-  get_int("num_hidden_layers", &c.num_hidden_layers, true);
-  get_int("num_attention_heads", &c.num_attention_heads, true);
-  get_int("num_key_value_heads", &c.num_key_value_heads, false);
+  YamlMap m(path, y);
+  const IntRange positive = IntRange::AtLeast(1), count = IntRange::AtLeast(0);
+  c.name = std::filesystem::path(path).stem().string();
+  std::string model_type;
+  m.Get("model_type", &model_type);
+  m.Get("name", &c.name);
+  if (c.name.empty()) c.name = model_type;
+  m.Get("hidden_size", &c.hidden_size, positive);
+  m.Get("num_hidden_layers", &c.num_hidden_layers, positive);
+  m.Get("num_attention_heads", &c.num_attention_heads, positive);
+  m.Get("num_key_value_heads", &c.num_key_value_heads, positive);
   if (c.num_key_value_heads == 0) c.num_key_value_heads = c.num_attention_heads;
-  get_int("head_dim", &c.head_dim, false);
+  m.Get("head_dim", &c.head_dim, positive);
   if (c.head_dim == 0 && c.num_attention_heads > 0) c.head_dim = c.hidden_size / c.num_attention_heads;
-  get_int("intermediate_size", &c.intermediate_size, false);
-  get_int("moe_intermediate_size", &c.moe_intermediate_size, true);
-  get_int("num_experts", &c.num_experts, false);
-  if (c.num_experts == 0) get_int("n_routed_experts", &c.num_experts, false);
-  if (c.num_experts == 0) get_int("num_local_experts", &c.num_experts, true);
-  get_int("num_experts_per_tok", &c.num_experts_per_tok, true);
-  get_int("vocab_size", &c.vocab_size, true);
-  get_int("first_k_dense_replace", &c.first_k_dense_replace, false);
-  get_int("n_shared_experts", &c.n_shared_experts, false);
-  get_double("rope_theta", &c.rope_theta);
-  get_double("rms_norm_eps", &c.rms_norm_eps);
-  if (y["norm_topk_prob"]) c.norm_topk_prob = y["norm_topk_prob"].as<bool>(true);
-  if (y["torch_dtype"]) c.torch_dtype = y["torch_dtype"].as<std::string>("float32");
-  ELDR_RETURN_IF_ERROR(error);
+  m.Get("intermediate_size", &c.intermediate_size, count);
+  m.Get("moe_intermediate_size", &c.moe_intermediate_size, positive);
+  // Hugging Face spells the routed expert count three ways; exactly one is required.
+  int given = 0;
+  for (const char* key : {"num_experts", "n_routed_experts", "num_local_experts"}) {
+    if (m.Has(key)) ++given;
+    m.Get(key, &c.num_experts, IntRange::Between(1, 65535));
+  }
+  if (given > 1)
+    return Status::InvalidArgument(path + ": give one of num_experts, n_routed_experts, num_local_experts");
+  m.Get("num_experts_per_tok", &c.num_experts_per_tok, positive);
+  m.Get("vocab_size", &c.vocab_size, positive);
+  m.Get("first_k_dense_replace", &c.first_k_dense_replace, count);
+  m.Get("n_shared_experts", &c.n_shared_experts, count);
+  m.Get("rope_theta", &c.rope_theta, NumberRange::Above(0));
+  m.Get("rms_norm_eps", &c.rms_norm_eps, NumberRange::Above(0));
+  m.Get("norm_topk_prob", &c.norm_topk_prob);
+  m.Get("torch_dtype", &c.torch_dtype, {"float32", "bfloat16"});
+  // After the values, so that a bad value is reported before another key's absence.
+  for (const char* key : {"hidden_size", "num_hidden_layers", "num_attention_heads", "moe_intermediate_size",
+                          "num_experts_per_tok", "vocab_size"}) {
+    m.Require(key);
+  }
+  if (given == 0) m.Require("num_experts");
+  ELDR_RETURN_IF_ERROR(m.Finish());
   ELDR_RETURN_IF_ERROR(ValidateModelConfig(c, path));
   return c;
 }

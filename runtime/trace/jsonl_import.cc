@@ -5,10 +5,12 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
 
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/progress.h"
 #include "runtime/common/signals.h"
 #include "runtime/trace/trace.h"
@@ -20,7 +22,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int64_t kMaxLayers = 4096;
 constexpr int64_t kMaxTokenEntries = int64_t{1} << 31;  // per request: T * L * k
 
 // Reads lines of any length from a plain or gzip file.
@@ -124,11 +125,10 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
   ELDR_RETURN_IF_ERROR(get_int("top_k", &K, true));
   ELDR_RETURN_IF_ERROR(get_int("num_tokens", &T, true));
   ELDR_RETURN_IF_ERROR(get_int("prompt_len", &P, true));
-  if (L <= 0 || E <= 0 || K <= 0) return Status::InvalidArgument("num_layers, num_experts and top_k must be positive");
-  if (L > kMaxLayers)
-    return Status::InvalidArgument("num_layers " + std::to_string(L) + " exceeds " + std::to_string(kMaxLayers));
-  if (E > 65535) return Status::InvalidArgument("num_experts must be < 65536");
-  if (K > E) return Status::InvalidArgument("top_k exceeds num_experts");
+  {
+    const Status shape = ValidateTraceShape(L, E, K, "");
+    if (!shape.ok()) return Status::InvalidArgument(shape.message().substr(2));  // the caller adds FILE:LINE
+  }
   if (T <= 0) return Status::InvalidArgument("num_tokens must be positive");
   if (P < 0 || P > T) {
     return Status::InvalidArgument("prompt_len " + std::to_string(P) +
@@ -158,6 +158,9 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
       return Status::InvalidArgument("topk_weights must have the shape of topk_ids");
     }
   }
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(
+      static_cast<double>(T) * L * K * (w ? 6 : 2),
+      "num_tokens " + std::to_string(T) + " x " + std::to_string(L) + " layers x top-" + std::to_string(K)));
   out->ids.assign(static_cast<size_t>(T * L * K), 0);
   out->weights.assign(w ? static_cast<size_t>(T * L * K) : 0, 0.f);
   std::vector<int64_t> seen(E, -1);
@@ -198,9 +201,10 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
           const json& v = wt[l][m];
           if (!v.is_number()) return Status::InvalidArgument("topk_weights has a non-number value");
           double x = v.get<double>();
-          if (!std::isfinite(x) || x < 0) {
+          // As a float (the trace stores float32): 1e39 overflows to inf, which every reader rejects.
+          if (!std::isfinite(x) || x < 0 || x > std::numeric_limits<float>::max()) {
             return Status::InvalidArgument("topk_weights[" + std::to_string(t) + "][" + std::to_string(l) +
-                                           "] has a negative or non-finite value");
+                                           "] has a negative or non-finite value (or one beyond float32's 3.4e38)");
           }
           out->weights[(t * L + l) * K + m] = static_cast<float>(x);
         }

@@ -6,6 +6,7 @@
 #include <random>
 
 #include "runtime/common/json_util.h"
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/signals.h"
 #include "runtime/trace/sampling.h"
 
@@ -52,14 +53,8 @@ Status ValidateOptions(const SynthOptions& o) {
   auto bad = [](const std::string& m) { return Status::InvalidArgument("synthetic trace: " + m); };
   if (o.num_domains < 1) return bad("num_domains must be >= 1, got " + std::to_string(o.num_domains));
   if (o.num_requests < 1) return bad("num_requests must be >= 1, got " + std::to_string(o.num_requests));
-  if (o.num_layers < 1) return bad("num_layers must be >= 1, got " + std::to_string(o.num_layers));
-  if (o.num_experts < 1) return bad("num_experts must be >= 1, got " + std::to_string(o.num_experts));
-  if (o.num_experts > 65535) return bad("num_experts must be < 65536, got " + std::to_string(o.num_experts));
-  if (o.top_k < 1) return bad("top_k must be >= 1, got " + std::to_string(o.top_k));
-  if (o.top_k > o.num_experts) {
-    return bad("top_k (" + std::to_string(o.top_k) + ") must not exceed num_experts (" + std::to_string(o.num_experts) +
-               ")");
-  }
+  // The shape the trace readers accept (a trace of 5000 layers would be written and then rejected by every reader).
+  ELDR_RETURN_IF_ERROR(ValidateTraceShape(o.num_layers, o.num_experts, o.top_k, "synthetic trace"));
   if (o.prompt_len_min < 1) return bad("prompt_len_min must be >= 1, got " + std::to_string(o.prompt_len_min));
   if (o.prompt_len_min > o.prompt_len_max) {
     return bad("prompt_len_min (" + std::to_string(o.prompt_len_min) + ") exceeds prompt_len_max (" +
@@ -77,6 +72,13 @@ Status ValidateOptions(const SynthOptions& o) {
     return bad("num_requests * (prompt_len_max + output_len_max) * num_layers * top_k = " + Fmt(max_entries, 0) +
                " routing entries exceeds the limit of 2^34");
   }
+  // ids (uint16) and weights (float) of the trace at its mean lengths, held in memory before the write.
+  const double mean_entries = static_cast<double>(o.num_requests) *
+                              (static_cast<double>(o.prompt_len_min + o.prompt_len_max) / 2 +
+                               static_cast<double>(o.output_len_min + o.output_len_max) / 2) *
+                              o.num_layers * o.top_k;
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(mean_entries * (o.with_weights ? 6 : 2),
+                                         "synthetic trace of " + Fmt(mean_entries, 0) + " routing entries"));
   if (!o.domain_mix.empty()) {
     if (o.domain_mix.size() != static_cast<size_t>(o.num_domains)) {
       return bad("domain_mix has " + std::to_string(o.domain_mix.size()) + " weights but num_domains is " +

@@ -31,13 +31,34 @@ std::vector<std::string> Trace::Domains() const {
   return out;
 }
 
+Status ValidateTraceShape(int64_t num_layers, int64_t num_experts, int64_t top_k, const std::string& name) {
+  auto bad = [&](const char* what, int64_t v, int64_t hi, const char* hi_name) {
+    return Status::InvalidArgument(name + ": " + what + " " + std::to_string(v) + " must be in [1, " +
+                                   std::to_string(hi) + "]" + hi_name);
+  };
+  if (num_layers < 1 || num_layers > kMaxTraceLayers) {
+    return bad("num_layers", num_layers, kMaxTraceLayers, " (the trace format's limit)");
+  }
+  if (num_experts < 1 || num_experts > kMaxTraceExperts) {
+    return bad("num_experts", num_experts, kMaxTraceExperts, " (expert ids are 16-bit)");
+  }
+  if (top_k < 1 || top_k > num_experts) return bad("top_k", top_k, num_experts, " (num_experts)");
+  return Status::Ok();
+}
+
+Status ValidateTopkWeights(const float* w, size_t n, size_t stride, int64_t first_token, const std::string& name) {
+  for (size_t i = 0; i < n; ++i) {
+    if (!std::isfinite(w[i]) || w[i] < 0) {
+      return Status::InvalidArgument(name + ": topk_weights has a NaN, infinite or negative value at token " +
+                                     std::to_string(first_token + static_cast<int64_t>(i / stride)));
+    }
+  }
+  return Status::Ok();
+}
+
 Status ValidateTrace(const Trace& trace, const std::string& name) {
   const auto& s = trace.shape;
-  if (s.num_layers <= 0 || s.num_experts <= 0 || s.top_k <= 0) {
-    return Status::Corrupt(name + ": shape must be positive, got " + s.ToString());
-  }
-  if (s.num_experts > 65535) return Status::Corrupt(name + ": num_experts must be < 65536");
-  if (s.top_k > s.num_experts) return Status::Corrupt(name + ": top_k exceeds num_experts");
+  ELDR_RETURN_IF_ERROR(ValidateTraceShape(s.num_layers, s.num_experts, s.top_k, name));
   const size_t stride = trace.token_stride();
   if (trace.topk_ids.size() % stride != 0) return Status::Corrupt(name + ": topk_ids size is not a multiple of L*k");
   const int64_t total = trace.num_tokens_total();
@@ -82,13 +103,7 @@ Status ValidateTrace(const Trace& trace, const std::string& name) {
     }
   }
   if (trace.has_weights()) {
-    for (size_t i = 0; i < trace.topk_weights.size(); ++i) {
-      float w = trace.topk_weights[i];
-      if (!std::isfinite(w) || w < 0) {
-        return Status::Corrupt(name + ": topk_weights has a NaN, infinite or negative value at token " +
-                               std::to_string(i / stride));
-      }
-    }
+    ELDR_RETURN_IF_ERROR(ValidateTopkWeights(trace.topk_weights.data(), trace.topk_weights.size(), stride, 0, name));
   }
   return Status::Ok();
 }
@@ -109,10 +124,7 @@ Result<Trace> ReadTrace(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
   ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/", "top_k"));
-  if (L < 1 || L > 4096 || E < 1 || E > 65535 || K < 1 || K > E) {
-    return Status::Corrupt(path + ": model shape attributes out of range (num_layers " + std::to_string(L) +
-                           ", num_experts " + std::to_string(E) + ", top_k " + std::to_string(K) + ")");
-  }
+  ELDR_RETURN_IF_ERROR(ValidateTraceShape(L, E, K, path + ": model shape attribute"));
   t.shape.num_layers = static_cast<int>(L);
   t.shape.num_experts = static_cast<int>(E);
   t.shape.top_k = static_cast<int>(K);
@@ -158,6 +170,7 @@ Status WriteTrace(const Trace& trace, const std::string& path) {
 
 Result<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, const TraceShape& shape,
                                                        bool with_weights) {
+  ELDR_RETURN_IF_ERROR(ValidateTraceShape(shape.num_layers, shape.num_experts, shape.top_k, path));
   std::unique_ptr<TraceWriter> w(new TraceWriter(path));
   ELDR_RETURN_IF_ERROR(w->out_.CheckWritable());
   ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::Create(w->out_.temp_path(), path));
@@ -178,6 +191,11 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, 
 
 Status TraceWriter::Append(const TraceRequest& request, const uint16_t* ids, const float* weights) {
   if (Interrupted()) return InterruptStatus().WithPrefix(out_.path());
+  if (weights_) {  // what ReadTrace would reject is not written
+    const size_t row = static_cast<size_t>(shape_.num_layers) * shape_.top_k;
+    ELDR_RETURN_IF_ERROR(
+        ValidateTopkWeights(weights, static_cast<size_t>(request.num_tokens) * row, row, num_tokens_, out_.path()));
+  }
   TraceRequest r = request;
   r.offset = num_tokens_;
   ELDR_RETURN_IF_ERROR(ids_->Append(ids, r.num_tokens));

@@ -47,6 +47,17 @@ struct Trace {
   std::vector<std::string> Domains() const;
 };
 
+// The limits of the trace format, which every reader enforces and every writer (synth, import, WriteTrace,
+// TraceWriter) checks first, so that nothing is written that a reader would reject.
+constexpr int kMaxTraceLayers = 4096;
+constexpr int kMaxTraceExperts = 65535;  // ids are uint16
+// InvalidArgument "NAME: num_layers L must be in [1, 4096]" (and the same for E and k <= E) unless the shape is
+// one a reader accepts.
+Status ValidateTraceShape(int64_t num_layers, int64_t num_experts, int64_t top_k, const std::string& name);
+// Gate weights as the reader checks them: finite (as float: 1e39 is not) and >= 0. `w`: [n]; `stride` = L·k
+// numbers the tokens in the message from `first_token`.
+Status ValidateTopkWeights(const float* w, size_t n, size_t stride, int64_t first_token, const std::string& name);
+
 // Checks every invariant of a trace (shapes, ids < E, distinct ids per token and layer, lengths,
 // offsets, finite non-negative weights). `name` prefixes the error.
 Status ValidateTrace(const Trace& trace, const std::string& name);

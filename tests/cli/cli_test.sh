@@ -231,7 +231,7 @@ expect_error "synth --like missing trace" "nope.h5: no such file" out.h5 "$ELDR"
 expect_error "gate_prob without weights" "gate_prob" out.h5 "$ELDR" calibrate --trace good.h5 -K 1 --signature gate_prob --out out.h5
 # Inputs found by review: each must be one clear error, never a crash or a silent success.
 printf '{"id":"a","num_layers":2305843009213693953,"num_experts":8,"top_k":4,"num_tokens":1,"prompt_len":1,"topk_ids":[[]]}\n' > huge.jsonl
-expect_error "absurd num_layers" "huge.jsonl:1: num_layers .* exceeds" out.h5 "$ELDR" trace import --in huge.jsonl --out out.h5
+expect_error "absurd num_layers" "huge.jsonl:1: num_layers .* must be in \[1, 4096\]" out.h5 "$ELDR" trace import --in huge.jsonl --out out.h5
 $PY - "$SRC" <<'PYEOF'
 import gzip, zlib, sys
 lines = gzip.open(sys.argv[1] + "/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz").read().split(b"\n")

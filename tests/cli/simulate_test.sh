@@ -126,7 +126,7 @@ expect_error "eldr policy without calibration" "needs routing.calibration" - \
   "$ELDR" simulate -c nocal.yaml --no-output
 expect_error "calibration of another K" "refit" - "$ELDR" simulate -c job.yaml -K 5 --no-output
 printf 'decode: {a: -1}\n' > neg.yaml
-expect_error "negative coefficient" "neg.yaml:1: decode.a must be a number >= 0" - \
+expect_error "negative coefficient" "neg.yaml:1: decode.a must be >= 0" - \
   "$ELDR" simulate -c job.yaml --cost-model neg.yaml --no-output
 printf '{"kind":"decode","seconds":1}\n' > badsteps.jsonl
 expect_error "malformed step log" "badsteps.jsonl:1: not a step record" fit2.yaml \

@@ -1,0 +1,195 @@
+#!/usr/bin/env bash
+# Strict configuration and input bounds (issue 14, items 6, 8 and 10): every YAML key checked against its schema
+# (unknown keys with the nearest valid one, types and ranges by dotted name, lists where a mapping belongs,
+# duplicate keys), command-line overrides checked like the keys they replace, counts that size memory checked
+# against the machine, writers refusing what readers reject, and the messages of item 10. Each case: non-zero
+# exit, exactly one stderr line naming the key/option/file, no output file left.
+# Usage: config_test.sh /path/to/eldr /path/to/source
+set -u
+ELDR="$1"
+SRC="$2"
+PY=/usr/bin/python3
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
+cd "$WORK"
+source "$SRC/tests/lib.sh"
+
+"$ELDR" trace synth --domains 2 --requests 40 --layers 2 --experts 8 --top-k 2 --prompt-len 8:16 --output-len 4:8 \
+  --seed 1 --out trace.h5 >/dev/null
+"$ELDR" calibrate --trace trace.h5 -K 2 --out cal2.h5 --quiet
+cat > job.yaml <<YAML
+topology: {prefill_ranks: 1, decode_ranks: 2}
+model: {config: $SRC/configs/models/tiny.yaml, weights: synthetic, gate: replay}
+routing: {policy: eldr, tau: 0.1, calibration: cal2.h5}
+kv_cache: {block_size: 4, prefill_blocks: 256, decode_blocks: 256}
+decode: {max_batch: 8}
+workload: {trace: trace.h5, num_requests: 40, request_rate: 50, seed: 1}
+output: {dir: run}
+watchdog_s: 60
+simulate:
+  decode: {a: 2.0e-3, b: 1.0e-4, c: 1.0e-5, d: 1.0e-7}
+  prefill: {a: 1.0e-3, b: 1.0e-5}
+  kv_transfer: {latency_s: 1.0e-4, bandwidth_Bps: 1.0e9}
+  control_latency_s: 5.0e-5
+YAML
+run_ok "the base job simulates" "$ELDR" simulate -c job.yaml --no-output --quiet
+
+# ---- every shipped config still loads ----
+for f in "$SRC"/configs/jobs/*.yaml; do
+  run_ok "shipped job config $(basename "$f")" "$ELDR" serve --print-ranks -c "$f"
+done
+for f in "$SRC"/configs/models/*.yaml; do
+  run_ok "shipped model config $(basename "$f")" "$ELDR" simulate --derive h200 --model "$f" -o "$WORK/derived.yaml"
+done
+for f in "$SRC"/configs/costs/*.yaml; do
+  run_ok "shipped cost model $(basename "$f")" "$ELDR" simulate -c job.yaml --cost-model "$f" --no-output --quiet
+done
+
+# ---- job config schema (eldr serve --print-ranks reads the config without MPI; simulate reads it too) ----
+bad_job() {  # NAME PATTERN SED-EXPRESSION
+  sed "$3" job.yaml > bad.yaml
+  expect_error "job: $1 (serve)" "$2" - "$ELDR" serve --print-ranks -c bad.yaml
+  expect_error "job: $1 (simulate)" "$2" run/metrics.json "$ELDR" simulate -c bad.yaml --quiet
+}
+bad_job "misspelt top-level key" "bad.yaml:8: unknown key 'watchdgo_s' \(did you mean 'watchdog_s'\?\)" \
+  's/^watchdog_s:/watchdgo_s:/'
+bad_job "misspelt section key" "bad.yaml:5: unknown key 'decode.max_btach' \(did you mean 'max_batch'\?\)" \
+  's/max_batch/max_btach/'
+bad_job "misspelt section" "bad.yaml:3: unknown key 'routnig' \(did you mean 'routing'\?\)" 's/^routing:/routnig:/'
+bad_job "topology as a list" "bad.yaml:1: topology must be a mapping, got a list" \
+  's/^topology: .*/topology: [1, 2]/'
+bad_job "negative tau" "bad.yaml:3: routing.tau must be >= 0, got '-0.5'" 's/tau: 0.1/tau: -0.5/'
+bad_job "nan tau" "bad.yaml:3: routing.tau must be >= 0, got '.nan'" 's/tau: 0.1/tau: .nan/'
+bad_job "fractional integer" "bad.yaml:5: decode.max_batch must be an integer in \[1, [0-9]+\], got '2.5'" \
+  's/max_batch: 8/max_batch: 2.5/'
+bad_job "out-of-range integer" "bad.yaml:1: topology.decode_ranks must be an integer in \[1, 65536\], got '99999999999'" \
+  's/decode_ranks: 2/decode_ranks: 99999999999/'
+bad_job "zero rate" "bad.yaml:6: workload.request_rate must be > 0 or inf, got '0'" 's/request_rate: 50/request_rate: 0/'
+bad_job "duplicate key" "bad.yaml:9: duplicate key 'watchdog_s'" 's/^watchdog_s: 60/watchdog_s: 60\nwatchdog_s: 8/'
+bad_job "duplicate key in a section" "bad.yaml:3: duplicate key 'routing.tau'" 's/tau: 0.1,/tau: 0.1, tau: 0.2,/'
+bad_job "bad choice" "bad.yaml:2: model.gate must be replay or computed, got 'replya' \(did you mean 'replay'\?\)" \
+  's/gate: replay/gate: replya/'
+bad_job "bool" "bad.yaml:7: output.tokens must be true or false, got 'yes please'" \
+  's/^output: {dir: run}/output: {dir: run, tokens: yes please}/'
+bad_job "missing required key" "bad.yaml: workload.trace is required" 's/trace: trace.h5, //'
+sed 's/request_rate: 50/request_rate: inf/' job.yaml > inf.yaml
+run_ok "job: request_rate inf is valid" "$ELDR" simulate -c inf.yaml --no-output --quiet
+sed 's/, tau: 0.1//' job.yaml > notau.yaml
+"$ELDR" simulate -c notau.yaml --no-output --json > notau.json 2>/dev/null
+$PY -c "import json; assert abs(json.load(open('notau.json'))['tau'] - json.load(open('/dev/stdin'))['tau']) < 1e-12" \
+  < <("$ELDR" inspect cal2.h5 --json) && ok "job: tau unset takes the calibration's" || bad "job: tau unset"
+mkdir adir
+expect_error "-c DIR" "adir: is a directory, expected a job config file" - "$ELDR" serve --print-ranks -c adir
+expect_error "-c DIR (simulate)" "adir: is a directory, expected a job config file" - "$ELDR" simulate -c adir --no-output
+
+# ---- cost models: required sections ----
+printf 'prefill: {a: 1.0e-3, b: 1.0e-5}\ncontrol_latency_s: 5.0e-5\n' > nodecode.yaml
+expect_error "cost model without decode:" "nodecode.yaml: decode is required" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --cost-model nodecode.yaml --quiet
+printf 'decdoe: {a: 1, b: 1, c: 1, d: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > typo.yaml
+expect_error "cost model with decode: misspelt" "typo.yaml:1: unknown key 'decdoe' \(did you mean 'decode'\?\)" \
+  run/metrics.json "$ELDR" simulate -c job.yaml --cost-model typo.yaml --quiet
+printf 'decode: {a: 1, b: 1, c: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > nod.yaml
+expect_error "cost model without decode.d" "nod.yaml: decode.d is required" - \
+  "$ELDR" simulate -c job.yaml --cost-model nod.yaml --no-output
+sed 's/^  decode:/  decdoe:/' job.yaml > simtypo.yaml
+expect_error "inline cost model misspelt" "simtypo.yaml:10: unknown key 'simulate.decdoe' \(did you mean 'decode'\?\)" \
+  - "$ELDR" simulate -c simtypo.yaml --no-output
+sed 's|^simulate:|simulate:\n  cost_model: '"$SRC"'/configs/costs/h200-qwen3-30b-a3b.yaml|; /^  decode:/d; /^  prefill:/d' job.yaml \
+  > simfile.yaml
+run_ok "cost_model file with inline overrides" "$ELDR" simulate -c simfile.yaml --no-output --quiet
+
+# ---- model configs ----
+sed 's/^hidden_size:/hiden_size:/' "$SRC/configs/models/tiny.yaml" > badmodel.yaml
+expect_error "model: misspelt key" "badmodel.yaml:[0-9]+: unknown key 'hiden_size' \(did you mean 'hidden_size'\?\)" \
+  - "$ELDR" simulate --derive h200 --model badmodel.yaml
+sed 's/^num_experts_per_tok: .*/num_experts_per_tok: 1.5/' "$SRC/configs/models/tiny.yaml" > fracmodel.yaml
+expect_error "model: fractional integer" "num_experts_per_tok must be an integer in \[1, " - \
+  "$ELDR" simulate --derive h200 --model fracmodel.yaml
+
+# ---- overrides checked like the keys ----
+expect_error "serve --tau nan" "--tau: must be >= 0, got 'nan'" - "$ELDR" serve -c job.yaml --tau nan --print-ranks
+expect_error "serve --load-bound -1" "--load-bound: must be >= 0, got '-1'" - \
+  "$ELDR" serve -c job.yaml --load-bound -1 --print-ranks
+for r in 0 -1 nan; do
+  expect_error "simulate --rate $r" "--rate: must be > 0 or inf, got '$r'" - "$ELDR" simulate -c job.yaml --rate "$r" --no-output
+done
+run_ok "simulate --rate inf (all at once)" "$ELDR" simulate -c job.yaml --rate inf --no-output --quiet
+expect_error "simulate --burstiness 0" "--burstiness: must be > 0, got '0'" - \
+  "$ELDR" simulate -c job.yaml --burstiness 0 --no-output
+expect_error "simulate -n -5" "--num-requests: must be an integer in \[0, [0-9]+\], got '-5'" - \
+  "$ELDR" simulate -c job.yaml -n -5 --no-output
+expect_error "simulate --max-batch 0" "--max-batch: must be an integer in \[1, [0-9]+\], got '0'" - \
+  "$ELDR" simulate -c job.yaml --max-batch 0 --no-output
+expect_error "simulate --max-batch 2.5" "--max-batch: must be an integer in \[1, [0-9]+\], got '2.5'" - \
+  "$ELDR" simulate -c job.yaml --max-batch 2.5 --no-output
+expect_error "simulate -K 0" "--decoders: must be an integer in \[1, 65536\], got '0'" - \
+  "$ELDR" simulate -c job.yaml -K 0 --no-output
+expect_error "simulate --admission-cap -1" "--admission-cap: must be an integer in \[0, [0-9]+\], got '-1'" - \
+  "$ELDR" simulate -c job.yaml --admission-cap -1 --no-output
+expect_error "route --tau -1" "--tau: must be >= 0, got '-1'" - "$ELDR" route --calib cal2.h5 --trace trace.h5 --tau -1
+expect_error "route --rate -1" "--rate: must be >= 0 or inf, got '-1'" - \
+  "$ELDR" route --calib cal2.h5 --trace trace.h5 --rate -1
+run_ok "route --rate inf (all at once)" "$ELDR" route --calib cal2.h5 --trace trace.h5 --rate inf
+expect_error "calibrate --max-pairs -5" "--max-pairs: must be an integer in \[0, [0-9]+\], got '-5'" out.h5 \
+  "$ELDR" calibrate --trace trace.h5 -K 2 --max-pairs -5 --out out.h5
+expect_error "place --expert-bytes -5" "--expert-bytes: must be an integer in \[0, [0-9]+\], got '-5'" - \
+  "$ELDR" place profile --load x.json -P 8 -R 2 --expert-bytes -5
+expect_error "refit --signature" "--signature is a fit option: --refit re-clusters" out.h5 \
+  "$ELDR" calibrate --refit cal2.h5 -K 2 --signature count --out out.h5
+expect_error "refit --layers" "--layers is a fit option" out.h5 "$ELDR" calibrate --refit cal2.h5 -K 2 --layers 1 --out out.h5
+expect_error "CLI11 error: one line" "^eldr: error: The following argument was not expected: --bogus" - \
+  "$ELDR" simulate -c job.yaml --bogus
+expect_error "CLI11 missing option: one line" "^eldr: error: --out is required" - "$ELDR" calibrate --trace trace.h5 -K 2
+
+# ---- bounds before allocation ----
+expect_error "route --repeat 100000000" "--repeat 100000000 x 40 requests: needs [0-9.]+ [GMT]?B, this machine has" - \
+  "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 100000000
+expect_error "route --repeat over a small budget" "--repeat 1000 x 40 requests: needs 2.6 MB, this machine has 1.0 MB" - \
+  env ELDR_MEMORY_BUDGET=1000000 "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 1000
+expect_error "synth over the memory budget" "synthetic trace of [0-9]+ routing entries: needs" big.h5 \
+  env ELDR_MEMORY_BUDGET=1000000 "$ELDR" trace synth --requests 10000 --layers 4 --experts 8 --top-k 2 --out big.h5
+$PY - <<'PY'
+import json
+row = lambda t: [[0, 1], [2, 3]]
+line = {"id": "r0", "num_layers": 2, "num_experts": 8, "top_k": 2, "num_tokens": 3, "prompt_len": 1,
+        "topk_ids": [row(t) for t in range(3)]}
+open("ok.jsonl", "w").write(json.dumps(line) + "\n")
+w = dict(line, topk_weights=[[[0.5, 0.5], [0.5, 1e39]]] * 3)
+open("w39.jsonl", "w").write(json.dumps(w) + "\n")
+open("prof-gap.json", "w").write(json.dumps({"token_scores": {"0": {"0": 1, "1": 2}, "1": {"0": 1, "1": 2},
+                                                               "5": {"0": 1, "1": 2}}}))
+open("prof-huge.json", "w").write(json.dumps({"token_scores": {"0": {"0": 1e308, "1": 1e308}}}))
+open("prof.json", "w").write(json.dumps({"token_scores": {"1": {"0": 1, "1": 2, "2": 3, "3": 4}}}))
+open("prev.json", "w").write(json.dumps({"num_layers": 1, "num_experts": 4, "num_ranks": 2, "phy2log": [0, 0, 0, 0]}))
+PY
+expect_error "JSONL num_tokens over the memory budget" "ok.jsonl:1: num_tokens 3 x 2 layers x top-2: needs" imp.h5 \
+  env ELDR_MEMORY_BUDGET=10 "$ELDR" trace import --in ok.jsonl --out imp.h5
+
+# ---- writers refuse what readers reject ----
+expect_error "synth --layers 5000" "num_layers 5000 must be in \[1, 4096\]" s5000.h5 \
+  "$ELDR" trace synth --requests 2 --layers 5000 --experts 8 --top-k 2 --prompt-len 2 --output-len 2 --out s5000.h5
+expect_error "JSONL topk_weights 1e39" "w39.jsonl:1: topk_weights\[0\]\[1\] has a negative or non-finite value" w39.h5 \
+  "$ELDR" trace import --in w39.jsonl --out w39.h5
+expect_error "place: loads of 1e308" "prof-huge.json: the loads sum to .*above 1e300" - \
+  "$ELDR" place profile --load prof-huge.json -P 2 -R 2
+expect_error "place: layer keys 0, 1, 5" "prof-gap.json: token_scores layer keys must be consecutive; layer \"2\" is missing" - \
+  "$ELDR" place profile --load prof-gap.json -P 2 -R 2
+run_ok "place: layer keys starting at 1" "$ELDR" place profile --load prof.json -P 4 -R 2
+
+# ---- messages (item 10) ----
+expect_error "calibrate --holdout 0.99" "--holdout 0.990 leaves [0-9]+ of 40 usable requests to calibrate on, fewer than K = 2" \
+  out.h5 "$ELDR" calibrate --trace trace.h5 -K 2 --holdout 0.99 --out out.h5
+expect_error "place --previous names its file" "prev.json: " - \
+  "$ELDR" place profile --load prof.json -P 4 -R 2 --previous prev.json
+"$ELDR" trace import --in ok.jsonl --out ok.h5 >/dev/null 2>&1 && ok "small JSONL imports" || bad "small JSONL imports"
+$PY -c "
+import gzip, json
+line = json.loads(open('ok.jsonl').read())
+data = ''.join(json.dumps(dict(line, id='r%d' % i)) + '\n' for i in range(200)).encode()
+z = gzip.compress(data)
+open('cut.jsonl.gz', 'wb').write(z[:len(z) * 2 // 3])
+"
+expect_error "truncated gzip" "cut.jsonl.gz:[0-9]+: .*(truncated|ends early)" cut.h5 "$ELDR" trace import --in cut.jsonl.gz --out cut.h5
+
+finish
