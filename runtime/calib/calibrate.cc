@@ -326,10 +326,8 @@ nlohmann::json CalibrateReport::ToJson() const {
   j["mean_within_cluster_distance"] = mean_within_distance;
   j["objective"] = objective;
   j["iterations"] = iterations;
-  j["seconds"] = {{"features", seconds_features},
-                  {"quality", seconds_quality},
-                  {"kmeans", seconds_kmeans},
-                  {"total", seconds_total}};
+  j["seconds"] = {{"features", seconds_features}, {"quality", seconds_quality}, {"kmeans", seconds_kmeans},
+                  {"total", seconds_total},       {"read", seconds_read},       {"write", seconds_write}};
   return j;
 }
 
@@ -365,8 +363,9 @@ std::string CalibrateReport::ToText() const {
   for (auto s : sizes) os << " " << s;
   os << "\nmean within-cluster cosine distance: " << Fmt(mean_within_distance, 4) << " (" << iterations
      << " iterations)\n";
-  os << "time: " << Fmt(seconds_total, 3) << " s (features " << Fmt(seconds_features, 3) << ", rho + greedy "
-     << Fmt(seconds_quality, 3) << ", k-means " << Fmt(seconds_kmeans, 3) << ")\n";
+  os << "time: read " << Fmt(seconds_read, 3) << " s, fit " << Fmt(seconds_total, 3) << " s (features "
+     << Fmt(seconds_features, 3) << ", rho + greedy " << Fmt(seconds_quality, 3) << ", k-means "
+     << Fmt(seconds_kmeans, 3) << "), write " << Fmt(seconds_write, 3) << " s\n";
   return os.str();
 }
 

@@ -54,7 +54,9 @@ struct CalibrateReport {
   double mean_within_distance = 0;  // mean cosine distance of a signature to its centroid
   double objective = 0;
   int iterations = 0;
-  double seconds_features = 0, seconds_quality = 0, seconds_kmeans = 0, seconds_total = 0;
+  double seconds_features = 0, seconds_quality = 0, seconds_kmeans = 0, seconds_total = 0;  // the fit (total: all)
+  // Set by the command around the fit: reading the trace (or the calibration of --refit), writing calibration.h5.
+  double seconds_read = 0, seconds_write = 0;
 
   nlohmann::json ToJson() const;
   std::string ToText() const;

@@ -1,9 +1,12 @@
 #include "runtime/common/hdf5.h"
 
+#include <zlib.h>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
 
+#include "runtime/common/parallel.h"
 #include "runtime/common/signals.h"
 
 namespace eldr::h5 {
@@ -427,6 +430,181 @@ Status File::ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_ro
   return Status::Ok();
 }
 
+namespace {
+
+// What the direct chunk read undoes by hand: the dataset's pipeline is [shuffle,] [deflate] in that order.
+struct ChunkLayout {
+  Dims chunk;  // chunk dims; chunk[i] == shape[i] for i >= 1
+  bool shuffle = false, deflate = false;
+  uint32_t shuffle_bit = 0, deflate_bit = 0;  // the filters' bits in a chunk's filter mask (set: not applied)
+};
+
+// Whether ReadParallel can read `ds` by direct chunk reads; fills `layout` when it can.
+bool DirectLayout(hid_t ds, hid_t mem_type, const Dims& shape, ChunkLayout* layout) {
+  Handle dcpl(H5Dget_create_plist(ds), H5Pclose);
+  Handle ftype(H5Dget_type(ds), H5Tclose);
+  if (!dcpl.valid() || !ftype.valid() || H5Pget_layout(dcpl.get()) != H5D_CHUNKED) return false;
+  if (H5Tequal(ftype.get(), mem_type) <= 0 || shape.empty()) return false;
+  const int rank = static_cast<int>(shape.size());
+  layout->chunk.assign(rank, 0);
+  if (H5Pget_chunk(dcpl.get(), rank, layout->chunk.data()) != rank || layout->chunk[0] == 0) return false;
+  for (int i = 1; i < rank; ++i) {
+    if (layout->chunk[i] != shape[i]) return false;
+  }
+  unsigned opts = 0;
+  if (H5Pget_chunk_opts(dcpl.get(), &opts) < 0 || (opts & H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS)) return false;
+  const int num_filters = H5Pget_nfilters(dcpl.get());
+  if (num_filters < 0 || num_filters > 2) return false;
+  for (int f = 0; f < num_filters; ++f) {
+    unsigned flags = 0, config = 0, cd[8];
+    size_t num_cd = 8;
+    char name[64];
+    const H5Z_filter_t id = H5Pget_filter2(dcpl.get(), f, &flags, &num_cd, cd, sizeof(name), name, &config);
+    if (id == H5Z_FILTER_SHUFFLE && f == 0) {
+      layout->shuffle = true;
+      layout->shuffle_bit = 1u << f;
+    } else if (id == H5Z_FILTER_DEFLATE && !layout->deflate) {
+      layout->deflate = true;
+      layout->deflate_bit = 1u << f;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+// Undoes HDF5's shuffle of `num_elems` elements of `size` bytes (byte b of element i at src[b * num_elems + i]),
+// writing the first `num_out` elements to dst.
+template <size_t kSize>
+void Unshuffle(const unsigned char* src, size_t num_elems, size_t num_out, unsigned char* dst) {
+  for (size_t i = 0; i < num_out; ++i) {
+    for (size_t b = 0; b < kSize; ++b) dst[i * kSize + b] = src[b * num_elems + i];
+  }
+}
+
+void Unshuffle(const unsigned char* src, size_t size, size_t num_elems, size_t num_out, unsigned char* dst) {
+  switch (size) {
+    case 1:
+      std::memcpy(dst, src, num_out);
+      return;
+    case 2:
+      return Unshuffle<2>(src, num_elems, num_out, dst);
+    case 4:
+      return Unshuffle<4>(src, num_elems, num_out, dst);
+    case 8:
+      return Unshuffle<8>(src, num_elems, num_out, dst);
+    default:
+      for (size_t i = 0; i < num_out; ++i) {
+        for (size_t b = 0; b < size; ++b) dst[i * size + b] = src[b * num_elems + i];
+      }
+  }
+}
+
+// One chunk's stored bytes, as H5Dread_chunk gave them.
+struct StoredChunk {
+  hsize_t first_row = 0;
+  uint32_t filter_mask = 0;
+  std::vector<unsigned char> bytes;
+};
+
+// Decodes one stored chunk into its rows of the result. dst: [valid_bytes]; scratch: a worker's buffer.
+bool DecodeChunk(const StoredChunk& c, const ChunkLayout& layout, size_t elem_size, size_t chunk_bytes,
+                 size_t valid_bytes, unsigned char* dst, std::vector<unsigned char>* scratch) {
+  const bool inflate = layout.deflate && !(c.filter_mask & layout.deflate_bit);
+  const bool unshuffle = layout.shuffle && !(c.filter_mask & layout.shuffle_bit);
+  const unsigned char* data = c.bytes.data();
+  if (inflate) {
+    // A whole chunk without shuffle inflates straight into place; a partial or shuffled one goes through scratch.
+    unsigned char* target = (!unshuffle && valid_bytes == chunk_bytes) ? dst : scratch->data();
+    uLongf len = chunk_bytes;
+    if (uncompress(target, &len, data, c.bytes.size()) != Z_OK || len != chunk_bytes) return false;
+    data = target;
+  } else if (c.bytes.size() != chunk_bytes) {
+    return false;
+  }
+  if (unshuffle) {
+    Unshuffle(data, elem_size, chunk_bytes / elem_size, valid_bytes / elem_size, dst);
+  } else if (data != dst) {
+    std::memcpy(dst, data, valid_bytes);
+  }
+  return true;
+}
+
+// Compressed bytes fetched per batch before the workers inflate it: bounds memory on a large trace.
+constexpr size_t kBatchBytes = size_t{64} << 20;
+
+}  // namespace
+
+template <typename T>
+Result<std::vector<T>> File::ReadParallel(const std::string& path, Dims* dims, int expected_rank, int num_threads,
+                                          bool* direct) const {
+  if (direct) *direct = false;
+  ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
+  Handle ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+  ChunkLayout layout;
+  if (!ds.valid() || (expected_rank >= 0 && static_cast<int>(shape.size()) != expected_rank) ||
+      !DirectLayout(ds.get(), NativeType<T>(), shape, &layout)) {
+    return Read<T>(path, dims, expected_rank);
+  }
+  hsize_t row_elems = 1;
+  for (size_t i = 1; i < shape.size(); ++i) row_elems *= shape[i];
+  if (row_elems == 0 || shape[0] > kMaxReadBytes / sizeof(T) / row_elems ||
+      layout.chunk[0] > kMaxReadBytes / sizeof(T) / row_elems) {
+    return Read<T>(path, dims, expected_rank);  // its checks give the error
+  }
+  const size_t row_bytes = row_elems * sizeof(T), chunk_bytes = layout.chunk[0] * row_bytes;
+  std::vector<T> out(shape[0] * row_elems);
+  unsigned char* base = reinterpret_cast<unsigned char*>(out.data());
+  const int threads = num_threads > 0 ? num_threads : DefaultThreads();
+  std::vector<StoredChunk> batch;
+  hsize_t next_row = 0;
+  while (next_row < shape[0]) {
+    // Fetch (serialised: HDF5 is not thread-safe) ...
+    size_t batch_bytes = 0, used = 0;
+    for (; next_row < shape[0] && batch_bytes < kBatchBytes; next_row += layout.chunk[0], ++used) {
+      Dims offset(shape.size(), 0);
+      offset[0] = next_row;
+      hsize_t stored = 0;
+      if (H5Dget_chunk_storage_size(ds.get(), offset.data(), &stored) < 0 || stored == 0 ||
+          stored > chunk_bytes + chunk_bytes / 2 + 4096) {
+        return Read<T>(path, dims, expected_rank);  // unallocated (fill value) or odd: the library's path
+      }
+      if (used == batch.size()) batch.emplace_back();
+      StoredChunk& c = batch[used];
+      c.first_row = next_row;
+      c.bytes.resize(stored);
+      if (H5Dread_chunk(ds.get(), H5P_DEFAULT, offset.data(), &c.filter_mask, c.bytes.data()) < 0) {
+        return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
+      }
+      batch_bytes += stored;
+    }
+    // ... then decode on the workers, each chunk into its own rows.
+    std::vector<uint8_t> ok(used, 0);
+    const int workers = static_cast<int>(std::min<size_t>(std::max(threads, 1), used));
+    ParallelFor(
+        workers,
+        [&](int64_t w) {
+          std::vector<unsigned char> scratch(chunk_bytes);
+          for (size_t i = w; i < used; i += workers) {
+            const StoredChunk& c = batch[i];
+            const hsize_t rows = std::min<hsize_t>(layout.chunk[0], shape[0] - c.first_row);
+            ok[i] = DecodeChunk(c, layout, sizeof(T), chunk_bytes, rows * row_bytes, base + c.first_row * row_bytes,
+                                &scratch);
+          }
+        },
+        workers);
+    for (size_t i = 0; i < used; ++i) {
+      if (!ok[i]) {
+        return Fail("cannot read dataset " + path + ": chunk at row " + std::to_string(batch[i].first_row) +
+                    " does not decompress (truncated or corrupt file)");
+      }
+    }
+  }
+  if (dims) *dims = shape;
+  if (direct) *direct = true;
+  return out;
+}
+
 Result<std::vector<std::string>> File::ReadStrings(const std::string& path) const {
   ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
   if (shape.size() != 1) return Fail(path + " must be a 1-D string dataset");
@@ -457,6 +635,11 @@ Result<std::vector<std::string>> File::ReadStrings(const std::string& path) cons
 
 Result<Appender> Appender::Create(File& file, const std::string& path, hid_t type, const Dims& row_shape,
                                   hsize_t chunk_rows, bool compress) {
+  return Create(file, path, type, row_shape, chunk_rows, compress ? Filters{} : Filters{false, 0});
+}
+
+Result<Appender> Appender::Create(File& file, const std::string& path, hid_t type, const Dims& row_shape,
+                                  hsize_t chunk_rows, const Filters& filters) {
   ELDR_RETURN_IF_ERROR(file.CreateGroup(ParentOf(path)));
   Dims dims{0}, maxdims{H5S_UNLIMITED}, chunk{std::max<hsize_t>(chunk_rows, 1)};
   for (auto d : row_shape) {
@@ -472,7 +655,10 @@ Result<Appender> Appender::Create(File& file, const std::string& path, hid_t typ
   if (!space.valid() || !dcpl.valid() || H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0) {
     return fail();
   }
-  if (compress && (H5Pset_shuffle(dcpl.get()) < 0 || H5Pset_deflate(dcpl.get(), 4) < 0)) return fail();
+  if (filters.shuffle && H5Pset_shuffle(dcpl.get()) < 0) return fail();
+  if (filters.deflate_level > 0 && H5Pset_deflate(dcpl.get(), static_cast<unsigned>(filters.deflate_level)) < 0) {
+    return fail();
+  }
   Appender a;
   a.dataset_ =
       Handle(H5Dcreate2(file.id(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
@@ -512,10 +698,11 @@ Status Appender::Close() {
   return Status::Ok();
 }
 
-#define ELDR_H5_INSTANTIATE(T)                                                                  \
-  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool); \
-  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;          \
-  template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const;
+#define ELDR_H5_INSTANTIATE(T)                                                                    \
+  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool);   \
+  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;            \
+  template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const; \
+  template Result<std::vector<T>> File::ReadParallel<T>(const std::string&, Dims*, int, int, bool*) const;
 ELDR_H5_INSTANTIATE(uint8_t)
 ELDR_H5_INSTANTIATE(int8_t)
 ELDR_H5_INSTANTIATE(uint16_t)

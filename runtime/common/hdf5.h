@@ -85,6 +85,15 @@ class File {
   Result<std::vector<T>> Read(const std::string& path, Dims* dims, int expected_rank = -1) const;
   Result<std::vector<std::string>> ReadStrings(const std::string& path) const;
   Result<Dims> Shape(const std::string& path) const;
+  // Read<T> with the chunks decompressed on `num_threads` threads (<= 0: DefaultThreads()). The compressed bytes
+  // of each chunk are fetched with H5Dread_chunk on the calling thread (HDF5 is not thread-safe), then inflated
+  // with zlib and un-shuffled by hand on the workers, straight into the result: the same bytes as Read<T>.
+  // Layouts it does not handle are read with Read<T>: contiguous or compact storage, filters other than
+  // [shuffle,] deflate, chunks not spanning whole rows (dimensions >= 1), a stored type other than T's native
+  // one, unallocated chunks, unfiltered partial edge chunks. `direct` (optional) tells which path ran.
+  template <typename T>
+  Result<std::vector<T>> ReadParallel(const std::string& path, Dims* dims, int expected_rank = -1, int num_threads = 0,
+                                      bool* direct = nullptr) const;
   // Reads rows [row_begin, row_begin + num_rows) of a dataset along dimension 0.
   template <typename T>
   Status ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_rows, std::vector<T>* out) const;
@@ -100,11 +109,21 @@ class File {
   std::string name_;
 };
 
+// The filter pipeline of a chunked dataset: shuffle (byte transposition; helps deflate on small integers and
+// floats), then deflate at `deflate_level` (1-9; 0: no deflate).
+struct Filters {
+  bool shuffle = true;
+  int deflate_level = 4;
+};
+
 // A dataset that grows along dimension 0, for streaming writers (trace import). Row shape fixed.
 class Appender {
  public:
+  // compress: Filters{} (shuffle + deflate 4); else no filter.
   static Result<Appender> Create(File& file, const std::string& path, hid_t type, const Dims& row_shape,
                                  hsize_t chunk_rows, bool compress);
+  static Result<Appender> Create(File& file, const std::string& path, hid_t type, const Dims& row_shape,
+                                 hsize_t chunk_rows, const Filters& filters);
   // Appends `num_rows` rows of row-major data of the element type given at creation.
   Status Append(const void* data, hsize_t num_rows);
   // Closes the dataset, reporting a failed flush of its cached chunks (a full disk often shows only here).

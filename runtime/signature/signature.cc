@@ -2,6 +2,8 @@
 
 #include <cmath>
 
+#include "runtime/common/parallel.h"
+
 namespace eldr {
 
 const char* SignatureVariantName(SignatureVariant v) {
@@ -45,32 +47,38 @@ RequestFeatures ComputeRequestFeatures(const Trace& trace, const std::vector<int
   f.decode_profile.assign(row * f.num_requests, 0.f);
   f.decode_tokens.assign(f.num_requests, 0);
   if (trace.has_weights()) f.gate_sums.assign(row * f.num_requests, 0.f);
-  for (int i = 0; i < f.num_requests; ++i) {
-    const TraceRequest& r = trace.requests[request_indices[i]];
-    float* counts = f.prefill_counts.data() + i * row;
-    float* gates = trace.has_weights() ? f.gate_sums.data() + i * row : nullptr;
-    float* decode = f.decode_profile.data() + i * row;
-    for (int64_t t = 0; t < r.num_tokens; ++t) {
-      const int64_t g = r.offset + t;
-      const uint16_t* ids = trace.token_ids(g);
-      const bool prefill = t < r.prompt_len;
-      float* dst = prefill ? counts : decode;
-      for (int l = 0; l < L; ++l) {
-        for (int j = 0; j < K; ++j) dst[l * E + ids[l * K + j]] += 1.f;
-      }
-      if (prefill && gates) {
-        const float* w = trace.token_weights(g);
-        for (int l = 0; l < L; ++l) {
-          for (int j = 0; j < K; ++j) gates[l * E + ids[l * K + j]] += w[l * K + j];
+  // Each request fills its own rows in token order, so the threads change neither a sum nor its order.
+  int64_t work = 0;
+  for (int32_t r : request_indices) work += trace.requests[r].num_tokens * L * K;
+  ParallelFor(
+      f.num_requests,
+      [&](int64_t i) {
+        const TraceRequest& r = trace.requests[request_indices[i]];
+        float* counts = f.prefill_counts.data() + i * row;
+        float* gates = trace.has_weights() ? f.gate_sums.data() + i * row : nullptr;
+        float* decode = f.decode_profile.data() + i * row;
+        for (int64_t t = 0; t < r.num_tokens; ++t) {
+          const int64_t g = r.offset + t;
+          const uint16_t* ids = trace.token_ids(g);
+          const bool prefill = t < r.prompt_len;
+          float* dst = prefill ? counts : decode;
+          for (int l = 0; l < L; ++l) {
+            for (int j = 0; j < K; ++j) dst[l * E + ids[l * K + j]] += 1.f;
+          }
+          if (prefill && gates) {
+            const float* w = trace.token_weights(g);
+            for (int l = 0; l < L; ++l) {
+              for (int j = 0; j < K; ++j) gates[l * E + ids[l * K + j]] += w[l * K + j];
+            }
+          }
         }
-      }
-    }
-    f.decode_tokens[i] = r.decode_len();
-    if (r.decode_len() > 0) {
-      const float inv = 1.f / static_cast<float>(r.decode_len());
-      for (size_t x = 0; x < row; ++x) decode[x] *= inv;
-    }
-  }
+        f.decode_tokens[i] = r.decode_len();
+        if (r.decode_len() > 0) {
+          const float inv = 1.f / static_cast<float>(r.decode_len());
+          for (size_t x = 0; x < row; ++x) decode[x] *= inv;
+        }
+      },
+      ThreadsFor(work));
   return f;
 }
 

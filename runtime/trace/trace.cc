@@ -1,6 +1,7 @@
 #include "runtime/trace/trace.h"
 
 #include <cmath>
+#include <type_traits>
 #include <unordered_set>
 
 #include "runtime/common/hdf5.h"
@@ -108,7 +109,9 @@ Status ValidateTrace(const Trace& trace, const std::string& name) {
   return Status::Ok();
 }
 
-Result<Trace> ReadTrace(const std::string& path) {
+Result<Trace> ReadTrace(const std::string& path) { return ReadTrace(path, TraceReadOptions()); }
+
+Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options) {
   ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
   Trace t;
   auto fmt = f.ReadStringAttribute("/", "format");
@@ -128,14 +131,21 @@ Result<Trace> ReadTrace(const std::string& path) {
   t.shape.num_layers = static_cast<int>(L);
   t.shape.num_experts = static_cast<int>(E);
   t.shape.top_k = static_cast<int>(K);
+  const auto read = [&](const std::string& name, auto* out, h5::Dims* dims) -> Status {
+    using T = typename std::remove_pointer_t<decltype(out)>::value_type;
+    auto r = options.direct_chunks ? f.ReadParallel<T>(name, dims, 3, options.num_threads) : f.Read<T>(name, dims, 3);
+    if (!r.ok()) return r.status();
+    *out = std::move(r).value();
+    return Status::Ok();
+  };
   h5::Dims dims;
-  ELDR_ASSIGN_OR_RETURN(t.topk_ids, f.Read<uint16_t>("/tokens/topk_ids", &dims, 3));
+  ELDR_RETURN_IF_ERROR(read("/tokens/topk_ids", &t.topk_ids, &dims));
   if (dims[1] != static_cast<hsize_t>(L) || dims[2] != static_cast<hsize_t>(K)) {
     return Status::Corrupt(path + ": /tokens/topk_ids shape does not match num_layers/top_k attributes");
   }
-  if (f.Exists("/tokens/topk_weights")) {
+  if (options.weights && f.Exists("/tokens/topk_weights")) {
     h5::Dims wdims;
-    ELDR_ASSIGN_OR_RETURN(t.topk_weights, f.Read<float>("/tokens/topk_weights", &wdims, 3));
+    ELDR_RETURN_IF_ERROR(read("/tokens/topk_weights", &t.topk_weights, &wdims));
     if (wdims != dims) return Status::Corrupt(path + ": /tokens/topk_weights shape differs from topk_ids");
   }
   ELDR_ASSIGN_OR_RETURN(auto ids, f.ReadStrings("/requests/id"));
@@ -156,9 +166,9 @@ Result<Trace> ReadTrace(const std::string& path) {
   return t;
 }
 
-Status WriteTrace(const Trace& trace, const std::string& path) {
+Status WriteTrace(const Trace& trace, const std::string& path, const TraceStorage& storage) {
   ELDR_RETURN_IF_ERROR(ValidateTrace(trace, path));
-  ELDR_ASSIGN_OR_RETURN(auto writer, TraceWriter::Open(path, trace.shape, trace.has_weights()));
+  ELDR_ASSIGN_OR_RETURN(auto writer, TraceWriter::Open(path, trace.shape, trace.has_weights(), storage));
   for (const auto& r : trace.requests) {
     ELDR_RETURN_IF_ERROR(
         writer->Append(r, trace.token_ids(r.offset), trace.has_weights() ? trace.token_weights(r.offset) : nullptr));
@@ -169,7 +179,7 @@ Status WriteTrace(const Trace& trace, const std::string& path) {
 // ---- TraceWriter ----
 
 Result<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, const TraceShape& shape,
-                                                       bool with_weights) {
+                                                       bool with_weights, const TraceStorage& storage) {
   ELDR_RETURN_IF_ERROR(ValidateTraceShape(shape.num_layers, shape.num_experts, shape.top_k, path));
   std::unique_ptr<TraceWriter> w(new TraceWriter(path));
   ELDR_RETURN_IF_ERROR(w->out_.CheckWritable());
@@ -177,13 +187,18 @@ Result<std::unique_ptr<TraceWriter>> TraceWriter::Open(const std::string& path, 
   w->file_ = std::make_unique<h5::File>(std::move(f));
   w->shape_ = shape;
   const h5::Dims row{static_cast<hsize_t>(shape.num_layers), static_cast<hsize_t>(shape.top_k)};
-  const hsize_t chunk_rows = std::max<hsize_t>(1, (1u << 18) / (row[0] * row[1]));
-  ELDR_ASSIGN_OR_RETURN(h5::Appender ids,
-                        h5::Appender::Create(*w->file_, "/tokens/topk_ids", H5T_NATIVE_UINT16, row, chunk_rows, true));
+  const hsize_t id_row_bytes = row[0] * row[1] * sizeof(uint16_t);
+  const hsize_t chunk_rows =
+      storage.chunk_rows > 0
+          ? static_cast<hsize_t>(storage.chunk_rows)
+          : std::max<hsize_t>(1, static_cast<hsize_t>(std::max<int64_t>(storage.chunk_bytes, 1)) / id_row_bytes);
+  const h5::Filters filters{storage.shuffle, storage.deflate_level};
+  ELDR_ASSIGN_OR_RETURN(h5::Appender ids, h5::Appender::Create(*w->file_, "/tokens/topk_ids", H5T_NATIVE_UINT16, row,
+                                                               chunk_rows, filters));
   w->ids_ = std::make_unique<h5::Appender>(std::move(ids));
   if (with_weights) {
     ELDR_ASSIGN_OR_RETURN(h5::Appender ws, h5::Appender::Create(*w->file_, "/tokens/topk_weights", H5T_NATIVE_FLOAT,
-                                                                row, chunk_rows, true));
+                                                                row, chunk_rows, filters));
     w->weights_ = std::make_unique<h5::Appender>(std::move(ws));
   }
   return w;

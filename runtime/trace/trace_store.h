@@ -15,7 +15,8 @@ namespace eldr {
 
 class TraceWriter {
  public:
-  static Result<std::unique_ptr<TraceWriter>> Open(const std::string& path, const TraceShape& shape, bool with_weights);
+  static Result<std::unique_ptr<TraceWriter>> Open(const std::string& path, const TraceShape& shape, bool with_weights,
+                                                   const TraceStorage& storage = TraceStorage());
   // ids: [num_tokens, L, k]; weights: same shape, or empty when the writer has no weights.
   // request.offset is assigned by the writer.
   Status Append(const TraceRequest& request, const uint16_t* ids, const float* weights);
