@@ -38,7 +38,8 @@ nlohmann::json OptionsJson(const CLI::App& cmd) {
 }
 
 nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd) {
-  for (auto& [key, value] : Provenance(OptionsJson(cmd)).items()) report[key] = value;
+  const nlohmann::json provenance = Provenance(OptionsJson(cmd));  // named: items() must not outlive it
+  for (const auto& [key, value] : provenance.items()) report[key] = value;
   return report;
 }
 

@@ -205,7 +205,8 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   j["topology"] = {{"prefill_ranks", c.prefill_ranks}, {"decode_ranks", c.decode_ranks}, {"ep_size", c.ep_size}};
   j["model"] = model;
   j["trace"] = c.trace;
-  for (auto& [key, value] : Provenance(JobConfigJson(c)).items()) j[key] = value;
+  const nlohmann::json provenance = Provenance(JobConfigJson(c));  // named: items() must not outlive it
+  for (const auto& [key, value] : provenance.items()) j[key] = value;
   return j;
 }
 
