@@ -20,20 +20,26 @@ using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::Ro
 
 double UniformReal(std::mt19937_64& rng) { return (rng() >> 11) * (1.0 / 9007199254740992.0); }
 
-}  // namespace
-
-std::vector<int32_t> CapacitatedAssignment(const std::vector<double>& cost, int n, int k, int capacity) {
-  ELDR_CHECK(static_cast<int64_t>(k) * capacity >= n, "capacity " << capacity << " x " << k << " < " << n);
-  ELDR_CHECK(cost.size() == static_cast<size_t>(n) * k, "cost must be [n, k]");
-  // Nodes: points 0..n-1, clusters n..n+k-1, sink n+k. StaticDigraph wants arcs sorted by source.
-  lemon::StaticDigraph g;
+// The transportation graph of both assignments: points 0..n-1, clusters n..n+k-1, sink n+k; arcs point→cluster
+// (index i·k + c), then cluster→sink (index n·k + c). StaticDigraph wants arcs sorted by source.
+std::vector<std::pair<int, int>> BuildAssignmentGraph(int n, int k, lemon::StaticDigraph* g) {
   std::vector<std::pair<int, int>> arcs;
   arcs.reserve(static_cast<size_t>(n) * k + k);
   for (int i = 0; i < n; ++i) {
     for (int c = 0; c < k; ++c) arcs.emplace_back(i, n + c);
   }
   for (int c = 0; c < k; ++c) arcs.emplace_back(n + c, n + k);
-  g.build(n + k + 1, arcs.begin(), arcs.end());
+  g->build(n + k + 1, arcs.begin(), arcs.end());
+  return arcs;
+}
+
+}  // namespace
+
+std::vector<int32_t> CapacitatedAssignment(const std::vector<double>& cost, int n, int k, int capacity) {
+  ELDR_CHECK(static_cast<int64_t>(k) * capacity >= n, "capacity " << capacity << " x " << k << " < " << n);
+  ELDR_CHECK(cost.size() == static_cast<size_t>(n) * k, "cost must be [n, k]");
+  lemon::StaticDigraph g;
+  const std::vector<std::pair<int, int>> arcs = BuildAssignmentGraph(n, k, &g);
 
   using Cost = int64_t;
   lemon::StaticDigraph::ArcMap<int> upper(g);
@@ -128,13 +134,7 @@ WeightedAssignment WeightedCapacitatedAssignment(const std::vector<double>& cost
   }
   ELDR_CHECK(static_cast<int64_t>(k) * capacity >= total, "capacity " << capacity << " x " << k << " < " << total);
   lemon::StaticDigraph g;
-  std::vector<std::pair<int, int>> arcs;
-  arcs.reserve(static_cast<size_t>(n) * k + k);
-  for (int i = 0; i < n; ++i) {
-    for (int c = 0; c < k; ++c) arcs.emplace_back(i, n + c);
-  }
-  for (int c = 0; c < k; ++c) arcs.emplace_back(n + c, n + k);
-  g.build(n + k + 1, arcs.begin(), arcs.end());
+  const std::vector<std::pair<int, int>> arcs = BuildAssignmentGraph(n, k, &g);
   using Cost = int64_t;
   lemon::StaticDigraph::ArcMap<int64_t> upper(g);
   lemon::StaticDigraph::ArcMap<Cost> arc_cost(g);
