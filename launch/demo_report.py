@@ -226,9 +226,11 @@ def main():
             result.setdefault("simulated", {})[label] = {
                 "median_pct": pct(s["eldr"]["median_tpot_ms"], s["jsq"]["median_tpot_ms"]),
                 "p99_pct": pct(s["eldr"]["p99_tpot_ms"], s["jsq"]["p99_tpot_ms"])}
-    if a.json:
-        with open(a.json, "w") as f:
+    if a.json:  # written whole or not at all
+        tmp = a.json + ".tmp"
+        with open(tmp, "w") as f:
             json.dump(result, f, indent=1, default=str)
+        os.replace(tmp, a.json)
 
 
 if __name__ == "__main__":
