@@ -77,6 +77,15 @@ Status RunFit(const SimulateArgs& a) {
     j["decode_samples"] = r.decode_samples;
     j["prefill_samples"] = r.prefill_samples;
     j["decode_median_rel_error"] = r.decode_median_rel_error;
+    const WithinBatchFit& w = r.within_batch;
+    j["within_batch"] = {{"steps", w.steps},
+                         {"batch_sizes", w.batch_sizes},
+                         {"b", w.b},
+                         {"b_se", w.b_se},
+                         {"t", w.t()},
+                         {"d", w.d},
+                         {"partial_r", w.partial_r},
+                         {"within_share", w.within_share}};
     return WriteOrPrint(a.out, DumpJson(j) + "\n");
   }
   return WriteOrPrint(a.out, CostModelYaml(r.model));

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <regex>
 #include <sstream>
@@ -245,6 +246,68 @@ std::vector<double> NonNegativeLeastSquares(const std::vector<double>& x, const 
   return best;
 }
 
+WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<double>& y) {
+  WithinBatchFit w;
+  const size_t n = y.size();
+  if (n == 0) return w;
+  std::map<double, std::vector<size_t>> groups;  // batch size → rows
+  double mean_distinct = 0;
+  for (size_t i = 0; i < n; ++i) {
+    groups[x[i * 4 + 2]].push_back(i);
+    mean_distinct += x[i * 4 + 1] / static_cast<double>(n);
+  }
+  double total_distinct = 0;
+  for (size_t i = 0; i < n; ++i) total_distinct += (x[i * 4 + 1] - mean_distinct) * (x[i * 4 + 1] - mean_distinct);
+  std::vector<double> t, e, c;  // time, distinct experts, context, each minus its batch size's mean
+  for (const auto& [batch, rows] : groups) {
+    if (rows.size() < 2) continue;
+    ++w.batch_sizes;
+    double mt = 0, me = 0, mc = 0;
+    for (size_t i : rows) {
+      mt += y[i] / static_cast<double>(rows.size());
+      me += x[i * 4 + 1] / static_cast<double>(rows.size());
+      mc += x[i * 4 + 3] / static_cast<double>(rows.size());
+    }
+    for (size_t i : rows) {
+      t.push_back(y[i] - mt);
+      e.push_back(x[i * 4 + 1] - me);
+      c.push_back(x[i * 4 + 3] - mc);
+    }
+  }
+  w.steps = static_cast<int>(t.size());
+  double see = 0, scc = 0, sec = 0, set = 0, sct = 0, stt = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    see += e[i] * e[i], scc += c[i] * c[i], sec += e[i] * c[i];
+    set += e[i] * t[i], sct += c[i] * t[i], stt += t[i] * t[i];
+  }
+  w.within_share = total_distinct > 0 ? see / total_distinct : 0.0;
+  if (!(see > 0)) return w;
+  // Context constant within every batch size (or collinear with distinct): regress on distinct experts alone.
+  const double det = see * scc - sec * sec;
+  const bool with_context = scc > 0 && det > 1e-12 * see * scc;
+  int params = 1;
+  if (with_context) {
+    w.b = (scc * set - sec * sct) / det;
+    w.d = (see * sct - sec * set) / det;
+    params = 2;
+  } else {
+    w.b = set / see;
+  }
+  double ssr = 0;
+  for (size_t i = 0; i < t.size(); ++i) {
+    const double r = t[i] - w.b * e[i] - w.d * c[i];
+    ssr += r * r;
+  }
+  const int dof = w.steps - w.batch_sizes - params;
+  if (dof > 0) w.b_se = std::sqrt(ssr / dof * (with_context ? scc / det : 1.0 / see));
+  // Partial correlation: the residuals of time and of distinct experts after context, both within batch sizes.
+  const double ee = with_context ? see - sec * sec / scc : see;
+  const double tt = with_context ? stt - sct * sct / scc : stt;
+  const double et = with_context ? set - sec * sct / scc : set;
+  w.partial_r = ee > 0 && tt > 0 ? et / std::sqrt(ee * tt) : 0.0;
+  return w;
+}
+
 Result<CostModel> LoadCostModel(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(YAML::Node y, LoadYamlFile(path, "a cost model"));
   CostModel m;
@@ -335,6 +398,14 @@ std::string FitReport::Summary() const {
     << " us/distinct expert + " << Fmt(model.decode_c * 1e6, 3) << " us/sequence + " << Fmt(model.decode_d * 1e9, 3)
     << " ns/context token\n"
     << "prefill = " << Fmt(model.prefill_a * 1e3, 4) << " ms + " << Fmt(model.prefill_b * 1e6, 3) << " us/token\n";
+  const WithinBatchFit& w = within_batch;
+  if (w.steps > 0) {
+    o << "within batch sizes (" << w.steps << " steps in " << w.batch_sizes << " batch sizes; "
+      << Fmt(100 * w.within_share, 1)
+      << "% of the distinct experts' variance is at a fixed batch): " << Fmt(w.b * 1e6, 3) << " +- "
+      << Fmt(w.b_se * 1e6, 3) << " us/distinct expert (t = " << Fmt(w.t(), 1) << "), " << Fmt(w.d * 1e9, 3)
+      << " ns/context token, partial r = " << Fmt(w.partial_r, 3) << "\n";
+  }
   return o.str();
 }
 
@@ -382,6 +453,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     m.decode_d = beta[3];
     r.decode_samples = static_cast<int>(s.decode_y.size());
     r.decode_r2 = RSquared(s.decode_x, s.decode_y, 4, beta);
+    r.within_batch = FitWithinBatch(s.decode_x, s.decode_y);
     std::vector<double> rel;
     for (size_t i = 0; i < s.decode_y.size(); ++i) {
       if (s.decode_y[i] <= 0) continue;

@@ -77,11 +77,30 @@ struct DeviceSpec {
 // Dtype: the model config's torch_dtype.
 CostModel DeriveCostModel(const ModelConfig& model, const DeviceSpec& device);
 
+// Whether decode steps identify b apart from the batch (distinct experts grow with the batch, so a pooled fit can
+// credit the batch's cost to them or the reverse): the within-batch ("fixed effects") estimator. Steps are grouped
+// by batch size; time, distinct experts and context are demeaned within each group; the demeaned time is regressed
+// on the demeaned distinct experts and context (ordinary least squares, no intercept, no sign constraint). b then
+// comes only from steps whose distinct experts differ at the same batch (e.g. same-domain vs mixed batches).
+struct WithinBatchFit {
+  int steps = 0;            // decode steps in batch sizes with >= 2 steps (the others carry no within variation)
+  int batch_sizes = 0;      // such batch sizes
+  double b = 0;             // s per distinct expert at a fixed batch (not clamped: negative means none)
+  double b_se = 0;          // its standard error (homoscedastic least squares); 0 when undefined
+  double d = 0;             // s per context token at a fixed batch
+  double partial_r = 0;     // correlation of time and distinct experts at a fixed batch, context partialled out
+  double within_share = 0;  // share of distinct experts' variance (about the mean of all steps) within batch sizes
+  double t() const { return b_se > 0 ? b / b_se : 0.0; }
+};
+// x: [n, 4] rows (1, distinct, batch, context), y: [n] seconds (the decode samples of a fit).
+WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<double>& y);
+
 struct FitReport {
   CostModel model;
   int decode_samples = 0, prefill_samples = 0;
   double decode_r2 = 0, prefill_r2 = 0;
   double decode_median_rel_error = 0;  // median |predicted − measured| / measured over the decode samples
+  WithinBatchFit within_batch;         // from step logs (steps == 0 for moe_layer_bench input)
   std::string Summary() const;
 };
 // Fits from `eldr serve` steps.jsonl files and/or moe_layer_bench JSON files (told apart by content).

@@ -389,6 +389,68 @@ TEST(CostModel, FitFromAStepLog) {
   EXPECT_NE(bad.status().message().find("steps.jsonl:81"), std::string::npos) << bad.status().message();
 }
 
+TEST(CostModel, WithinBatchFitSeparatesExpertsFromTheBatch) {
+  // Distinct experts grow with the batch (100 per sequence) and vary by ±{0, 5, 10} at each batch; the time is
+  // 1 ms + 20 us/expert + 300 us/sequence + 100 ns/context token. Only the within-batch variation carries b:
+  // the estimator must give b and d exactly, partial r = 1 (no noise).
+  std::vector<double> x, y;
+  for (int batch = 1; batch <= 8; ++batch) {
+    for (int k = 0; k < 6; ++k) {
+      const double distinct = 100.0 * batch + 5.0 * (k % 3) - 5.0, context = 50.0 * batch + 7.0 * k;
+      x.insert(x.end(), {1.0, distinct, double(batch), context});
+      y.push_back(1e-3 + 2e-5 * distinct + 3e-4 * batch + 1e-7 * context);
+    }
+  }
+  const WithinBatchFit w = FitWithinBatch(x, y);
+  EXPECT_EQ(w.steps, 48);
+  EXPECT_EQ(w.batch_sizes, 8);
+  EXPECT_NEAR(w.b, 2e-5, 1e-12);
+  EXPECT_NEAR(w.d, 1e-7, 1e-13);
+  EXPECT_NEAR(w.partial_r, 1.0, 1e-9);
+  EXPECT_NEAR(w.b_se, 0.0, 1e-12);
+  // Within share by hand: per batch the deviations are −5, 0, 5 twice (Σ = 100 per batch, 800 in all); the
+  // total variance about the grand mean adds 100²·Σ(batch − 4.5)²·6 = 10⁴·42·6.
+  EXPECT_NEAR(w.within_share, 800.0 / (800.0 + 1e4 * 42 * 6), 1e-12);
+}
+
+TEST(CostModel, WithinBatchFitFindsNoExpertTermWhereTimeFollowsTheBatchOnly) {
+  // Time = 2 ms per sequence; distinct experts rise with the batch and vary at a fixed batch. A pooled fit may
+  // credit the batch's cost to distinct experts; the within-batch slope is exactly 0.
+  std::vector<double> x, y;
+  for (int batch = 1; batch <= 6; ++batch) {
+    for (int k = 0; k < 4; ++k) {
+      x.insert(x.end(), {1.0, 50.0 * batch + 3.0 * k, double(batch), 10.0});
+      y.push_back(2e-3 * batch);
+    }
+  }
+  const WithinBatchFit w = FitWithinBatch(x, y);
+  EXPECT_EQ(w.batch_sizes, 6);
+  EXPECT_NEAR(w.b, 0.0, 1e-15);
+  EXPECT_NEAR(w.d, 0.0, 1e-15);  // context constant: the fit uses distinct experts alone
+  EXPECT_EQ(w.partial_r, 0.0);
+}
+
+TEST(CostModel, WithinBatchFitByHand) {
+  // Two batch sizes, context constant. Batch 1: distinct (10, 12, 14), time (1, 2, 4); batch 2: distinct (20, 22),
+  // time (5, 5). Deviations: distinct (−2, 0, 2 | −1, 1), time (−4/3, −1/3, 5/3 | 0, 0); Σ e·t = 6, Σ e² = 10:
+  // b = 0.6. Residuals t − 0.6·e = (−2/15, −1/3, 7/15 | 0.6, −0.6); dof =
+  // 5 − 2 − 1 = 2; se = sqrt(SSR/2/10). A batch size with a single step is left out.
+  std::vector<double> x, y;
+  auto add = [&](double batch, double distinct, double time) {
+    x.insert(x.end(), {1.0, distinct, batch, 0.0});
+    y.push_back(time);
+  };
+  add(1, 10, 1), add(1, 12, 2), add(1, 14, 4), add(2, 20, 5), add(2, 22, 5), add(3, 40, 9);
+  const WithinBatchFit w = FitWithinBatch(x, y);
+  EXPECT_EQ(w.steps, 5);
+  EXPECT_EQ(w.batch_sizes, 2);
+  EXPECT_NEAR(w.b, 0.6, 1e-12);
+  const double ssr = std::pow(-4.0 / 3 + 1.2, 2) + std::pow(-1.0 / 3, 2) + std::pow(5.0 / 3 - 1.2, 2) + 0.36 + 0.36;
+  EXPECT_NEAR(w.b_se, std::sqrt(ssr / 2 / 10), 1e-12);
+  // Σ t² = 16/9 + 1/9 + 25/9 = 42/9: r = 6 / sqrt(10 · 42/9).
+  EXPECT_NEAR(w.partial_r, 6 / std::sqrt(10 * 42.0 / 9), 1e-12);
+}
+
 TEST(Simulator, SharedCoresSlowConcurrentWork) {
   // cores = 1: two decoders start a 1 s step at t = 0 and share the core: both end at t = 2 (processor sharing).
   Row p = {{0, 1}, {0, 1}};
