@@ -2,13 +2,16 @@
 // `eldr calibrate` fit for N = 1000 requests, L = 48, E = 128, top-8, K = 16 on a synthetic trace,
 // greedy layer selection included (target <= 5 s, stretch <= 2 s on the 2-core dev machine).
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "runtime/calib/balanced_kmeans.h"
 #include "runtime/calib/calibrate.h"
+#include "runtime/calib/calibration.h"
 #include "runtime/signature/quality.h"
 #include "runtime/trace/synth.h"
 
@@ -60,6 +63,42 @@ BENCHMARK(BM_CalibrateFit)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(3);
+
+// Writing the calibration of the fit above (all 48 layers kept: signatures [1000, 6144], decode profiles
+// [1000, 48, 128], expert load [16, 48, 128], ~50 MB of floats) at deflate level range(0) on range(1) threads.
+// Counter file_mb: the size of the file written.
+const Calibration& FitCalibration() {
+  static const Calibration calib = [] {
+    CalibrateReport rep;
+    return Calibrate(FitTrace(), FitOptions(), &rep).value();
+  }();
+  return calib;
+}
+
+void BM_CalibrationWrite(benchmark::State& state) {
+  const Calibration& c = FitCalibration();
+  CalibrationStorage storage;
+  storage.deflate_level = static_cast<int>(state.range(0));
+  storage.num_threads = static_cast<int>(state.range(1));
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("eldr_bench_calib_" + std::to_string(getpid()) + ".h5")).string();
+  for (auto _ : state) {
+    const Status s = WriteCalibration(c, path, storage);
+    if (!s.ok()) state.SkipWithError(s.message().c_str());
+  }
+  state.counters["file_mb"] = static_cast<double>(std::filesystem::file_size(path)) / 1e6;
+  state.counters["dim"] = c.dim();
+  std::filesystem::remove(path);
+}
+BENCHMARK(BM_CalibrationWrite)
+    ->Setup([](const benchmark::State&) { FitCalibration(); })
+    ->ArgNames({"level", "threads"})
+    ->Args({4, 1})
+    ->Args({4, 2})
+    ->Args({1, 1})
+    ->Args({1, 2})
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Error of ρ from the default 20k sampled pairs against all N(N-1)/2 = 499500 pairs, for every greedy
 // prefix of the fit's layer order (reported as the max and mean absolute error).

@@ -54,13 +54,24 @@ struct Calibration {
   int dim() const { return signature.dim(); }
 };
 
-// Reads and validates the whole file (shapes, finite values, assignment range). Errors name the file.
+// How the large datasets of calibration.h5 (signatures, decode profiles, expert load) are stored: chunked with
+// shuffle + deflate at `deflate_level` (1-9), the chunks compressed on `num_threads` threads (<= 0:
+// DefaultThreads()) and written by direct chunk writes (h5::File::Write); any HDF5 reader reads them. Level 1 is
+// the default: on the paper-scale calibration it compresses ~2.5x faster than level 4 for a file ~7 % larger
+// (bench/README.md, "eldr calibrate end to end").
+struct CalibrationStorage {
+  int deflate_level = 1;
+  int num_threads = 0;
+};
+
+// Reads and validates the whole file (shapes, finite values, assignment range). Errors name the file. The large
+// datasets are inflated on DefaultThreads() threads (h5::File::ReadParallel).
 Result<Calibration> ReadCalibration(const std::string& path);
 // Writes through a temporary file renamed into place (the output policy of runtime/common/atomic_file.h).
-Status WriteCalibration(const Calibration& calib, const std::string& path);
+Status WriteCalibration(const Calibration& calib, const std::string& path, const CalibrationStorage& storage = {});
 // Writes to out.temp_path() only, errors naming out.path(); the caller commits (e.g. with the report of the same
 // run, through an OutputSet).
-Status WriteCalibration(const Calibration& calib, const AtomicOutput& out);
+Status WriteCalibration(const Calibration& calib, const AtomicOutput& out, const CalibrationStorage& storage = {});
 // Checks internal consistency; `name` prefixes errors.
 Status ValidateCalibration(const Calibration& calib, const std::string& name);
 
