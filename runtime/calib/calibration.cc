@@ -125,11 +125,14 @@ Status WriteCalibration(const Calibration& c, const std::string& path, const Cal
 Status WriteCalibration(const Calibration& c, const AtomicOutput& out, const CalibrationStorage& storage) {
   const std::string& path = out.path();
   ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
-  if (storage.deflate_level < 1 || storage.deflate_level > 9) {
-    return Status::InvalidArgument(path + ": calibration deflate level must be in [1, 9], got " +
-                                   std::to_string(storage.deflate_level));
+  for (const DatasetStorage* d : {&storage.signatures, &storage.profiles}) {
+    if (d->deflate_level < 1 || d->deflate_level > 9) {
+      return Status::InvalidArgument(path + ": calibration deflate level must be in [1, 9], got " +
+                                     std::to_string(d->deflate_level));
+    }
   }
-  const h5::Filters filters{true, storage.deflate_level};
+  const h5::Filters signature_filters{storage.signatures.shuffle, storage.signatures.deflate_level};
+  const h5::Filters profile_filters{storage.profiles.shuffle, storage.profiles.deflate_level};
   {
     ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::Create(out.temp_path(), path));
     const hsize_t L = c.shape.num_layers, E = c.shape.num_experts, N = c.request_ids.size(), D = c.dim(),
@@ -150,18 +153,20 @@ Status WriteCalibration(const Calibration& c, const AtomicOutput& out, const Cal
         f.WriteAttribute("/signature", "variant", std::string(SignatureVariantName(c.signature.variant))));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "n_star", static_cast<int64_t>(c.n_star)));
 
-    ELDR_RETURN_IF_ERROR(f.Write("/calibration/signatures", c.signatures, {N, D}, filters, storage.num_threads));
+    ELDR_RETURN_IF_ERROR(
+        f.Write("/calibration/signatures", c.signatures, {N, D}, signature_filters, storage.num_threads));
     ELDR_RETURN_IF_ERROR(f.WriteStrings("/calibration/request_ids", c.request_ids));
     ELDR_RETURN_IF_ERROR(f.WriteStrings("/calibration/domains", c.domains));
     if (!c.decode_profiles.empty()) {
       ELDR_RETURN_IF_ERROR(
-          f.Write("/calibration/decode_profiles", c.decode_profiles, {N, L, E}, filters, storage.num_threads));
+          f.Write("/calibration/decode_profiles", c.decode_profiles, {N, L, E}, profile_filters, storage.num_threads));
     }
 
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/centroids", c.centroids, {K, D}));
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/assignment", c.assignment, {N}));
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/sizes", c.sizes, {K}));
-    ELDR_RETURN_IF_ERROR(f.Write("/clusters/expert_load", c.expert_load, {K, L, E}, filters, storage.num_threads));
+    ELDR_RETURN_IF_ERROR(
+        f.Write("/clusters/expert_load", c.expert_load, {K, L, E}, profile_filters, storage.num_threads));
     if (!c.decode_lens.empty()) {
       ELDR_RETURN_IF_ERROR(f.Write("/calibration/decode_lens", c.decode_lens, {N}));
       ELDR_RETURN_IF_ERROR(f.Write("/clusters/mean_decode_len", c.mean_decode_len, {K}));

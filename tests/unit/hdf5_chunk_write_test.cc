@@ -66,8 +66,12 @@ void CheckAgainstLibrary(const std::vector<T>& data, const h5::Dims& dims, const
   // The reference: a fresh property list with the same chunk and filters, written by the library.
   hid_t ref_dcpl = H5Pcreate(H5P_DATASET_CREATE);
   ASSERT_GE(H5Pset_chunk(ref_dcpl, static_cast<int>(chunk.size()), chunk.data()), 0);
-  if (filters.shuffle) ASSERT_GE(H5Pset_shuffle(ref_dcpl), 0);
-  if (filters.deflate_level > 0) ASSERT_GE(H5Pset_deflate(ref_dcpl, filters.deflate_level), 0);
+  if (filters.shuffle) {
+    ASSERT_GE(H5Pset_shuffle(ref_dcpl), 0);
+  }
+  if (filters.deflate_level > 0) {
+    ASSERT_GE(H5Pset_deflate(ref_dcpl, filters.deflate_level), 0);
+  }
   hid_t space = H5Screate_simple(static_cast<int>(dims.size()), dims.data(), nullptr);
   hid_t type = h5::NativeType<T>();
   hid_t ds_ref = H5Dcreate2(file, "/ref", type, space, H5P_DEFAULT, ref_dcpl, H5P_DEFAULT);
