@@ -2,13 +2,16 @@
 // `eldr calibrate` fit for N = 1000 requests, L = 48, E = 128, top-8, K = 16 on a synthetic trace,
 // greedy layer selection included (target <= 5 s, stretch <= 2 s on the 2-core dev machine).
 #include <benchmark/benchmark.h>
+#include <unistd.h>
 
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include "runtime/calib/balanced_kmeans.h"
 #include "runtime/calib/calibrate.h"
+#include "runtime/calib/calibration.h"
 #include "runtime/signature/quality.h"
 #include "runtime/trace/synth.h"
 
@@ -60,6 +63,40 @@ BENCHMARK(BM_CalibrateFit)
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
     ->Iterations(3);
+
+// Writing the calibration of the fit above (signatures [1000, D], decode profiles [1000, 48, 128], expert load
+// [16, 48, 128]; ~45 MB of floats). range(0): 0 = the storage before issue 15 (shuffle + deflate 4 on every large
+// dataset, one thread: the bytes HDF5's own pipeline wrote), 1 = CalibrationStorage{} on one thread, 2 =
+// CalibrationStorage{} on DefaultThreads() threads. Counters: file_mb (the file written), dim (D).
+const Calibration& FitCalibration() {
+  static const Calibration calib = [] {
+    CalibrateReport rep;
+    return Calibrate(FitTrace(), FitOptions(), &rep).value();
+  }();
+  return calib;
+}
+
+void BM_CalibrationWrite(benchmark::State& state) {
+  const Calibration& c = FitCalibration();
+  CalibrationStorage storage;
+  if (state.range(0) == 0) storage.signatures = storage.profiles = DatasetStorage{true, 4};
+  storage.num_threads = state.range(0) == 2 ? 0 : 1;
+  const std::string path =
+      (std::filesystem::temp_directory_path() / ("eldr_bench_calib_" + std::to_string(getpid()) + ".h5")).string();
+  for (auto _ : state) {
+    const Status s = WriteCalibration(c, path, storage);
+    if (!s.ok()) state.SkipWithError(s.message().c_str());
+  }
+  state.counters["file_mb"] = static_cast<double>(std::filesystem::file_size(path)) / 1e6;
+  state.counters["dim"] = c.dim();
+  std::filesystem::remove(path);
+}
+BENCHMARK(BM_CalibrationWrite)
+    ->Setup([](const benchmark::State&) { FitCalibration(); })
+    ->ArgName("storage")
+    ->DenseRange(0, 2)
+    ->Unit(benchmark::kMillisecond)
+    ->UseRealTime();
 
 // Error of ρ from the default 20k sampled pairs against all N(N-1)/2 = 499500 pairs, for every greedy
 // prefix of the fit's layer order (reported as the max and mean absolute error).

@@ -115,16 +115,24 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   return Status::Ok();
 }
 
-Status WriteCalibration(const Calibration& c, const std::string& path) {
+Status WriteCalibration(const Calibration& c, const std::string& path, const CalibrationStorage& storage) {
   AtomicOutput out(path);
   ELDR_RETURN_IF_ERROR(out.CheckWritable());
-  ELDR_RETURN_IF_ERROR(WriteCalibration(c, out));
+  ELDR_RETURN_IF_ERROR(WriteCalibration(c, out, storage));
   return out.Commit();
 }
 
-Status WriteCalibration(const Calibration& c, const AtomicOutput& out) {
+Status WriteCalibration(const Calibration& c, const AtomicOutput& out, const CalibrationStorage& storage) {
   const std::string& path = out.path();
   ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
+  for (const DatasetStorage* d : {&storage.signatures, &storage.profiles}) {
+    if (d->deflate_level < 1 || d->deflate_level > 9) {
+      return Status::InvalidArgument(path + ": calibration deflate level must be in [1, 9], got " +
+                                     std::to_string(d->deflate_level));
+    }
+  }
+  const h5::Filters signature_filters{storage.signatures.shuffle, storage.signatures.deflate_level};
+  const h5::Filters profile_filters{storage.profiles.shuffle, storage.profiles.deflate_level};
   {
     ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::Create(out.temp_path(), path));
     const hsize_t L = c.shape.num_layers, E = c.shape.num_experts, N = c.request_ids.size(), D = c.dim(),
@@ -145,17 +153,20 @@ Status WriteCalibration(const Calibration& c, const AtomicOutput& out) {
         f.WriteAttribute("/signature", "variant", std::string(SignatureVariantName(c.signature.variant))));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "n_star", static_cast<int64_t>(c.n_star)));
 
-    ELDR_RETURN_IF_ERROR(f.Write("/calibration/signatures", c.signatures, {N, D}, true));
+    ELDR_RETURN_IF_ERROR(
+        f.Write("/calibration/signatures", c.signatures, {N, D}, signature_filters, storage.num_threads));
     ELDR_RETURN_IF_ERROR(f.WriteStrings("/calibration/request_ids", c.request_ids));
     ELDR_RETURN_IF_ERROR(f.WriteStrings("/calibration/domains", c.domains));
     if (!c.decode_profiles.empty()) {
-      ELDR_RETURN_IF_ERROR(f.Write("/calibration/decode_profiles", c.decode_profiles, {N, L, E}, true));
+      ELDR_RETURN_IF_ERROR(
+          f.Write("/calibration/decode_profiles", c.decode_profiles, {N, L, E}, profile_filters, storage.num_threads));
     }
 
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/centroids", c.centroids, {K, D}));
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/assignment", c.assignment, {N}));
     ELDR_RETURN_IF_ERROR(f.Write("/clusters/sizes", c.sizes, {K}));
-    ELDR_RETURN_IF_ERROR(f.Write("/clusters/expert_load", c.expert_load, {K, L, E}, true));
+    ELDR_RETURN_IF_ERROR(
+        f.Write("/clusters/expert_load", c.expert_load, {K, L, E}, profile_filters, storage.num_threads));
     if (!c.decode_lens.empty()) {
       ELDR_RETURN_IF_ERROR(f.Write("/calibration/decode_lens", c.decode_lens, {N}));
       ELDR_RETURN_IF_ERROR(f.Write("/clusters/mean_decode_len", c.mean_decode_len, {K}));
@@ -213,16 +224,16 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   auto n_star = f.ReadIntAttribute("/signature", "n_star");
   c.n_star = n_star.ok() && n_star.value() >= 0 && n_star.value() <= L ? static_cast<int>(n_star.value()) : 0;
 
-  ELDR_ASSIGN_OR_RETURN(c.signatures, f.Read<float>("/calibration/signatures", &dims, 2));
+  ELDR_ASSIGN_OR_RETURN(c.signatures, f.ReadParallel<float>("/calibration/signatures", &dims, 2));
   ELDR_ASSIGN_OR_RETURN(c.request_ids, f.ReadStrings("/calibration/request_ids"));
   ELDR_ASSIGN_OR_RETURN(c.domains, f.ReadStrings("/calibration/domains"));
   if (f.Exists("/calibration/decode_profiles")) {
-    ELDR_ASSIGN_OR_RETURN(c.decode_profiles, f.Read<float>("/calibration/decode_profiles", &dims, 3));
+    ELDR_ASSIGN_OR_RETURN(c.decode_profiles, f.ReadParallel<float>("/calibration/decode_profiles", &dims, 3));
   }
   ELDR_ASSIGN_OR_RETURN(c.centroids, f.Read<float>("/clusters/centroids", &dims, 2));
   ELDR_ASSIGN_OR_RETURN(c.assignment, f.Read<int32_t>("/clusters/assignment", &dims, 1));
   ELDR_ASSIGN_OR_RETURN(c.sizes, f.Read<int64_t>("/clusters/sizes", &dims, 1));
-  ELDR_ASSIGN_OR_RETURN(c.expert_load, f.Read<float>("/clusters/expert_load", &dims, 3));
+  ELDR_ASSIGN_OR_RETURN(c.expert_load, f.ReadParallel<float>("/clusters/expert_load", &dims, 3));
   if (f.Exists("/calibration/decode_lens")) {
     ELDR_ASSIGN_OR_RETURN(c.decode_lens, f.Read<int64_t>("/calibration/decode_lens", &dims, 1));
   }

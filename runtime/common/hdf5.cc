@@ -312,7 +312,8 @@ Result<double> File::ReadDoubleAttribute(const std::string& obj, const std::stri
   return v;
 }
 
-Status File::WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, bool compress) {
+Status File::WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, const Filters& filters,
+                      int num_threads) {
   if (Interrupted()) return InterruptStatus().WithPrefix(name_);
   ELDR_RETURN_IF_ERROR(CreateGroup(ParentOf(path)));
   const auto fail = [&](const char* what) {
@@ -324,36 +325,151 @@ Status File::WriteRaw(const std::string& path, hid_t type, const void* data, con
   if (!space.valid() || !dcpl.valid()) return fail("create");
   hsize_t total = 1;
   for (auto d : dims) total *= d;
-  if (compress && total > 0) {
-    Dims chunk = ChunkFor(dims, H5Tget_size(type));
-    if (H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0 || H5Pset_shuffle(dcpl.get()) < 0 ||
-        H5Pset_deflate(dcpl.get(), 4) < 0) {
+  const bool chunked = (filters.shuffle || filters.deflate_level > 0) && total > 0;
+  const size_t elem_size = H5Tget_size(type);
+  Dims chunk;
+  if (chunked) {
+    chunk = ChunkFor(dims, elem_size);
+    if (H5Pset_chunk(dcpl.get(), static_cast<int>(chunk.size()), chunk.data()) < 0 ||
+        (filters.shuffle && H5Pset_shuffle(dcpl.get()) < 0) ||
+        (filters.deflate_level > 0 && H5Pset_deflate(dcpl.get(), static_cast<unsigned>(filters.deflate_level)) < 0)) {
       return fail("create");
     }
   }
   Handle ds(H5Dcreate2(file_.get(), path.c_str(), type, space.get(), H5P_DEFAULT, dcpl.get(), H5P_DEFAULT), H5Dclose);
   if (!ds.valid()) return fail("create");
-  if (total > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) return fail("write");
+  if (chunked) {
+    ELDR_RETURN_IF_ERROR(WriteChunks(ds.get(), path, static_cast<const unsigned char*>(data), elem_size, dims, chunk,
+                                     filters, num_threads));
+  } else if (total > 0 && H5Dwrite(ds.get(), type, H5S_ALL, H5S_ALL, H5P_DEFAULT, data) < 0) {
+    return fail("write");
+  }
   // The chunks of a compressed dataset are flushed by the close: its failure is the write's.
   if (ds.Close() < 0) return fail("write");
   return Status::Ok();
 }
 
+namespace {
+
+// HDF5's shuffle filter (H5Z_filter_shuffle): byte b of element i goes to dst[b * num_elems + i].
+template <size_t kSize>
+void Shuffle(const unsigned char* src, size_t num_elems, unsigned char* dst) {
+  for (size_t i = 0; i < num_elems; ++i) {
+    for (size_t b = 0; b < kSize; ++b) dst[b * num_elems + i] = src[i * kSize + b];
+  }
+}
+
+void Shuffle(const unsigned char* src, size_t size, size_t num_elems, unsigned char* dst) {
+  switch (size) {
+    case 1:
+      std::memcpy(dst, src, num_elems);
+      return;
+    case 2:
+      return Shuffle<2>(src, num_elems, dst);
+    case 4:
+      return Shuffle<4>(src, num_elems, dst);
+    case 8:
+      return Shuffle<8>(src, num_elems, dst);
+    default:
+      for (size_t i = 0; i < num_elems; ++i) {
+        for (size_t b = 0; b < size; ++b) dst[b * num_elems + i] = src[i * size + b];
+      }
+  }
+}
+
+// One chunk's bytes as the filter pipeline leaves them, for H5Dwrite_chunk.
+struct EncodedChunk {
+  hsize_t first_row = 0;
+  std::vector<unsigned char> bytes;
+};
+
+// Raw bytes per batch of chunks encoded before they are stored: bounds the memory of a large dataset.
+constexpr size_t kWriteBatchBytes = size_t{64} << 20;
+
+}  // namespace
+
+Status File::WriteChunks(hid_t ds, const std::string& path, const unsigned char* data, size_t elem_size,
+                         const Dims& dims, const Dims& chunk, const Filters& filters, int num_threads) {
+  size_t row_bytes = elem_size;
+  for (size_t i = 1; i < dims.size(); ++i) row_bytes *= dims[i];
+  const size_t chunk_bytes = chunk[0] * row_bytes;
+  const hsize_t num_chunks = (dims[0] + chunk[0] - 1) / chunk[0];
+  const size_t per_batch = std::max<size_t>(1, kWriteBatchBytes / chunk_bytes);
+  const int threads = num_threads > 0 ? num_threads : DefaultThreads();
+  std::vector<EncodedChunk> batch;
+  for (hsize_t first = 0; first < num_chunks; first += per_batch) {
+    if (Interrupted()) return InterruptStatus().WithPrefix(name_);
+    const size_t used = std::min<size_t>(per_batch, num_chunks - first);
+    batch.resize(used);
+    // Encode on the workers: each chunk as HDF5's pipeline would, over the whole chunk (the rows past the end of a
+    // partial last chunk are the fill value, zero).
+    std::vector<uint8_t> ok(used, 1);
+    const int workers = static_cast<int>(std::min<size_t>(std::max(threads, 1), used));
+    ParallelFor(
+        workers,
+        [&](int64_t w) {
+          std::vector<unsigned char> padded, shuffled;
+          for (size_t i = w; i < used; i += workers) {
+            EncodedChunk& c = batch[i];
+            c.first_row = (first + i) * chunk[0];
+            const size_t valid = std::min<hsize_t>(chunk[0], dims[0] - c.first_row) * row_bytes;
+            const unsigned char* src = data + c.first_row * row_bytes;
+            if (valid < chunk_bytes) {
+              padded.assign(chunk_bytes, 0);
+              std::memcpy(padded.data(), src, valid);
+              src = padded.data();
+            }
+            if (filters.shuffle) {
+              shuffled.resize(chunk_bytes);
+              Shuffle(src, elem_size, chunk_bytes / elem_size, shuffled.data());
+              src = shuffled.data();
+            }
+            if (filters.deflate_level <= 0) {
+              c.bytes.assign(src, src + chunk_bytes);
+              continue;
+            }
+            uLongf len = compressBound(chunk_bytes);
+            c.bytes.resize(len);
+            ok[i] = compress2(c.bytes.data(), &len, src, chunk_bytes, filters.deflate_level) == Z_OK;
+            c.bytes.resize(len);
+          }
+        },
+        workers);
+    // ... then store them in order on this thread.
+    for (size_t i = 0; i < used; ++i) {
+      const EncodedChunk& c = batch[i];
+      if (!ok[i]) return Status::IoError(name_ + ": cannot compress dataset " + path);
+      Dims offset(dims.size(), 0);
+      offset[0] = c.first_row;
+      if (H5Dwrite_chunk(ds, H5P_DEFAULT, 0, offset.data(), c.bytes.size(), c.bytes.data()) < 0) {
+        return Status::IoError(name_ + ": cannot write dataset " + path + ": " + LastErrorReason());
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 template <typename T>
 Status File::Write(const std::string& path, const std::vector<T>& data, const Dims& dims, bool compress) {
+  return Write(path, data, dims, compress ? Filters{} : Filters{false, 0});
+}
+
+template <typename T>
+Status File::Write(const std::string& path, const std::vector<T>& data, const Dims& dims, const Filters& filters,
+                   int num_threads) {
   hsize_t total = 1;
   for (auto d : dims) total *= d;
   if (total != data.size()) {
     return Status::InvalidArgument(name_ + ": dataset " + path + ": data size does not match its shape");
   }
-  return WriteRaw(path, NativeType<T>(), data.data(), dims, compress);
+  return WriteRaw(path, NativeType<T>(), data.data(), dims, filters, num_threads);
 }
 
 Status File::WriteStrings(const std::string& path, const std::vector<std::string>& values) {
   std::vector<const char*> ptrs(values.size());
   for (size_t i = 0; i < values.size(); ++i) ptrs[i] = values[i].c_str();
   Handle t(VarStringType(), H5Tclose);
-  return WriteRaw(path, t.get(), ptrs.data(), Dims{values.size()}, false);
+  return WriteRaw(path, t.get(), ptrs.data(), Dims{values.size()}, Filters{false, 0}, 1);
 }
 
 Result<Dims> File::Shape(const std::string& path) const {
@@ -698,10 +814,11 @@ Status Appender::Close() {
   return Status::Ok();
 }
 
-#define ELDR_H5_INSTANTIATE(T)                                                                    \
-  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool);   \
-  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;            \
-  template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const; \
+#define ELDR_H5_INSTANTIATE(T)                                                                                 \
+  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool);                \
+  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, const Filters&, int); \
+  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;                         \
+  template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const;              \
   template Result<std::vector<T>> File::ReadParallel<T>(const std::string&, Dims*, int, int, bool*) const;
 ELDR_H5_INSTANTIATE(uint8_t)
 ELDR_H5_INSTANTIATE(int8_t)

@@ -47,6 +47,13 @@ hid_t NativeType();
 
 using Dims = std::vector<hsize_t>;
 
+// The filter pipeline of a chunked dataset: shuffle (byte transposition; helps deflate on small integers and
+// floats), then deflate at `deflate_level` (1-9; 0: no deflate).
+struct Filters {
+  bool shuffle = true;
+  int deflate_level = 4;
+};
+
 class File {
  public:
   // Opens an existing file read-only. NotFound / Corrupt with the path in the message.
@@ -75,9 +82,18 @@ class File {
   Result<int64_t> ReadIntAttribute(const std::string& object_path, const std::string& attr) const;
   Result<double> ReadDoubleAttribute(const std::string& object_path, const std::string& attr) const;
 
-  // Writes a whole dataset of shape `dims` (row-major). `compress` makes it chunked + deflate.
+  // Writes a whole dataset of shape `dims` (row-major). `compress` makes it chunked (about 1 MiB chunks of whole
+  // rows along dimension 0) with Filters{} (shuffle + deflate 4).
   template <typename T>
   Status Write(const std::string& path, const std::vector<T>& data, const Dims& dims, bool compress = false);
+  // The same, chunked with `filters` (a filter-less Filters{false, 0} writes it contiguous). The chunks are
+  // shuffled and deflated on `num_threads` threads (<= 0: DefaultThreads()) and stored with H5Dwrite_chunk on the
+  // calling thread (HDF5 is not thread-safe), in the dataset's declared [shuffle,] deflate pipeline: every chunk
+  // holds exactly the bytes HDF5's own filters would store (compress2 at the level, over the whole chunk, a
+  // partial last chunk padded with zeros), so plain HDF5 readers (h5py, h5dump) read the file as before.
+  template <typename T>
+  Status Write(const std::string& path, const std::vector<T>& data, const Dims& dims, const Filters& filters,
+               int num_threads = 0);
   Status WriteStrings(const std::string& path, const std::vector<std::string>& values);
 
   // Reads a whole dataset, converting to T. `expected_rank` (if >= 0) is checked; dims returned.
@@ -100,20 +116,17 @@ class File {
 
  private:
   File(Handle file, std::string name) : file_(std::move(file)), name_(std::move(name)) {}
-  Status WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, bool compress);
+  Status WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, const Filters& filters,
+                  int num_threads);
+  // Compresses and stores every chunk of the new chunked dataset `ds` (WriteRaw's parallel path).
+  Status WriteChunks(hid_t ds, const std::string& path, const unsigned char* data, size_t elem_size, const Dims& dims,
+                     const Dims& chunk, const Filters& filters, int num_threads);
   Status ReadRaw(const std::string& path, hid_t type, size_t elem_size, std::vector<char>* out, Dims* dims,
                  int expected_rank) const;
   Status Fail(const std::string& what) const;
 
   Handle file_;
   std::string name_;
-};
-
-// The filter pipeline of a chunked dataset: shuffle (byte transposition; helps deflate on small integers and
-// floats), then deflate at `deflate_level` (1-9; 0: no deflate).
-struct Filters {
-  bool shuffle = true;
-  int deflate_level = 4;
 };
 
 // A dataset that grows along dimension 0, for streaming writers (trace import). Row shape fixed.
