@@ -8,7 +8,7 @@ namespace eldr::cli {
 
 void AddRouteCommand(CLI::App& app, Action* action) {
   struct Args {
-    std::string calib, trace, policy = "all";
+    std::string calib, trace, policy = "all", cost_model;
     RouteReplayOptions options;
     bool as_json = false;
   };
@@ -20,7 +20,8 @@ void AddRouteCommand(CLI::App& app, Action* action) {
   cmd->add_option("--calib", a->calib, "calibration.h5 (its K is the number of decoders)")->required();
   cmd->add_option("--trace", a->trace, "HDF5 routing trace to replay")->required();
   cmd->add_option("--policy", a->policy,
-                  "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail")
+                  "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail, "
+                  "eldr_cost (needs --cost-model)")
       ->capture_default_str();
   cmd->add_option_function<double>(
          "--tau", [a](const double& v) { a->options.tau = v; }, "eldr band width (default: the calibration's)")
@@ -38,6 +39,12 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 30)));
   cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")->capture_default_str();
+  cmd->add_option("--cost-model", a->cost_model,
+                  "decode cost model YAML that eldr_cost prices in (configs/costs/*.yaml); with it, 'all' includes "
+                  "eldr_cost");
+  cmd->add_option("--max-batch", a->options.max_batch, "eldr_cost: sequences per decode step")
+      ->capture_default_str()
+      ->check(InRange(IntRange::Between(1, 1 << 20)));
   cmd->add_flag("--json", a->as_json, "print JSON");
   cmd->callback([=] {
     *action = [=]() -> Status {
@@ -45,6 +52,10 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       if (a->policy != "all") {
         ELDR_ASSIGN_OR_RETURN(RoutingPolicy p, ParseRoutingPolicy(a->policy));
         o.policies = {p};
+      }
+      if (!a->cost_model.empty()) {
+        ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(a->cost_model));
+        o.step_cost = m;
       }
       ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a->calib));
       ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a->trace));

@@ -26,6 +26,8 @@ struct RouteReplayOptions {
   int64_t admission_cap = 0;            // per decoder; 0 = none
   int repeat = 1;                       // replay the trace this many times
   uint64_t seed = 0;
+  std::optional<CostModel> step_cost;   // eldr_cost's cost model (without one eldr_cost is left out of "all")
+  int64_t max_batch = 64;               // eldr_cost's decoder batch limit
 };
 
 struct DecoderReplayStats {

@@ -60,11 +60,12 @@ TEST(Decide, NothingEligibleInTheBandFallsBackToGlobalLeastLoaded) {
   EXPECT_TRUE(f.fallback);
   EXPECT_EQ(f.decoder, -1);
   for (auto policy : AllRoutingPolicies()) {
-    std::vector<double> dist = {0.1, 0.2, 0.3};
+    std::vector<double> dist = {0.1, 0.2, 0.3}, cost = {1, 2, 3};
     DecisionInputs in;
     in.policy = policy;
     in.decoders = &full;
     in.distances = dist.data();
+    in.marginal_cost = cost.data();
     EXPECT_EQ(Decide(in).decoder, -1) << RoutingPolicyName(policy);
   }
 }
