@@ -20,8 +20,7 @@ void AddRouteCommand(CLI::App& app, Action* action) {
   cmd->add_option("--calib", a->calib, "calibration.h5 (its K is the number of decoders)")->required();
   cmd->add_option("--trace", a->trace, "HDF5 routing trace to replay")->required();
   cmd->add_option("--policy", a->policy,
-                  "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail, "
-                  "eldr_cost (needs --cost-model)")
+                  "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail")
       ->capture_default_str();
   cmd->add_option_function<double>(
          "--tau", [a](const double& v) { a->options.tau = v; }, "eldr band width (default: the calibration's)")
@@ -40,9 +39,9 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       ->check(InRange(IntRange::Between(1, 1 << 30)));
   cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")->capture_default_str();
   cmd->add_option("--cost-model", a->cost_model,
-                  "decode cost model YAML that eldr_cost prices in (configs/costs/*.yaml); with it, 'all' includes "
-                  "eldr_cost");
-  cmd->add_option("--max-batch", a->options.max_batch, "eldr_cost: sequences per decode step")
+                  "decode cost model YAML that eldr prices its routing in (configs/costs/*.yaml; default: a step "
+                  "costs its distinct experts)");
+  cmd->add_option("--max-batch", a->options.max_batch, "eldr: sequences per decode step")
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 20)));
   cmd->add_flag("--json", a->as_json, "print JSON");

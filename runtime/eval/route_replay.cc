@@ -25,6 +25,14 @@ struct Active {
 
 }  // namespace
 
+CostModel DistinctExpertsCost() {
+  CostModel m;
+  m.name = "distinct experts";
+  m.source = "eldr route without --cost-model: a step costs its distinct experts";
+  m.decode_b = 1;
+  return m;
+}
+
 Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& calib, const RouteReplayOptions& o,
                                        const std::string& trace_name, const std::string& calib_name) {
   if (!trace.shape.SameAs(calib.shape)) {
@@ -81,9 +89,8 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     rc.admission_cap = o.admission_cap;
     rc.seed = o.seed;
     rc.job_shape = trace.shape;
-    if (p == RoutingPolicy::kEldrCost) {
-      if (!o.step_cost && o.policies.empty()) continue;  // no cost model to price in: not part of "all"
-      rc.step_cost = o.step_cost;
+    if (p == RoutingPolicy::kEldr) {
+      rc.step_cost = o.step_cost ? *o.step_cost : DistinctExpertsCost();
       rc.max_batch = o.max_batch;
     }
     std::vector<std::string> labels;

@@ -8,7 +8,9 @@ Result<Frontend> Frontend::Create(const JobConfig& c, const JobRequests& in, con
                                   const Calibration* calib, FrontendActions actions,
                                   const CostModel* simulated_cost) {
   RouterConfig rc = JobRouterConfig(c, model_shape, in.trace);
-  ELDR_ASSIGN_OR_RETURN(rc.step_cost, JobStepCost(c, simulated_cost));
+  if (calib) {  // without one, Router::Create names what is missing
+    ELDR_ASSIGN_OR_RETURN(rc.step_cost, JobStepCost(c, simulated_cost));
+  }
   auto router = Router::Create(rc, calib);
   if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
   ELDR_ASSIGN_OR_RETURN(std::vector<double> arrivals,

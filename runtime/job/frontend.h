@@ -58,7 +58,7 @@ class Frontend {
   // The job's router (JobRouterConfig; `calib` is required by signature policies, may be null otherwise) and
   // its arrival times (ArrivalTimes). Errors name the config or the calibration. REQUIRES: `config` and
   // `requests` outlive the frontend.
-  // `simulated_cost`: the cost model `eldr simulate` runs with (eldr_cost prices in it unless routing.cost_model
+  // `simulated_cost`: the cost model `eldr simulate` runs with (eldr prices in it unless routing.cost_model
   // is set; JobStepCost); null in serve.
   static Result<Frontend> Create(const JobConfig& config, const JobRequests& requests, const TraceShape& model_shape,
                                  const Calibration* calib, FrontendActions actions,

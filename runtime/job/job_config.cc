@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "runtime/common/yaml.h"
+#include "runtime/model/model_config.h"
 
 namespace eldr {
 
@@ -127,7 +128,7 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
 }
 
 Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated) {
-  if (c.policy != RoutingPolicy::kEldrCost) return std::optional<CostModel>();
+  if (c.policy != RoutingPolicy::kEldr) return std::optional<CostModel>();
   if (!c.routing_cost_model.empty()) {
     ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(c.routing_cost_model));
     return std::optional<CostModel>(m);
@@ -136,9 +137,12 @@ Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel
   auto m = LoadJobCostModel(c.path);
   if (m.ok()) return std::optional<CostModel>(m.value());
   if (m.status().code() != StatusCode::kNotFound) return m.status();
-  return Status::InvalidArgument(c.path +
-                                 ": routing.policy eldr_cost needs a decode cost model: set routing.cost_model to a "
-                                 "cost model YAML (e.g. one fitted with 'eldr simulate --fit steps.jsonl')");
+  // Neither: a bandwidth-bound model of the job's model on the reference GPU. Only its ratios decide (expert bytes
+  // vs one more sequence vs context), which the model's shapes set.
+  ELDR_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(c.model_config));
+  CostModel derived = DeriveCostModel(model, DeviceSpec{});
+  derived.source = "derived for routing (no routing.cost_model): " + derived.source;
+  return std::optional<CostModel>(derived);
 }
 
 Status CheckWorldSize(const JobConfig& c, int world_size) {

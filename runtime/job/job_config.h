@@ -5,10 +5,11 @@
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
 //               load_bound: 0,       # ε of the bounded-load band (router.h); 0 = off (eldr_tail: 0 → 0.25)
-//               cost_model: FILE}    # eldr_cost's decode cost model (default: simulate's; see JobStepCost)
-//              policy: random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper (= eldr, the
-//              published band), eldr_tail (the tail-safe band: decode-work loads, overflow in distance order) or
-//              eldr_cost (marginal cost: predicted step-time increase from the expert union, batch and context)
+//               cost_model: FILE}    # eldr's decode cost model (default: simulate's, else derived; JobStepCost)
+//              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert
+//              union, batch and context), eldr_paper (the published band: τ, in-flight counts), eldr_tail (the
+//              band on decode-work loads, overflow in distance order), locality_top1, domain, jsq, p2c,
+//              round_robin, random
 //   kv_cache:  {block_size: 16, prefill_blocks: 4096, decode_blocks: 4096, transport: auto}
 //              transport: how KV goes from a prefill rank to its decoder (runtime/comm/kv_transport.h).
 //              mpi: inside the MPI control message (kTagKv). nccl: the control message carries the request's
@@ -72,7 +73,7 @@ struct JobConfig {
   std::optional<double> tau;  // unset: the calibration's (0.1 without one)
   double load_bound = 0;      // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
   std::string calibration;
-  std::string routing_cost_model;  // routing.cost_model: eldr_cost's decode cost model YAML (empty: see JobStepCost)
+  std::string routing_cost_model;  // routing.cost_model: eldr's decode cost model YAML (empty: see JobStepCost)
   int64_t admission_cap = 0;
   uint64_t routing_seed = 0;
   int block_size = 16;
@@ -108,9 +109,10 @@ Result<JobConfig> LoadJobConfig(const std::string& path);
 // The router of a job (serve's rank 0 and the simulator): its policy, decoders, τ, load bound, admission cap
 // and seed, the model's routing shape, and the trace's domain labels (domain policy groups).
 RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, const Trace& trace);
-// eldr_cost's decode cost model (nullopt for other policies): routing.cost_model when set, else `simulated` (the
-// model `eldr simulate` simulates with; null in serve), else the job config's `simulate:` section. Errors name the
-// file; none of the three is an InvalidArgument naming routing.cost_model.
+// The decode cost model eldr prices its routing in (nullopt for other policies): routing.cost_model when set, else
+// `simulated` (the model `eldr simulate` simulates with; null in serve), else the job config's `simulate:` section,
+// else one derived from the model config for the reference GPU (DeriveCostModel, bandwidth-bound). Errors name the
+// file.
 Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated);
 // The topology against the world size, with the numbers in the message.
 Status CheckWorldSize(const JobConfig& c, int world_size);

@@ -1,5 +1,5 @@
 // The predicted expert union of each decoder's in-flight requests (DESIGN.md §3 "Marginal-cost routing"), the
-// state of eldr_cost's decisions.
+// state of the default eldr policy's decisions.
 //
 // A request r of profile p is modelled as a source of decode tokens each of which activates expert e at MoE layer
 // ℓ independently with probability q_p(ℓ,e): the profile is the mean decode profile of the calibration cluster

@@ -30,8 +30,6 @@ const char* RoutingPolicyName(RoutingPolicy p) {
       return "eldr_paper";
     case RoutingPolicy::kEldrTail:
       return "eldr_tail";
-    case RoutingPolicy::kEldrCost:
-      return "eldr_cost";
   }
   return "unknown";
 }
@@ -39,8 +37,7 @@ const char* RoutingPolicyName(RoutingPolicy p) {
 std::vector<RoutingPolicy> AllRoutingPolicies() {
   return {RoutingPolicy::kRandom, RoutingPolicy::kRoundRobin, RoutingPolicy::kJsq,
           RoutingPolicy::kP2c,    RoutingPolicy::kDomain,     RoutingPolicy::kLocalityTop1,
-          RoutingPolicy::kEldr,   RoutingPolicy::kEldrPaper,  RoutingPolicy::kEldrTail,
-          RoutingPolicy::kEldrCost};
+          RoutingPolicy::kEldr,   RoutingPolicy::kEldrPaper,  RoutingPolicy::kEldrTail};
 }
 
 Result<RoutingPolicy> ParseRoutingPolicy(const std::string& name) {
@@ -49,12 +46,12 @@ Result<RoutingPolicy> ParseRoutingPolicy(const std::string& name) {
   }
   return Status::InvalidArgument(
       "unknown routing policy '" + name +
-      "' (expected random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail or eldr_cost)");
+      "' (expected random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper or eldr_tail)");
 }
 
 bool UsesSignature(RoutingPolicy p) {
   return p == RoutingPolicy::kEldr || p == RoutingPolicy::kEldrPaper || p == RoutingPolicy::kEldrTail ||
-         p == RoutingPolicy::kEldrCost || p == RoutingPolicy::kLocalityTop1;
+         p == RoutingPolicy::kLocalityTop1;
 }
 
 namespace {
@@ -158,7 +155,7 @@ RoutingDecision TailBand(const DecisionInputs& in) {
   return out;
 }
 
-// eldr_cost (see Decide in router.h).
+// eldr, the marginal-cost rule (see Decide in router.h).
 RoutingDecision CheapestDecoder(const DecisionInputs& in) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
@@ -194,9 +191,8 @@ RoutingDecision Decide(const DecisionInputs& in) {
   RoutingDecision out;
   std::vector<int> eligible;
   switch (in.policy) {
-    case RoutingPolicy::kEldr:
     case RoutingPolicy::kEldrPaper: {
-      ELDR_CHECK(in.distances, "eldr routing needs distances");
+      ELDR_CHECK(in.distances, "eldr_paper routing needs distances");
       RoutingDecision b = Band(in, in.tau);
       b.nearest = Nearest(in.distances, K);
       return b;
@@ -205,8 +201,8 @@ RoutingDecision Decide(const DecisionInputs& in) {
       ELDR_CHECK(in.distances, "eldr_tail routing needs distances");
       ELDR_CHECK(in.request_work > 0, "eldr_tail needs a request work > 0");
       return TailBand(in);
-    case RoutingPolicy::kEldrCost:
-      ELDR_CHECK(in.distances && in.marginal_cost, "eldr_cost routing needs distances and marginal costs");
+    case RoutingPolicy::kEldr:
+      ELDR_CHECK(in.distances && in.marginal_cost, "eldr routing needs distances and marginal costs");
       return CheapestDecoder(in);
     case RoutingPolicy::kLocalityTop1:
       ELDR_CHECK(in.distances, "locality_top1 routing needs distances");
@@ -286,17 +282,16 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     r.params_ = calib->signature;
     r.centroids_ = calib->centroids;
     r.prior_ = calib->mean_decode_len;
-    if (config.policy == RoutingPolicy::kEldrCost) {
+    if (config.policy == RoutingPolicy::kEldr) {
       if (!config.step_cost) {
         return Status::InvalidArgument(
-            "routing policy eldr_cost needs a decode cost model (routing.cost_model, or the job's simulate: "
-            "section)");
+            "routing policy eldr needs a decode cost model (routing.cost_model)");
       }
-      if (config.max_batch < 1) return Status::InvalidArgument("eldr_cost needs max_batch >= 1");
+      if (config.max_batch < 1) return Status::InvalidArgument("eldr routing needs max_batch >= 1");
       const TraceShape& sh = calib->shape;
       if (calib->expert_load.size() != static_cast<size_t>(calib->num_clusters) * sh.num_layers * sh.num_experts) {
         return Status::FailedPrecondition(
-            "routing policy eldr_cost needs the calibration's /clusters/expert_load; re-run 'eldr calibrate'");
+            "routing policy eldr needs the calibration's /clusters/expert_load; re-run 'eldr calibrate'");
       }
       r.union_ = PredictedUnion(calib->expert_load, calib->num_clusters, calib->signature.layer_mask, sh.num_layers,
                                 sh.num_experts, config.num_decoders);
@@ -360,7 +355,7 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
   in.round_robin_next = round_robin_next_;
   const int nearest = distances ? Nearest(distances, config_.num_decoders) : -1;
   if (distances) in.request_work = PriorDecodeTokens(nearest);
-  if (config_.policy == RoutingPolicy::kEldrCost) {
+  if (config_.policy == RoutingPolicy::kEldr) {
     costs_.resize(config_.num_decoders);
     for (int k = 0; k < config_.num_decoders; ++k) costs_[k] = MarginalCost(k, nearest, context, in.request_work);
     in.marginal_cost = costs_.data();
@@ -403,7 +398,7 @@ RoutingDecision Router::Route(const float* counts, const float* gate_sums, const
 }
 
 double Router::MarginalCost(int k, int profile, double context, double tokens) const {
-  ELDR_CHECK(config_.policy == RoutingPolicy::kEldrCost && config_.step_cost, "MarginalCost needs eldr_cost");
+  ELDR_CHECK(config_.policy == RoutingPolicy::kEldr && config_.step_cost, "MarginalCost needs policy eldr");
   const CostModel& m = *config_.step_cost;
   const DecoderState& s = decoders_[k];
   const double max_batch = static_cast<double>(config_.max_batch);
@@ -430,7 +425,7 @@ void Router::Dispatch(int decoder, double work) {
 
 void Router::Dispatch(const RoutingDecision& d) {
   Dispatch(d.decoder, d.predicted_tokens);
-  if (config_.policy != RoutingPolicy::kEldrCost) return;
+  if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Add(d.decoder, d.nearest);
   context_[d.decoder] += d.context + d.predicted_tokens / 2;
 }
@@ -457,7 +452,7 @@ void Router::Complete(int decoder, double work_left) {
 
 void Router::Complete(const RoutingDecision& d, double work_left) {
   Complete(d.decoder, work_left);
-  if (config_.policy != RoutingPolicy::kEldrCost) return;
+  if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Remove(d.decoder, d.nearest);
   double& c = context_[d.decoder];
   c = decoders_[d.decoder].in_flight == 0 ? 0.0 : std::max(0.0, c - d.context - d.predicted_tokens / 2);

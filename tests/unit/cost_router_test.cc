@@ -1,4 +1,4 @@
-// eldr_cost (DESIGN.md §3 "Marginal-cost routing"): the predicted expert union against hand-computed products and a
+// eldr, the marginal-cost rule (DESIGN.md §3 "Marginal-cost routing"): the predicted expert union against hand-computed products and a
 // brute-force recomputation, the marginal cost against hand-computed prices, and the decision rule.
 #include <gtest/gtest.h>
 
@@ -90,7 +90,7 @@ Calibration CostCalibration() {
 
 Router CostRouter(const Calibration& calib, double b, double c, double d, int64_t max_batch) {
   RouterConfig rc;
-  rc.policy = RoutingPolicy::kEldrCost;
+  rc.policy = RoutingPolicy::kEldr;
   rc.num_decoders = 2;
   rc.job_shape = calib.shape;
   rc.max_batch = max_batch;
@@ -186,7 +186,7 @@ TEST(DecideCost, CheapestEligibleDecoderTiesToTheNearerCentroid) {
   std::vector<DecoderState> d = {{1, 2}, {2, 2}, {0, 2}};  // decoder 1 at its cap
   std::vector<double> dist = {0.3, 0.1, 0.2}, cost = {2.0, 1.0, 2.0};
   DecisionInputs in;
-  in.policy = RoutingPolicy::kEldrCost;
+  in.policy = RoutingPolicy::kEldr;
   in.decoders = &d;
   in.distances = dist.data();
   in.marginal_cost = cost.data();
@@ -209,10 +209,10 @@ TEST(DecideCost, CheapestEligibleDecoderTiesToTheNearerCentroid) {
   EXPECT_EQ(Decide(in).decoder, 1);  // equal queues: the cheapest
 }
 
-TEST(Router, EldrCostNeedsACostModelAndExpertLoad) {
+TEST(Router, EldrNeedsACostModelAndExpertLoad) {
   Calibration calib = CostCalibration();
   RouterConfig rc;
-  rc.policy = RoutingPolicy::kEldrCost;
+  rc.policy = RoutingPolicy::kEldr;
   rc.num_decoders = 2;
   rc.job_shape = calib.shape;
   auto no_cost = Router::Create(rc, &calib);
