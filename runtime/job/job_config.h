@@ -5,7 +5,8 @@
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
 //               load_bound: 0,       # ε of the bounded-load band (router.h); 0 = off (eldr_tail: 0 → 0.25)
-//               cost_model: FILE}    # eldr's decode cost model (default: simulate's, else derived; JobStepCost)
+//               cost_model: FILE,    # eldr's decode cost model (default: simulate's, else derived; JobStepCost)
+//               harm_weight: 0.75}   # eldr's λ: weight of the slowdown a request causes the running batch
 //              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert
 //              union, batch and context), eldr_paper (the published band: τ, in-flight counts), eldr_tail (the
 //              band on decode-work loads, overflow in distance order), locality_top1, domain, jsq, p2c,
@@ -73,6 +74,7 @@ struct JobConfig {
   std::optional<double> tau;  // unset: the calibration's (0.1 without one)
   double load_bound = 0;      // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
   std::string calibration;
+  double harm_weight = kHarmWeight;  // routing.harm_weight: eldr's λ (router.h)
   std::string routing_cost_model;  // routing.cost_model: eldr's decode cost model YAML (empty: see JobStepCost)
   int64_t admission_cap = 0;
   uint64_t routing_seed = 0;

@@ -288,6 +288,9 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
             "routing policy eldr needs a decode cost model (routing.cost_model)");
       }
       if (config.max_batch < 1) return Status::InvalidArgument("eldr routing needs max_batch >= 1");
+      if (!(config.harm_weight >= 0 && config.harm_weight <= 1)) {
+        return Status::InvalidArgument("routing.harm_weight must be in [0, 1]");
+      }
       const TraceShape& sh = calib->shape;
       if (calib->expert_load.size() != static_cast<size_t>(calib->num_clusters) * sh.num_layers * sh.num_experts) {
         return Status::FailedPrecondition(
@@ -409,7 +412,7 @@ double Router::MarginalCost(int k, int profile, double context, double tokens) c
   const double step =
       m.DecodeStep(union_.Union(k) + growth, running + 1, context_[k] + own_context);
   const double harm = running * (m.decode_b * growth + m.decode_c + m.decode_d * own_context);
-  return step + harm;
+  return step + config_.harm_weight * harm;
 }
 
 double Router::PriorDecodeTokens(int cluster) const {

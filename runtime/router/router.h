@@ -108,6 +108,9 @@ struct DecisionInputs {
 // with fallback = true: the request waits at the router until a completion frees a slot.
 RoutingDecision Decide(const DecisionInputs& in);
 
+// eldr's default λ (RouterConfig::harm_weight).
+inline constexpr double kHarmWeight = 0.75;
+
 // eldr_tail's ε when routing.load_bound is 0.
 inline constexpr double kTailLoadBound = 0.25;
 
@@ -125,6 +128,10 @@ struct RouterConfig {
   // otherwise) and the decoders' max_batch (sequences per step; later ones queue).
   std::optional<CostModel> step_cost;
   int64_t max_batch = 64;
+  // eldr: the weight λ of the slowdown the request causes the running batch (1 = the social optimum, which lets
+  // a domain's decoder grow slower than the others; 0 = the request's own step time only, Wardrop-like, which
+  // gives up locality). 0.75: chosen on seed 1 of the --like workloads (bench/README "Marginal-cost routing").
+  double harm_weight = kHarmWeight;
 };
 
 class Router {

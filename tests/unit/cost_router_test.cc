@@ -88,8 +88,10 @@ Calibration CostCalibration() {
   return c;
 }
 
-Router CostRouter(const Calibration& calib, double b, double c, double d, int64_t max_batch) {
+// harm_weight 1 (the social optimum) unless given: the hand-computed prices below add the whole harm.
+Router CostRouter(const Calibration& calib, double b, double c, double d, int64_t max_batch, double harm = 1) {
   RouterConfig rc;
+  rc.harm_weight = harm;
   rc.policy = RoutingPolicy::kEldr;
   rc.num_decoders = 2;
   rc.job_shape = calib.shape;
@@ -128,6 +130,12 @@ TEST(MarginalCost, HandComputedPrices) {
   const RoutingDecision c = r.Route(c0.data(), nullptr, "");
   EXPECT_EQ(c.decoder, 0);  // shares experts with decoder 0's request
   EXPECT_NEAR(c.predicted_cost, own0 + harm0, 1e-12);
+  // λ = 0.5 halves the slowdown term.
+  Router half = CostRouter(calib, 1e-5, 1e-4, 1e-6, 64, 0.5);
+  half.Dispatch(a);
+  half.Dispatch(b);
+  EXPECT_NEAR(half.MarginalCost(0, 0, 3, 4), own0 + 0.5 * harm0, 1e-12);
+  EXPECT_NEAR(half.MarginalCost(1, 0, 3, 4), own1 + 0.5 * harm1, 1e-12);
   // Completions release the union and the context exactly.
   r.Complete(a, 1);
   r.Complete(b, 1);
@@ -219,6 +227,11 @@ TEST(Router, EldrNeedsACostModelAndExpertLoad) {
   ASSERT_FALSE(no_cost.ok());
   EXPECT_NE(no_cost.status().message().find("cost model"), std::string::npos);
   rc.step_cost = CostModel();
+  rc.harm_weight = 1.5;
+  auto bad_weight = Router::Create(rc, &calib);
+  ASSERT_FALSE(bad_weight.ok());
+  EXPECT_NE(bad_weight.status().message().find("harm_weight"), std::string::npos);
+  rc.harm_weight = kHarmWeight;
   calib.expert_load.clear();
   auto no_load = Router::Create(rc, &calib);
   ASSERT_FALSE(no_load.ok());
