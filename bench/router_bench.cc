@@ -65,7 +65,7 @@ void BM_RouteEndToEnd(benchmark::State& state) {
   }
   Calibration calib = RandomCalibration(K, S, 2);
   RouterConfig rc;
-  rc.policy = RoutingPolicy::kEldr;
+  rc.policy = RoutingPolicy::kEldrPaper;
   rc.num_decoders = K;
   rc.tau = 0.1;
   rc.job_shape = calib.shape;
@@ -94,7 +94,7 @@ void BM_RouteDecision(benchmark::State& state) {
   const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
   Calibration calib = RandomCalibration(K, S, 3);
   RouterConfig rc;
-  rc.policy = RoutingPolicy::kEldr;
+  rc.policy = RoutingPolicy::kEldrPaper;
   rc.num_decoders = K;
   rc.job_shape = calib.shape;
   Router router = Router::Create(rc, &calib).value();

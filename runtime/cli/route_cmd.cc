@@ -8,7 +8,7 @@ namespace eldr::cli {
 
 void AddRouteCommand(CLI::App& app, Action* action) {
   struct Args {
-    std::string calib, trace, policy = "all";
+    std::string calib, trace, policy = "all", cost_model;
     RouteReplayOptions options;
     bool as_json = false;
   };
@@ -38,6 +38,12 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 30)));
   cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")->capture_default_str();
+  cmd->add_option("--cost-model", a->cost_model,
+                  "decode cost model YAML that eldr prices its routing in (configs/costs/*.yaml; default: a step "
+                  "costs its distinct experts)");
+  cmd->add_option("--max-batch", a->options.max_batch, "eldr: sequences per decode step")
+      ->capture_default_str()
+      ->check(InRange(IntRange::Between(1, 1 << 20)));
   cmd->add_flag("--json", a->as_json, "print JSON");
   cmd->callback([=] {
     *action = [=]() -> Status {
@@ -45,6 +51,10 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       if (a->policy != "all") {
         ELDR_ASSIGN_OR_RETURN(RoutingPolicy p, ParseRoutingPolicy(a->policy));
         o.policies = {p};
+      }
+      if (!a->cost_model.empty()) {
+        ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(a->cost_model));
+        o.step_cost = m;
       }
       ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a->calib));
       ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a->trace));

@@ -20,9 +20,18 @@ struct Active {
   int request;       // index into trace.requests
   int64_t progress;  // decode tokens already produced
   double work_left;  // of its predicted decode tokens (Router::ConsumeToken)
+  RoutingDecision decision;
 };
 
 }  // namespace
+
+CostModel DistinctExpertsCost() {
+  CostModel m;
+  m.name = "distinct experts";
+  m.source = "eldr route without --cost-model: a step costs its distinct experts";
+  m.decode_b = 1;
+  return m;
+}
 
 Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& calib, const RouteReplayOptions& o,
                                        const std::string& trace_name, const std::string& calib_name) {
@@ -80,6 +89,10 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     rc.admission_cap = o.admission_cap;
     rc.seed = o.seed;
     rc.job_shape = trace.shape;
+    if (p == RoutingPolicy::kEldr) {
+      rc.step_cost = o.step_cost ? *o.step_cost : DistinctExpertsCost();
+      rc.max_batch = o.max_batch;
+    }
     std::vector<std::string> labels;
     for (const auto& r : trace.requests) labels.push_back(r.domain);
     rc.domains = labels;
@@ -130,9 +143,9 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
         ++ps.decoders[d.decoder].requests;
         ++domain_counts[d.decoder][req.domain];
         if (req.decode_len() == 0) continue;  // nothing to decode: in and out at once
-        router.Dispatch(d.decoder, d.predicted_tokens);
+        router.Dispatch(d);
         ++in_flight;
-        active[d.decoder].push_back({r, 0, d.predicted_tokens});
+        active[d.decoder].push_back({r, 0, d.predicted_tokens, d});
       }
       ps.max_in_flight = std::max(ps.max_in_flight, in_flight);
       // One decode step on every decoder.
@@ -157,7 +170,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
         }
         auto done = std::remove_if(batch.begin(), batch.end(), [&](const Active& a) {
           if (a.progress < trace.requests[a.request].decode_len()) return false;
-          router.Complete(dec, a.work_left);
+          router.Complete(a.decision, a.work_left);
           --in_flight;
           return true;
         });

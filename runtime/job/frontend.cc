@@ -5,8 +5,13 @@
 namespace eldr {
 
 Result<Frontend> Frontend::Create(const JobConfig& c, const JobRequests& in, const TraceShape& model_shape,
-                                  const Calibration* calib, FrontendActions actions) {
-  auto router = Router::Create(JobRouterConfig(c, model_shape, in.trace), calib);
+                                  const Calibration* calib, FrontendActions actions,
+                                  const CostModel* simulated_cost) {
+  RouterConfig rc = JobRouterConfig(c, model_shape, in.trace);
+  if (calib) {  // without one, Router::Create names what is missing
+    ELDR_ASSIGN_OR_RETURN(rc.step_cost, JobStepCost(c, simulated_cost));
+  }
+  auto router = Router::Create(rc, calib);
   if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
   ELDR_ASSIGN_OR_RETURN(std::vector<double> arrivals,
                         ArrivalTimes({in.size(), c.request_rate, c.burstiness, c.workload_seed}));
@@ -24,6 +29,7 @@ Frontend::Frontend(const JobConfig& c, const JobRequests& in, Router router, std
       prefill_of_(in.size(), -1),
       prefill_outstanding_(c.prefill_ranks, 0),
       work_left_(in.size(), 0.0),
+      routed_(in.size()),
       decoders_(c.decode_ranks) {
   for (int64_t i = 0; i < in.size(); ++i) {
     RequestRecord& r = records_[i];
@@ -85,7 +91,8 @@ bool Frontend::Route(int64_t request, const std::vector<float>& counts) {
   RequestRecord& r = records_[request];
   const RoutingDecision d = router_.Route(counts.data(), nullptr, r.domain);
   if (d.decoder < 0) return false;
-  router_.Dispatch(d.decoder, d.predicted_tokens);
+  router_.Dispatch(d);
+  routed_[request] = d;
   work_left_[request] = d.predicted_tokens;
   if (UsesSignature(config_->policy)) {
     routing_.band_sum += d.band_size;
@@ -108,7 +115,7 @@ void Frontend::Finish(int64_t request, bool ok, const std::string& error) {
   r.success = ok;
   r.error = error;
   r.output_len = static_cast<int64_t>(r.token_times.size());
-  if (r.decoder >= 0) router_.Complete(r.decoder, work_left_[request]);  // failed at the decoder: its slot frees too
+  if (r.decoder >= 0) router_.Complete(routed_[request], work_left_[request]);  // failed at the decoder: frees too
   --active_;
   ++done_;
   ReleaseHeld();

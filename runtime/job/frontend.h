@@ -58,8 +58,11 @@ class Frontend {
   // The job's router (JobRouterConfig; `calib` is required by signature policies, may be null otherwise) and
   // its arrival times (ArrivalTimes). Errors name the config or the calibration. REQUIRES: `config` and
   // `requests` outlive the frontend.
+  // `simulated_cost`: the cost model `eldr simulate` runs with (eldr prices in it unless routing.cost_model
+  // is set; JobStepCost); null in serve.
   static Result<Frontend> Create(const JobConfig& config, const JobRequests& requests, const TraceShape& model_shape,
-                                 const Calibration* calib, FrontendActions actions);
+                                 const Calibration* calib, FrontendActions actions,
+                                 const CostModel* simulated_cost = nullptr);
 
   // Arrival times in seconds from the start, [num_requests()], non-decreasing.
   const std::vector<double>& arrivals() const { return arrivals_; }
@@ -116,6 +119,7 @@ class Frontend {
   std::vector<int> prefill_of_;                              // [N] -1 until sent
   std::vector<int64_t> prefill_outstanding_;                 // [prefill_ranks]
   std::vector<double> work_left_;                            // [N] predicted decode tokens still to come (router.h)
+  std::vector<RoutingDecision> routed_;                      // [N] each routed request's decision (Router::Complete)
   std::vector<DecoderRecord> decoders_;                      // [decode_ranks]
   std::deque<std::pair<int64_t, std::vector<float>>> held_;  // every decoder at its cap: (request, counts)
   RoutingStats routing_;

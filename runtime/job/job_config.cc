@@ -3,6 +3,7 @@
 #include <filesystem>
 
 #include "runtime/common/yaml.h"
+#include "runtime/model/model_config.h"
 
 namespace eldr {
 
@@ -62,6 +63,8 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   routing.Get("calibration", &c->calibration);
   routing.Get("admission_cap", &c->admission_cap, job_limits::kCount);
   routing.Get("seed", &c->routing_seed);
+  routing.Get("cost_model", &c->routing_cost_model);
+  routing.Get("harm_weight", &c->harm_weight, NumberRange::Between(0, 1));
   YamlMap& kv = root.Section("kv_cache");
   kv.Get("block_size", &c->block_size, IntRange::Between(1, 127));
   kv.Get("prefill_blocks", &c->prefill_blocks, job_limits::kBlocks);
@@ -93,6 +96,7 @@ void ResolvePaths(const std::string& dir, JobConfig* c) {
   c->model_config = Resolve(dir, c->model_config);
   c->trace = Resolve(dir, c->trace);
   c->calibration = Resolve(dir, c->calibration);
+  c->routing_cost_model = Resolve(dir, c->routing_cost_model);
   if (c->placement != "contiguous") c->placement = Resolve(dir, c->placement);
   if (c->weights != "synthetic") c->weights = Resolve(dir, c->weights);
 }
@@ -119,8 +123,28 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
   rc.admission_cap = c.admission_cap;
   rc.seed = c.routing_seed;
   rc.job_shape = model_shape;
+  rc.max_batch = c.max_batch;
+  rc.harm_weight = c.harm_weight;
   for (const auto& r : trace.requests) rc.domains.push_back(r.domain);
   return rc;
+}
+
+Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated) {
+  if (c.policy != RoutingPolicy::kEldr) return std::optional<CostModel>();
+  if (!c.routing_cost_model.empty()) {
+    ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(c.routing_cost_model));
+    return std::optional<CostModel>(m);
+  }
+  if (simulated) return std::optional<CostModel>(*simulated);
+  auto m = LoadJobCostModel(c.path);
+  if (m.ok()) return std::optional<CostModel>(m.value());
+  if (m.status().code() != StatusCode::kNotFound) return m.status();
+  // Neither: a bandwidth-bound model of the job's model on the reference GPU. Only its ratios decide (expert bytes
+  // vs one more sequence vs context), which the model's shapes set.
+  ELDR_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(c.model_config));
+  CostModel derived = DeriveCostModel(model, DeviceSpec{});
+  derived.source = "derived for routing (no routing.cost_model): " + derived.source;
+  return std::optional<CostModel>(derived);
 }
 
 Status CheckWorldSize(const JobConfig& c, int world_size) {

@@ -4,9 +4,13 @@
 //   topology:  {prefill_ranks: 1, decode_ranks: 4}        # world size = 1 (router) + prefill + decode · ep_size
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
-//               load_bound: 0}       # ε of the bounded-load band (router.h); 0 = off (eldr_tail: 0 → 0.25)
-//              policy: random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper (= eldr, the
-//              published band) or eldr_tail (the tail-safe band: decode-work loads, overflow in distance order)
+//               load_bound: 0,       # ε of the bounded-load band (router.h); 0 = off (eldr_tail: 0 → 0.25)
+//               cost_model: FILE,    # eldr's decode cost model (default: simulate's, else derived; JobStepCost)
+//               harm_weight: 0.75}   # eldr's λ: weight of the slowdown a request causes the running batch
+//              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert
+//              union, batch and context), eldr_paper (the published band: τ, in-flight counts), eldr_tail (the
+//              band on decode-work loads, overflow in distance order), locality_top1, domain, jsq, p2c,
+//              round_robin, random
 //   kv_cache:  {block_size: 16, prefill_blocks: 4096, decode_blocks: 4096, transport: auto}
 //              transport: how KV goes from a prefill rank to its decoder (runtime/comm/kv_transport.h).
 //              mpi: inside the MPI control message (kTagKv). nccl: the control message carries the request's
@@ -40,6 +44,7 @@
 
 #include "runtime/common/status.h"
 #include "runtime/common/yaml.h"
+#include "runtime/cost/cost_model.h"
 #include "runtime/router/router.h"
 
 namespace eldr {
@@ -69,6 +74,8 @@ struct JobConfig {
   std::optional<double> tau;  // unset: the calibration's (0.1 without one)
   double load_bound = 0;      // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
   std::string calibration;
+  double harm_weight = kHarmWeight;  // routing.harm_weight: eldr's λ (router.h)
+  std::string routing_cost_model;  // routing.cost_model: eldr's decode cost model YAML (empty: see JobStepCost)
   int64_t admission_cap = 0;
   uint64_t routing_seed = 0;
   int block_size = 16;
@@ -104,6 +111,11 @@ Result<JobConfig> LoadJobConfig(const std::string& path);
 // The router of a job (serve's rank 0 and the simulator): its policy, decoders, τ, load bound, admission cap
 // and seed, the model's routing shape, and the trace's domain labels (domain policy groups).
 RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, const Trace& trace);
+// The decode cost model eldr prices its routing in (nullopt for other policies): routing.cost_model when set, else
+// `simulated` (the model `eldr simulate` simulates with; null in serve), else the job config's `simulate:` section,
+// else one derived from the model config for the reference GPU (DeriveCostModel, bandwidth-bound). Errors name the
+// file.
+Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated);
 // The topology against the world size, with the numbers in the message.
 Status CheckWorldSize(const JobConfig& c, int world_size);
 

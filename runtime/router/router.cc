@@ -155,6 +155,33 @@ RoutingDecision TailBand(const DecisionInputs& in) {
   return out;
 }
 
+// eldr, the marginal-cost rule (see Decide in router.h).
+RoutingDecision CheapestDecoder(const DecisionInputs& in) {
+  const auto& d = *in.decoders;
+  const int K = static_cast<int>(d.size());
+  RoutingDecision out;
+  out.nearest = Nearest(in.distances, K);
+  out.predicted_tokens = in.request_work;
+  // A full decoder (in_flight >= max_batch) would queue the request: second choice, whatever its price; among
+  // full ones the shortest queue first.
+  auto full = [&](int k) { return in.max_batch > 0 && d[k].in_flight >= in.max_batch; };
+  auto better = [&](int k, int b) {
+    if (full(k) != full(b)) return full(b);
+    if (full(k) && d[k].in_flight != d[b].in_flight) return d[k].in_flight < d[b].in_flight;
+    const double c = in.marginal_cost[k], cb = in.marginal_cost[b];
+    return c < cb || (c == cb && in.distances[k] < in.distances[b]);
+  };
+  int best = -1;
+  for (int k = 0; k < K; ++k) {
+    if (d[k].eligible() && (best < 0 || better(k, best))) best = k;
+  }
+  out.decoder = best;
+  out.fallback = best < 0;
+  out.distance = best >= 0 ? in.distances[best] : 0.0;
+  out.predicted_cost = best >= 0 ? in.marginal_cost[best] : 0.0;
+  return out;
+}
+
 }  // namespace
 
 RoutingDecision Decide(const DecisionInputs& in) {
@@ -164,9 +191,8 @@ RoutingDecision Decide(const DecisionInputs& in) {
   RoutingDecision out;
   std::vector<int> eligible;
   switch (in.policy) {
-    case RoutingPolicy::kEldr:
     case RoutingPolicy::kEldrPaper: {
-      ELDR_CHECK(in.distances, "eldr routing needs distances");
+      ELDR_CHECK(in.distances, "eldr_paper routing needs distances");
       RoutingDecision b = Band(in, in.tau);
       b.nearest = Nearest(in.distances, K);
       return b;
@@ -175,6 +201,9 @@ RoutingDecision Decide(const DecisionInputs& in) {
       ELDR_CHECK(in.distances, "eldr_tail routing needs distances");
       ELDR_CHECK(in.request_work > 0, "eldr_tail needs a request work > 0");
       return TailBand(in);
+    case RoutingPolicy::kEldr:
+      ELDR_CHECK(in.distances && in.marginal_cost, "eldr routing needs distances and marginal costs");
+      return CheapestDecoder(in);
     case RoutingPolicy::kLocalityTop1:
       ELDR_CHECK(in.distances, "locality_top1 routing needs distances");
       return Band(in, 0.0);
@@ -253,6 +282,24 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     r.params_ = calib->signature;
     r.centroids_ = calib->centroids;
     r.prior_ = calib->mean_decode_len;
+    if (config.policy == RoutingPolicy::kEldr) {
+      if (!config.step_cost) {
+        return Status::InvalidArgument(
+            "routing policy eldr needs a decode cost model (routing.cost_model)");
+      }
+      if (config.max_batch < 1) return Status::InvalidArgument("eldr routing needs max_batch >= 1");
+      if (!(config.harm_weight >= 0 && config.harm_weight <= 1)) {
+        return Status::InvalidArgument("routing.harm_weight must be in [0, 1]");
+      }
+      const TraceShape& sh = calib->shape;
+      if (calib->expert_load.size() != static_cast<size_t>(calib->num_clusters) * sh.num_layers * sh.num_experts) {
+        return Status::FailedPrecondition(
+            "routing policy eldr needs the calibration's /clusters/expert_load; re-run 'eldr calibrate'");
+      }
+      r.union_ = PredictedUnion(calib->expert_load, calib->num_clusters, calib->signature.layer_mask, sh.num_layers,
+                                sh.num_experts, config.num_decoders);
+      r.context_.assign(config.num_decoders, 0.0);
+    }
     if (config.tau < 0) r.config_.tau = calib->tau;
   } else if (UsesSignature(config.policy)) {
     return Status::InvalidArgument(std::string("routing policy ") + RoutingPolicyName(config.policy) +
@@ -296,7 +343,7 @@ const std::vector<int>* Router::DomainGroup(const std::string& domain) const {
   return it == domain_groups_.end() ? nullptr : &it->second;
 }
 
-RoutingDecision Router::DecideNow(const double* distances, const std::string& domain) {
+RoutingDecision Router::DecideNow(const double* distances, const std::string& domain, double context) {
   DecisionInputs in;
   in.policy = config_.policy;
   in.decoders = &decoders_;
@@ -309,14 +356,26 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
     in.random_b = rng_();
   }
   in.round_robin_next = round_robin_next_;
-  if (distances) in.request_work = PriorDecodeTokens(Nearest(distances, config_.num_decoders));
+  const int nearest = distances ? Nearest(distances, config_.num_decoders) : -1;
+  if (distances) in.request_work = PriorDecodeTokens(nearest);
+  if (config_.policy == RoutingPolicy::kEldr) {
+    costs_.resize(config_.num_decoders);
+    for (int k = 0; k < config_.num_decoders; ++k) costs_[k] = MarginalCost(k, nearest, context, in.request_work);
+    in.marginal_cost = costs_.data();
+    in.max_batch = config_.max_batch;
+  }
   RoutingDecision out = Decide(in);
+  out.context = context;
   if (config_.policy == RoutingPolicy::kRoundRobin && out.decoder >= 0) round_robin_next_ = out.decoder + 1;
   return out;
 }
 
 RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain) {
-  if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain);
+  return RouteSignature(signature, domain, 0.0);
+}
+
+RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain, double context) {
+  if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);
   const int K = config_.num_decoders, D = params_.dim();
   // d = 1 − M s with M the [K, D] centroid matrix: one vectorised matrix-vector product.
   using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -325,13 +384,35 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
   Eigen::Map<Eigen::VectorXf> dots(dots_.data(), K);
   dots.noalias() = M * s;
   for (int k = 0; k < K; ++k) distances_[k] = 1.0 - static_cast<double>(dots_[k]);
-  return DecideNow(distances_.data(), domain);
+  return DecideNow(distances_.data(), domain, context);
 }
 
 RoutingDecision Router::Route(const float* counts, const float* gate_sums, const std::string& domain) {
-  if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain);
+  // Prompt tokens: every token adds top_k to layer 0's counts.
+  double context = 0;
+  const int E = config_.job_shape.num_experts, k = config_.job_shape.top_k;
+  if (counts && E > 0 && k > 0) {
+    for (int e = 0; e < E; ++e) context += counts[e];
+    context /= k;
+  }
+  if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);
   ComputeSignature(params_, counts, gate_sums, signature_.data());
-  return RouteSignature(signature_.data(), domain);
+  return RouteSignature(signature_.data(), domain, context);
+}
+
+double Router::MarginalCost(int k, int profile, double context, double tokens) const {
+  ELDR_CHECK(config_.policy == RoutingPolicy::kEldr && config_.step_cost, "MarginalCost needs policy eldr");
+  const CostModel& m = *config_.step_cost;
+  const DecoderState& s = decoders_[k];
+  const double max_batch = static_cast<double>(config_.max_batch);
+  const double running = std::min(static_cast<double>(s.in_flight), max_batch);  // the sequences of its next step
+  const double growth = profile >= 0 ? union_.Growth(k, profile) : 0.0;
+  const double own_context = context + tokens / 2;  // its mean context over its decode
+  // The request's own step time there, and what it adds to every running request's step.
+  const double step =
+      m.DecodeStep(union_.Union(k) + growth, running + 1, context_[k] + own_context);
+  const double harm = running * (m.decode_b * growth + m.decode_c + m.decode_d * own_context);
+  return step + config_.harm_weight * harm;
 }
 
 double Router::PriorDecodeTokens(int cluster) const {
@@ -343,6 +424,13 @@ void Router::Dispatch(int decoder, double work) {
   ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
   ++decoders_[decoder].in_flight;
   decoders_[decoder].work += work;
+}
+
+void Router::Dispatch(const RoutingDecision& d) {
+  Dispatch(d.decoder, d.predicted_tokens);
+  if (config_.policy != RoutingPolicy::kEldr) return;
+  if (d.nearest >= 0) union_.Add(d.decoder, d.nearest);
+  context_[d.decoder] += d.context + d.predicted_tokens / 2;
 }
 
 void Router::AddWork(int decoder, double delta) {
@@ -363,6 +451,14 @@ void Router::Complete(int decoder, double work_left) {
   --s.in_flight;
   // Nothing in flight holds no work: drop the floating-point residue of the additions.
   s.work = s.in_flight == 0 ? 0.0 : std::max(0.0, s.work - work_left);
+}
+
+void Router::Complete(const RoutingDecision& d, double work_left) {
+  Complete(d.decoder, work_left);
+  if (config_.policy != RoutingPolicy::kEldr) return;
+  if (d.nearest >= 0) union_.Remove(d.decoder, d.nearest);
+  double& c = context_[d.decoder];
+  c = decoders_[d.decoder].in_flight == 0 ? 0.0 : std::max(0.0, c - d.context - d.predicted_tokens / 2);
 }
 
 }  // namespace eldr

@@ -1,4 +1,4 @@
-// Decode routing (DESIGN.md §3 "Band routing", "Baselines"). After prefill, the router picks the decode
+// Decode routing (DESIGN.md §3 "Marginal-cost routing", "Band routing", "Baselines"). After prefill, the router picks the decode
 // worker (decoder) of each request.
 //
 // Two layers:
@@ -12,17 +12,30 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <random>
 #include <string>
 #include <vector>
 
 #include "runtime/calib/calibration.h"
 #include "runtime/common/status.h"
+#include "runtime/cost/cost_model.h"
+#include "runtime/router/predicted_union.h"
 #include "runtime/signature/signature.h"
 
 namespace eldr {
 
-enum class RoutingPolicy { kRandom, kRoundRobin, kJsq, kP2c, kDomain, kLocalityTop1, kEldr, kEldrPaper, kEldrTail };
+enum class RoutingPolicy {
+  kRandom,
+  kRoundRobin,
+  kJsq,
+  kP2c,
+  kDomain,
+  kLocalityTop1,
+  kEldr,
+  kEldrPaper,
+  kEldrTail
+};
 
 const char* RoutingPolicyName(RoutingPolicy p);  // "random", "round_robin", "jsq", "p2c", "domain", "locality_top1",
                                                  // "eldr", "eldr_paper", "eldr_tail"
@@ -50,6 +63,8 @@ struct RoutingDecision {
   bool overflow = false;        // eldr_tail: no band member under the bound; a next-nearest decoder took it
   int nearest = -1;             // signature policies: argmin_k d_k (tie → lower k), the request's cluster
   double predicted_tokens = 1;  // the request's prior decode length (eldr_tail's w_r; 1 elsewhere)
+  double context = 0;           // the request's prompt tokens (signature policies; eldr's context term)
+  double predicted_cost = 0;    // eldr: the chosen decoder's marginal cost (s per decode step)
 };
 
 // The inputs of one decision. Pointers are borrowed for the call.
@@ -63,15 +78,16 @@ struct DecisionInputs {
   uint64_t random_a = 0, random_b = 0;             // uniform 64-bit draws (random: a; p2c: a and b)
   int64_t round_robin_next = 0;                    // the round-robin counter
   double request_work = 1;                         // eldr_tail: w_r, the request's predicted decode tokens (> 0)
+  const double* marginal_cost = nullptr;           // [K] eldr: Router::MarginalCost of each decoder
+  int64_t max_batch = 0;                           // eldr: sequences per decode step (0 = unbounded)
 };
 
 // The pure decision. Rules (DESIGN.md §3):
-//  eldr: B = {k : d_k ≤ min_j d_j + τ}; argmin load over eligible k in B, tie → smaller d_k, then lower k;
+//  eldr_paper (the published band): B = {k : d_k ≤ min_j d_j + τ}; argmin load over eligible k in B, tie → smaller d_k, then lower k;
 //        if B has no eligible decoder, the globally least-loaded eligible decoder (fallback = true).
 //        With load_bound ε > 0 (an extension, off by default): band members holding at least
 //        ceil((1+ε)·(Σ_k in_flight_k + 1)/K) requests are not candidates ("consistent hashing with bounded
 //        loads", Mirrokni et al. 2018), so the fallback takes over before one decoder's queue runs away.
-//  eldr_paper: exactly eldr (the published rule, kept under its own name for the ablation tables).
 //  eldr_tail (tail-safe, DESIGN.md §3 "Tail-safe band"): loads are w_k = DecoderState::work, the request's
 //        w_r = request_work. Decoder k is under the bound iff w_k < (1+ε)·(Σ_j w_j + w_r)/K (ε = load_bound).
 //        B as above; argmin w_k over eligible band members under the bound, tie → smaller d_k, then lower k.
@@ -80,7 +96,10 @@ struct DecisionInputs {
 //        admission caps): the eligible decoder of least w_k, tie → lower k (fallback = true).
 //        The least-loaded decoder is always under the bound (min w ≤ Σw/K < (1+ε)(Σw + w_r)/K), so with no
 //        admission cap the overflow never leaves the distance order.
-//  locality_top1: eldr with τ = 0.
+//  eldr (the default; marginal cost, DESIGN.md §3 "Marginal-cost routing"): argmin marginal_cost[k] over eligible
+//        decoders with in_flight < max_batch (a full one would queue the request), tie → smaller d_k, then lower
+//        k; when every eligible decoder is full, the one of fewest in_flight (tie → the cheaper, then as above).
+//  locality_top1: eldr_paper with τ = 0.
 //  jsq: argmin load over eligible decoders, tie → lower index.
 //  p2c: two distinct decoders drawn from a and b among the eligible ones; the less loaded (tie → lower index).
 //  random: uniform over eligible decoders. round_robin: the next eligible decoder from round_robin_next.
@@ -88,6 +107,9 @@ struct DecisionInputs {
 // When no decoder is eligible at all (every one at its admission cap), every policy returns decoder = -1
 // with fallback = true: the request waits at the router until a completion frees a slot.
 RoutingDecision Decide(const DecisionInputs& in);
+
+// eldr's default λ (RouterConfig::harm_weight).
+inline constexpr double kHarmWeight = 0.75;
 
 // eldr_tail's ε when routing.load_bound is 0.
 inline constexpr double kTailLoadBound = 0.25;
@@ -102,6 +124,14 @@ struct RouterConfig {
   TraceShape job_shape;  // the model of the job; must match the calibration's
   // Domain labels for the domain policy (its decoder groups); empty = the calibration's labels.
   std::vector<std::string> domains;
+  // eldr: the decode step cost model the marginal cost is priced in (required for eldr, unused
+  // otherwise) and the decoders' max_batch (sequences per step; later ones queue).
+  std::optional<CostModel> step_cost;
+  int64_t max_batch = 64;
+  // eldr: the weight λ of the slowdown the request causes the running batch (1 = the social optimum, which lets
+  // a domain's decoder grow slower than the others; 0 = the request's own step time only, Wardrop-like, which
+  // gives up locality). 0.75: chosen on seed 1 of the --like workloads (bench/README "Marginal-cost routing").
+  double harm_weight = kHarmWeight;
 };
 
 class Router {
@@ -113,11 +143,15 @@ class Router {
   // Routes a request with its prefill counts [L, E] (c_r(ℓ,e)); `gate_sums` [L, E] only for gate_prob
   // signatures (may be null). `domain` is used by the domain policy only.
   RoutingDecision Route(const float* counts, const float* gate_sums, const std::string& domain);
-  // Routes with a ready signature s_r ([signature_dim()]).
+  // Routes with a ready signature s_r ([signature_dim()]); `context`: the request's prompt tokens (eldr).
   RoutingDecision RouteSignature(const float* signature, const std::string& domain);
+  RoutingDecision RouteSignature(const float* signature, const std::string& domain, double context);
 
   // One more request in flight on `decoder`, predicted to generate `work` decode tokens. REQUIRES: decoder >= 0.
   void Dispatch(int decoder, double work = 1);
+  // The request of decision `d` is in flight on d.decoder: its work, context and (eldr) predicted expert
+  // profile count from now on. REQUIRES: d.decoder >= 0.
+  void Dispatch(const RoutingDecision& d);
   // The decoder's in-flight requests are predicted to generate `delta` more tokens (negative: a token came).
   void AddWork(int decoder, double delta);
   // A request on `decoder` with `work_left` of its prediction produced one token: the decoder's work drops by
@@ -125,6 +159,12 @@ class Router {
   double ConsumeToken(int decoder, double work_left);
   // One fewer, with `work_left` of its prediction unspent. REQUIRES: in_flight > 0.
   void Complete(int decoder, double work_left = 1);
+  // The request dispatched with decision `d` finished with `work_left` of its prediction unspent.
+  void Complete(const RoutingDecision& d, double work_left);
+  // eldr's price of sending a request of predicted profile `profile` (a cluster), `context` prompt tokens
+  // and `tokens` predicted decode tokens to `decoder`, in seconds of decode-step time (DESIGN.md §3). Exposed
+  // for tests. REQUIRES: policy eldr.
+  double MarginalCost(int decoder, int profile, double context, double tokens) const;
   // The prior decode length of cluster k: calibration /clusters/mean_decode_len[k], or 1 without it.
   double PriorDecodeTokens(int cluster) const;
 
@@ -139,7 +179,7 @@ class Router {
  private:
   Router() = default;
   const std::vector<int>* DomainGroup(const std::string& domain) const;
-  RoutingDecision DecideNow(const double* distances, const std::string& domain);
+  RoutingDecision DecideNow(const double* distances, const std::string& domain, double context);
 
   RouterConfig config_;
   SignatureParams params_;
@@ -150,6 +190,9 @@ class Router {
   std::vector<float> dots_;       // scratch [K]
   std::vector<float> signature_;  // scratch [D]
   std::map<std::string, std::vector<int>> domain_groups_;
+  PredictedUnion union_;          // eldr: the predicted expert union of each decoder's in-flight requests
+  std::vector<double> context_;   // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens
+  std::vector<double> costs_;     // scratch [K]
   std::mt19937_64 rng_;
   int64_t round_robin_next_ = 0;
 };

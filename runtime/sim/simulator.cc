@@ -152,7 +152,7 @@ class Simulation {
     actions.send_route = [this](int64_t i, int d) {
       Push(now_ + cost_.control_latency, EventKind::kRouteAtPrefill, d, i);
     };
-    ELDR_ASSIGN_OR_RETURN(Frontend f, Frontend::Create(c_, in_, mc_.trace_shape(), calib, std::move(actions)));
+    ELDR_ASSIGN_OR_RETURN(Frontend f, Frontend::Create(c_, in_, mc_.trace_shape(), calib, std::move(actions), &cost_));
     frontend_.emplace(std::move(f));
     masks_ = DecodeMasks::Build(in_.trace);
     domains_ = in_.trace.Domains();

@@ -29,7 +29,7 @@ ALLOWED = {
     "kernels": ["common"],
     "model": ["model_config", "kernels", "kvcache"],
     "comm": ["common"],
-    "job": ["router", "model_config"],
+    "job": ["router", "cost", "model_config"],
     "serve": ["job", "model", "comm"],
     "sim": ["job", "kvcache"],
     "cli": ["serve", "sim", "eval"],

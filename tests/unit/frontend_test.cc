@@ -227,7 +227,7 @@ TEST(Frontend, RoutingStatistics) {
   // 0.29}, B = {0, 1}, loads {1, 0} → 1. (0,0,1,0): d = {1, 1}, B = {0, 1}, loads {1, 1} → 0 (lower index).
   // (1,0,0,0) again: B = {0}, decoder 0 at its cap → fallback to the least-loaded eligible, 1.
   // band sizes 1 + 2 + 2 + 1 = 6 over 4 requests, 1 fallback, requests per decoder {2, 2}.
-  JobConfig c = Job(RoutingPolicy::kEldr, 1, 2, 2);
+  JobConfig c = Job(RoutingPolicy::kEldrPaper, 1, 2, 2);
   c.tau = 0.1;
   const Calibration calib = TinyCalibration(2);
   const JobRequests in = Requests(4, {2, 2, 2, 2});

@@ -18,7 +18,7 @@ std::vector<DecoderState> Loads(std::vector<int64_t> in_flight, int64_t cap = 0)
 
 RoutingDecision Band(const std::vector<DecoderState>& d, std::vector<double> dist, double tau) {
   DecisionInputs in;
-  in.policy = RoutingPolicy::kEldr;
+  in.policy = RoutingPolicy::kEldrPaper;
   in.decoders = &d;
   in.distances = dist.data();
   in.tau = tau;
@@ -60,11 +60,12 @@ TEST(Decide, NothingEligibleInTheBandFallsBackToGlobalLeastLoaded) {
   EXPECT_TRUE(f.fallback);
   EXPECT_EQ(f.decoder, -1);
   for (auto policy : AllRoutingPolicies()) {
-    std::vector<double> dist = {0.1, 0.2, 0.3};
+    std::vector<double> dist = {0.1, 0.2, 0.3}, cost = {1, 2, 3};
     DecisionInputs in;
     in.policy = policy;
     in.decoders = &full;
     in.distances = dist.data();
+    in.marginal_cost = cost.data();
     EXPECT_EQ(Decide(in).decoder, -1) << RoutingPolicyName(policy);
   }
 }
@@ -77,7 +78,7 @@ TEST(Decide, BoundedLoadPassesOverAnOverfullBandMember) {
   std::vector<double> dist = {0.1, 0.5, 0.6, 0.7};
   auto decide = [&](double eps) {
     DecisionInputs in;
-    in.policy = RoutingPolicy::kEldr;
+    in.policy = RoutingPolicy::kEldrPaper;
     in.decoders = &d;
     in.distances = dist.data();
     in.tau = 0.1;
@@ -94,7 +95,7 @@ TEST(Decide, BoundedLoadPassesOverAnOverfullBandMember) {
   // decoder 0 (2) is passed over.
   auto e = Loads({2, 0, 0, 1});
   DecisionInputs in;
-  in.policy = RoutingPolicy::kEldr;
+  in.policy = RoutingPolicy::kEldrPaper;
   in.decoders = &e;
   in.distances = dist.data();
   in.tau = 0.1;
@@ -118,7 +119,7 @@ TEST(Decide, BoundedLoadNeverLetsALoadExceedTheBoundWhenAnotherDecoderIsBelowIt)
     auto d = Loads(loads);
     const double eps = static_cast<double>(rng() % 100) / 100.0 + 0.01;
     DecisionInputs in;
-    in.policy = RoutingPolicy::kEldr;
+    in.policy = RoutingPolicy::kEldrPaper;
     in.decoders = &d;
     in.distances = dist.data();
     in.tau = 0.1;
@@ -145,7 +146,7 @@ TEST(Decide, TauZeroEqualsLocalityTop1AndLargeTauEqualsJsq) {
     DecisionInputs in;
     in.decoders = &d;
     in.distances = dist.data();
-    in.policy = RoutingPolicy::kEldr;
+    in.policy = RoutingPolicy::kEldrPaper;
     in.tau = 0;
     const auto eldr0 = Decide(in);
     in.policy = RoutingPolicy::kLocalityTop1;
@@ -158,7 +159,7 @@ TEST(Decide, TauZeroEqualsLocalityTop1AndLargeTauEqualsJsq) {
     }
     EXPECT_EQ(eldr0.decoder, expect);
     // τ = 0 with distinct minimum: the nearest centroid.
-    in.policy = RoutingPolicy::kEldr;
+    in.policy = RoutingPolicy::kEldrPaper;
     in.tau = 100;
     const auto wide = Decide(in);
     in.policy = RoutingPolicy::kJsq;
@@ -259,7 +260,7 @@ Calibration TinyCalibration(int K) {
 TEST(Router, SignatureRoutingFromCounts) {
   Calibration calib = TinyCalibration(3);
   RouterConfig c;
-  c.policy = RoutingPolicy::kEldr;
+  c.policy = RoutingPolicy::kEldrPaper;
   c.num_decoders = 3;
   c.tau = -1;  // take 0.1 from the calibration
   c.job_shape = calib.shape;
@@ -420,32 +421,6 @@ TEST(DecideTail, InvariantsOverRandomScenarios) {
   }
 }
 
-TEST(Decide, EldrPaperIsExactlyEldr) {
-  std::mt19937_64 rng(5);
-  for (int trial = 0; trial < 2000; ++trial) {
-    const int K = 1 + static_cast<int>(rng() % 8);
-    std::vector<int64_t> loads(K);
-    std::vector<double> dist(K);
-    for (int k = 0; k < K; ++k) {
-      loads[k] = static_cast<int64_t>(rng() % 6);
-      dist[k] = static_cast<double>(rng() % 100) / 100.0;
-    }
-    auto d = Loads(loads, static_cast<int64_t>(rng() % 6));
-    DecisionInputs in;
-    in.decoders = &d;
-    in.distances = dist.data();
-    in.tau = static_cast<double>(rng() % 30) / 100.0;
-    in.load_bound = static_cast<double>(rng() % 3) / 2.0;
-    in.policy = RoutingPolicy::kEldr;
-    const RoutingDecision a = Decide(in);
-    in.policy = RoutingPolicy::kEldrPaper;
-    const RoutingDecision b = Decide(in);
-    EXPECT_EQ(a.decoder, b.decoder);
-    EXPECT_EQ(a.band_size, b.band_size);
-    EXPECT_EQ(a.fallback, b.fallback);
-  }
-}
-
 TEST(Router, DecodeWorkIsHeldSpentPerTokenAndReleased) {
   // Prior 5 (cluster 1's mean decode length): the request holds 5; each token spends 1 until 1 is left, which
   // stays held until it completes.
@@ -481,7 +456,7 @@ TEST(Router, DecodeWorkIsHeldSpentPerTokenAndReleased) {
 TEST(Router, RefusesMismatchedCalibration) {
   Calibration calib = TinyCalibration(3);
   RouterConfig c;
-  c.policy = RoutingPolicy::kEldr;
+  c.policy = RoutingPolicy::kEldrPaper;
   c.num_decoders = 4;
   c.job_shape = calib.shape;
   auto r = Router::Create(c, &calib);

@@ -1,0 +1,242 @@
+// eldr, the marginal-cost rule (DESIGN.md §3 "Marginal-cost routing"): the predicted expert union against hand-computed products and a
+// brute-force recomputation, the marginal cost against hand-computed prices, and the decision rule.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "runtime/router/predicted_union.h"
+#include "runtime/router/router.h"
+
+namespace eldr {
+namespace {
+
+// L = 2, E = 2, only layer 0 in the mask (scale 2). Profile 0 at layer 0: {0.5, 0.5}; profile 1: {0.2, 0.8}.
+PredictedUnion HandUnion() {
+  std::vector<float> profiles = {0.5f, 0.5f, 0.9f, 0.9f,   // p0: layer 0, then layer 1 (ignored)
+                                 0.2f, 0.8f, 0.9f, 0.9f};  // p1
+  return PredictedUnion(profiles, 2, {1, 0}, 2, 2, 1);
+}
+
+TEST(PredictedUnion, HandComputedProducts) {
+  PredictedUnion u = HandUnion();
+  EXPECT_DOUBLE_EQ(u.Union(0), 0);
+  EXPECT_NEAR(u.Growth(0, 0), 2 * (0.5 + 0.5), 1e-6);
+  u.Add(0, 0);  // untouched {0.5, 0.5}
+  EXPECT_NEAR(u.Union(0), 2 * (2 - 1.0), 1e-6);
+  EXPECT_NEAR(u.Growth(0, 1), 2 * (0.5 * 0.2 + 0.5 * 0.8), 1e-6);
+  u.Add(0, 1);  // untouched {0.4, 0.1}
+  EXPECT_NEAR(u.Union(0), 2 * (2 - 0.5), 1e-6);
+  u.Remove(0, 0);  // untouched {0.8, 0.2}
+  EXPECT_NEAR(u.Union(0), 2 * (2 - 1.0), 1e-6);
+  u.Remove(0, 1);
+  EXPECT_EQ(u.Union(0), 0);  // exactly: an empty decoder's products are reset
+  EXPECT_EQ(u.requests(0), 0);
+}
+
+TEST(PredictedUnion, MatchesABruteForceProductOverRandomAddsAndRemoves) {
+  const int L = 3, E = 8, P = 4, K = 3;
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> uni(0.f, 1.f);
+  std::vector<float> profiles(P * L * E);
+  for (float& q : profiles) q = uni(rng) < 0.3f ? 0.f : uni(rng);
+  profiles[5] = 1.0f;  // a certain expert (clamped below 1)
+  const std::vector<uint8_t> mask = {1, 0, 1};
+  PredictedUnion u(profiles, P, mask, L, E, K);
+  std::vector<std::vector<int>> members(K);
+  for (int step = 0; step < 400; ++step) {
+    const int k = static_cast<int>(rng() % K);
+    if (!members[k].empty() && rng() % 3 == 0) {
+      const size_t i = rng() % members[k].size();
+      u.Remove(k, members[k][i]);
+      members[k].erase(members[k].begin() + static_cast<long>(i));
+    } else {
+      const int p = static_cast<int>(rng() % P);
+      u.Add(k, p);
+      members[k].push_back(p);
+    }
+    for (int d = 0; d < K; ++d) {
+      double uni_sum = 0, growth = 0;
+      const int p = step % P;
+      for (int l = 0; l < L; ++l) {
+        if (!mask[l]) continue;
+        for (int e = 0; e < E; ++e) {
+          double keep = 1;
+          for (int m : members[d]) keep *= 1 - std::min(profiles[(m * L + l) * E + e], 1.0f - 1e-6f);
+          uni_sum += 1 - keep;
+          growth += keep * std::min(profiles[(p * L + l) * E + e], 1.0f - 1e-6f);
+        }
+      }
+      const double scale = 3.0 / 2.0;
+      ASSERT_NEAR(u.Union(d), scale * uni_sum, 1e-4) << "step " << step << " decoder " << d;
+      ASSERT_NEAR(u.Growth(d, p), scale * growth, 1e-4);
+    }
+  }
+}
+
+// L = 1, E = 4, count signatures, centroid k = e_k; cluster profiles: 0 → {0.5, 0.5, 0, 0}, 1 → {0, 0, 0.5, 0.5};
+// prior 4 decode tokens for both.
+Calibration CostCalibration() {
+  Calibration c;
+  c.shape = {"tiny", 1, 4, 1};
+  c.signature = {SignatureVariant::kCount, 1, 4, {1, 1, 1, 1}, {1}};
+  c.num_clusters = 2;
+  c.tau = 0.1;
+  c.centroids = {1, 0, 0, 0, 0, 0, 1, 0};
+  c.expert_load = {0.5f, 0.5f, 0, 0, 0, 0, 0.5f, 0.5f};
+  c.mean_decode_len = {4, 4};
+  return c;
+}
+
+// harm_weight 1 (the social optimum) unless given: the hand-computed prices below add the whole harm.
+Router CostRouter(const Calibration& calib, double b, double c, double d, int64_t max_batch, double harm = 1) {
+  RouterConfig rc;
+  rc.harm_weight = harm;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = 2;
+  rc.job_shape = calib.shape;
+  rc.max_batch = max_batch;
+  CostModel m;
+  m.decode_a = 1e-3;
+  m.decode_b = b;
+  m.decode_c = c;
+  m.decode_d = d;
+  rc.step_cost = m;
+  auto r = Router::Create(rc, &calib);
+  EXPECT_TRUE(r.ok()) << r.status().message();
+  return std::move(r).value();
+}
+
+TEST(MarginalCost, HandComputedPrices) {
+  const Calibration calib = CostCalibration();
+  Router r = CostRouter(calib, 1e-5, 1e-4, 1e-6, 64);
+  const std::vector<float> c0 = {3, 0, 0, 0}, c1 = {0, 0, 2, 0};  // nearest 0 (3 prompt tokens), nearest 1 (2)
+  // Empty decoders: own step = a + b·ΔU + c·1 + d·(3 + 4/2), ΔU = 0.5 + 0.5.
+  EXPECT_NEAR(r.MarginalCost(0, 0, 3, 4), 1e-3 + 1e-5 * 1.0 + 1e-4 + 1e-6 * 5, 1e-12);
+  const RoutingDecision a = r.Route(c0.data(), nullptr, "");
+  EXPECT_EQ(a.nearest, 0);
+  EXPECT_DOUBLE_EQ(a.context, 3);
+  EXPECT_EQ(a.decoder, 0);  // equal prices: the nearer centroid
+  r.Dispatch(a);
+  const RoutingDecision b = r.Route(c1.data(), nullptr, "");
+  EXPECT_EQ(b.decoder, 1);  // an idle decoder is cheaper than a busy one
+  r.Dispatch(b);
+  // Decoder 0 holds a cluster-0 request (U = 1, context 3 + 2), decoder 1 a cluster-1 request (U = 1, context
+  // 2 + 2). A new cluster-0 request (3 prompt tokens): ΔU = 0.5 on decoder 0, 1 on decoder 1.
+  const double own0 = 1e-3 + 1e-5 * 1.5 + 1e-4 * 2 + 1e-6 * (5 + 5), harm0 = 1e-5 * 0.5 + 1e-4 + 1e-6 * 5;
+  const double own1 = 1e-3 + 1e-5 * 2.0 + 1e-4 * 2 + 1e-6 * (4 + 5), harm1 = 1e-5 * 1.0 + 1e-4 + 1e-6 * 5;
+  EXPECT_NEAR(r.MarginalCost(0, 0, 3, 4), own0 + harm0, 1e-12);
+  EXPECT_NEAR(r.MarginalCost(1, 0, 3, 4), own1 + harm1, 1e-12);
+  const RoutingDecision c = r.Route(c0.data(), nullptr, "");
+  EXPECT_EQ(c.decoder, 0);  // shares experts with decoder 0's request
+  EXPECT_NEAR(c.predicted_cost, own0 + harm0, 1e-12);
+  // λ = 0.5 halves the slowdown term.
+  Router half = CostRouter(calib, 1e-5, 1e-4, 1e-6, 64, 0.5);
+  half.Dispatch(a);
+  half.Dispatch(b);
+  EXPECT_NEAR(half.MarginalCost(0, 0, 3, 4), own0 + 0.5 * harm0, 1e-12);
+  EXPECT_NEAR(half.MarginalCost(1, 0, 3, 4), own1 + 0.5 * harm1, 1e-12);
+  // Completions release the union and the context exactly.
+  r.Complete(a, 1);
+  r.Complete(b, 1);
+  EXPECT_NEAR(r.MarginalCost(1, 0, 3, 4), 1e-3 + 1e-5 * 1.0 + 1e-4 + 1e-6 * 5, 1e-12);
+}
+
+TEST(MarginalCost, AFullDecoderIsTheSecondChoiceWhateverItsPrice) {
+  // max_batch 2, experts dear. Decoder 0: two cluster-0 requests (full; U = 1.5, ΔU = 0.25 → a + 2.25·b);
+  // decoder 1: one cluster-1 request (U = 1, ΔU = 1 → a + 3·b). A cluster-0 request goes to decoder 1.
+  const Calibration calib = CostCalibration();
+  const double b = 1e-3;
+  Router r = CostRouter(calib, b, 0, 0, 2);
+  RoutingDecision d0;
+  d0.decoder = 0;
+  d0.nearest = 0;
+  d0.predicted_tokens = 4;
+  RoutingDecision d1 = d0;
+  d1.decoder = 1;
+  d1.nearest = 1;
+  r.Dispatch(d0);
+  r.Dispatch(d0);
+  r.Dispatch(d1);
+  EXPECT_NEAR(r.MarginalCost(0, 0, 3, 4), 1e-3 + 2.25 * b, 1e-9);
+  EXPECT_NEAR(r.MarginalCost(1, 0, 3, 4), 1e-3 + 3 * b, 1e-9);
+  const std::vector<float> c0 = {3, 0, 0, 0};
+  const RoutingDecision x = r.Route(c0.data(), nullptr, "");
+  EXPECT_EQ(x.decoder, 1);
+  r.Dispatch(x);
+  EXPECT_EQ(r.Route(c0.data(), nullptr, "").decoder, 0);  // both full, equal queues: the cheaper
+  r.Dispatch(d1);
+  EXPECT_EQ(r.Route(c0.data(), nullptr, "").decoder, 0);  // both full: the shorter queue
+}
+
+TEST(MarginalCost, LocalityWinsOnlyWhileItPays) {
+  // Busy decoders, experts dear (b ≫ c): the request joins the decoder whose requests share its experts, even
+  // with more of them; with sequences dear (c ≫ b) it joins the shorter batch.
+  const Calibration calib = CostCalibration();
+  for (const bool experts_dear : {true, false}) {
+    Router r = experts_dear ? CostRouter(calib, 1e-4, 1e-7, 0, 64) : CostRouter(calib, 1e-7, 1e-4, 0, 64);
+    const std::vector<float> c0 = {3, 0, 0, 0}, c1 = {0, 0, 2, 0};
+    // Decoder 0: three cluster-0 requests; decoder 1: one cluster-1 request (routed by hand-built decisions).
+    RoutingDecision d0;
+    d0.decoder = 0;
+    d0.nearest = 0;
+    d0.predicted_tokens = 4;
+    RoutingDecision d1 = d0;
+    d1.decoder = 1;
+    d1.nearest = 1;
+    for (int i = 0; i < 3; ++i) r.Dispatch(d0);
+    r.Dispatch(d1);
+    EXPECT_EQ(r.Route(c0.data(), nullptr, "").decoder, experts_dear ? 0 : 1);
+  }
+}
+
+TEST(DecideCost, CheapestEligibleDecoderTiesToTheNearerCentroid) {
+  std::vector<DecoderState> d = {{1, 2}, {2, 2}, {0, 2}};  // decoder 1 at its cap
+  std::vector<double> dist = {0.3, 0.1, 0.2}, cost = {2.0, 1.0, 2.0};
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldr;
+  in.decoders = &d;
+  in.distances = dist.data();
+  in.marginal_cost = cost.data();
+  RoutingDecision r = Decide(in);
+  EXPECT_EQ(r.decoder, 2);  // 1 is cheapest but full; 0 and 2 tie, 2 is nearer
+  EXPECT_DOUBLE_EQ(r.predicted_cost, 2.0);
+  EXPECT_EQ(r.nearest, 1);
+  d[0].in_flight = d[2].in_flight = 2;
+  r = Decide(in);
+  EXPECT_EQ(r.decoder, -1);  // all at their caps: the request waits
+  EXPECT_TRUE(r.fallback);
+  // max_batch 1: decoder 0 (1 in flight) is full, 2 is not: 2 although 0 is cheaper.
+  d = {{1, 0}, {3, 0}, {0, 0}};
+  cost = {1.0, 0.5, 2.0};
+  in.max_batch = 1;
+  EXPECT_EQ(Decide(in).decoder, 2);
+  d[2].in_flight = 1;
+  EXPECT_EQ(Decide(in).decoder, 0);  // all full: the fewest in flight (0 and 2), then the cheaper
+  d[1].in_flight = 1;
+  EXPECT_EQ(Decide(in).decoder, 1);  // equal queues: the cheapest
+}
+
+TEST(Router, EldrNeedsACostModelAndExpertLoad) {
+  Calibration calib = CostCalibration();
+  RouterConfig rc;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = 2;
+  rc.job_shape = calib.shape;
+  auto no_cost = Router::Create(rc, &calib);
+  ASSERT_FALSE(no_cost.ok());
+  EXPECT_NE(no_cost.status().message().find("cost model"), std::string::npos);
+  rc.step_cost = CostModel();
+  rc.harm_weight = 1.5;
+  auto bad_weight = Router::Create(rc, &calib);
+  ASSERT_FALSE(bad_weight.ok());
+  EXPECT_NE(bad_weight.status().message().find("harm_weight"), std::string::npos);
+  rc.harm_weight = kHarmWeight;
+  calib.expert_load.clear();
+  auto no_load = Router::Create(rc, &calib);
+  ASSERT_FALSE(no_load.ok());
+  EXPECT_NE(no_load.status().message().find("expert_load"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace eldr
