@@ -69,7 +69,8 @@ GroupComm::~GroupComm() {
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-GroupComm::GroupComm(GroupComm&& o) noexcept : comm_(o.comm_), rank_(o.rank_), size_(o.size_) {
+GroupComm::GroupComm(GroupComm&& o) noexcept
+    : comm_(o.comm_), rank_(o.rank_), size_(o.size_), wait_hook_(std::move(o.wait_hook_)) {
   o.comm_ = MPI_COMM_NULL;
 }
 
@@ -78,6 +79,7 @@ GroupComm& GroupComm::operator=(GroupComm&& o) noexcept {
     std::swap(comm_, o.comm_);
     std::swap(rank_, o.rank_);
     std::swap(size_, o.size_);
+    std::swap(wait_hook_, o.wait_hook_);
   }
   return *this;
 }
@@ -87,6 +89,7 @@ void GroupComm::Wait(MPI_Request* request) {
   while (true) {
     ELDR_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
     if (done) return;
+    if (wait_hook_) wait_hook_();
     std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
     ++idle;
   }

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -98,6 +99,11 @@ class GroupComm {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  // Called on every poll while a collective of this group waits (on the calling thread, between MPI_Test calls):
+  // the serving job answers rank 0's heartbeats there, so a rank blocked on a stopped or dead group member
+  // stays heard from and the silent member is the one named. Empty: none.
+  void SetWaitHook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
+
   // Broadcast of `bytes` bytes from group rank `root` (MPI_Ibcast + polling).
   void Bcast(void* data, size_t bytes, int root);
   // Personalised all-to-all of bytes: this rank sends send_bytes[r] bytes from send + send_offsets[r] to rank
@@ -110,6 +116,7 @@ class GroupComm {
   void Wait(MPI_Request* request);
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 0;
+  std::function<void()> wait_hook_;
 };
 
 // A plain byte buffer for composing and parsing messages (little-endian host order; all ranks of a job run
