@@ -848,7 +848,8 @@ class RouterRank {
       j["reason"] = failure;
       j["watchdog"] = failure;
     }
-    ELDR_RETURN_IF_ERROR(WriteServeOutputs(c_.output_dir, j, frontend_->records(), c_.output_tokens, step_log_));
+    ELDR_RETURN_IF_ERROR(
+        WriteServeOutputs(c_.output_dir, c_.output_replace, j, frontend_->records(), c_.output_tokens, step_log_));
     std::printf("%s", FormatServingSummary(j).c_str());
     std::fflush(stdout);
     return Status::Ok();
@@ -899,6 +900,7 @@ Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   auto in = LoadJobRequests(c);
   if (!in.ok()) return ForKey(in.status(), "workload.trace", c.trace);
   ELDR_RETURN_IF_ERROR(CheckShapes(c, *mc, in->trace));
+  ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));  // before the run, not after it
   JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}};
   for (int d = 0; d < c.decode_ranks; ++d) {
     ELDR_ASSIGN_OR_RETURN(Placement p, LoadDecoderPlacement(c, inputs.mc, d));
