@@ -30,6 +30,28 @@ void MpiTransport::Send(int dest, int tag, const void* data, size_t bytes) {
   }
 }
 
+void MpiTransport::SendPolling(int dest, int tag, const void* data, size_t bytes,
+                               const std::function<void()>& on_wait) {
+  // The same messages as Send (the header, then the chunks), posted at once: MPI keeps their order.
+  const uint64_t total = bytes;
+  std::vector<MPI_Request> requests(1);
+  ELDR_MPI_CHECK(MPI_Isend(&total, 1, MPI_UINT64_T, dest, tag, comm_, &requests[0]));
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  for (size_t off = 0; off < bytes; off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
+    requests.emplace_back();
+    ELDR_MPI_CHECK(MPI_Isend(p + off, n, MPI_BYTE, dest, tag, comm_, &requests.back()));
+  }
+  int done = 0, idle = 0;
+  while (true) {
+    ELDR_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (on_wait) on_wait();
+    std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
+    ++idle;
+  }
+}
+
 Message MpiTransport::Recv(int source, int tag) {
   MPI_Status st;
   uint64_t total = 0;

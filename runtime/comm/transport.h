@@ -45,6 +45,13 @@ class Transport {
   virtual const char* name() const = 0;
   // Blocking send of `bytes` bytes to `dest`.
   virtual void Send(int dest, int tag, const void* data, size_t bytes) = 0;
+  // As Send, but calls on_wait() between polls until the send has completed: a large message waits for its
+  // receiver (a stopped or dead one forever), and the serving job answers rank 0's heartbeats meanwhile.
+  // Default: Send (on_wait never called).
+  virtual void SendPolling(int dest, int tag, const void* data, size_t bytes, const std::function<void()>& on_wait) {
+    (void)on_wait;
+    Send(dest, tag, data, bytes);
+  }
   // Blocking receive from `source` (kAnySource) with `tag` (kAnyTag).
   virtual Message Recv(int source, int tag) = 0;
   // Non-blocking: whether a matching message is waiting.
@@ -63,6 +70,8 @@ class MpiTransport : public Transport {
   int size() const override { return size_; }
   const char* name() const override { return "mpi"; }
   void Send(int dest, int tag, const void* data, size_t bytes) override;
+  // MPI_Isend of the header and chunks, MPI_Testall with short sleeps (20 µs, then 200 µs after 100 polls).
+  void SendPolling(int dest, int tag, const void* data, size_t bytes, const std::function<void()>& on_wait) override;
   Message Recv(int source, int tag) override;
   bool Poll(int source, int tag) override;
   MPI_Comm comm() const { return comm_; }

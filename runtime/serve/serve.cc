@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -52,6 +53,13 @@ template <typename Msg>
 void SendMsg(Transport& tr, int dest, const Msg& m) {
   const std::vector<uint8_t> bytes = m.Encode();
   tr.Send(dest, Msg::kTag, bytes.data(), bytes.size());
+}
+
+// SendMsg calling `on_wait` while the message waits for its receiver (Transport::SendPolling).
+template <typename Msg>
+void SendMsgPolling(Transport& tr, int dest, const Msg& m, const std::function<void()>& on_wait) {
+  const std::vector<uint8_t> bytes = m.Encode();
+  tr.SendPolling(dest, Msg::kTag, bytes.data(), bytes.size(), on_wait);
 }
 
 // The message `msg` carries, checked against its MPI tag; errors name the sender.
@@ -121,7 +129,7 @@ constexpr double kRouterGraceS = 2;
 
 // After a signal: how long rank 0 waits for the answers to its last heartbeats, and how long a worker goes on
 // before it exits (silently, 128 + signal; mpirun has usually SIGKILLed it by then).
-constexpr double kSignalPingS = 0.2;
+constexpr double kSignalPingS = 0.3;
 constexpr double kSignalGraceS = 2;
 
 double HeartbeatInterval(double watchdog_s) { return std::clamp(watchdog_s / 16, 0.02, 0.25); }
@@ -192,14 +200,14 @@ void SayBye(Transport& tr, RouterWatch* watch, const ShutdownMsg& m) {
   if (watch) watch->Finalizing();
 }
 
-// A decoder leader's or EP member's link to rank 0 while it waits inside a collective of its EP group
-// (GroupComm::SetWaitHook): it answers rank 0's heartbeats there, so a rank blocked on a stopped or dead member is
-// still heard from and rank 0's watchdog names the member, and it leaves at once on a failed job's ShutdownMsg.
-// A ShutdownMsg of a finished job (never sent while a leader steps; an EP member never gets one) is kept for the
-// leader's loop.
-class GroupWaitLink {
+// A worker's link to rank 0 while its main thread waits on another worker: inside a collective of its EP group
+// (GroupComm::SetWaitHook) or a prefill rank's KV send to a decoder (Transport::SendPolling). It answers rank 0's
+// heartbeats there, so a rank blocked on a stopped or dead peer is still heard from and rank 0's watchdog names
+// the peer, not the rank waiting on it; and it leaves at once on a failed job's ShutdownMsg. A ShutdownMsg of a
+// finished job (never sent while a worker has work; an EP member never gets one) is kept for the worker's loop.
+class RouterLink {
  public:
-  GroupWaitLink(Transport& tr, RouterWatch* watch) : tr_(tr), watch_(watch) {}
+  RouterLink(Transport& tr, RouterWatch* watch) : tr_(tr), watch_(watch) {}
   void OnWait() {
     while (tr_.Poll(0, kTagHeartbeat)) {
       tr_.Recv(0, kTagHeartbeat);
@@ -253,6 +261,7 @@ class PrefillRank {
       : c_(c),
         tr_(tr),
         watch_(watch),
+        link_(tr, watch),
         in_(in),
         kv_data_(kv_data),
         domains_(in.trace.Domains()),
@@ -268,6 +277,10 @@ class PrefillRank {
       // Routing decisions first: shipping a routed request's KV lets its decoder start and frees its blocks, so
       // a burst of new prompts must not hold the requests already prefilled and routed (DESIGN.md §2: the KV
       // moves as soon as the router has decided).
+      if (std::optional<ShutdownMsg> m = link_.TakeShutdown()) {  // received during a KV send
+        SayBye(tr_, watch_, *m);
+        return Status::Ok();
+      }
       Message msg = tr_.Poll(0, kTagRoute) ? tr_.Recv(0, kTagRoute) : WaitMessage(tr_);
       if (msg.source == 0 && watch_) watch_->Heard();
       if (msg.tag == kTagHeartbeat) {
@@ -375,7 +388,8 @@ class PrefillRank {
     m.kv_checksum = KvChecksum(kv);
     if (c_.replay_gates && m.output_len > 1) m.replay_ids = RoutingRows(in_.trace, r, r.prompt_len, m.output_len - 1);
     if (m.kv_inline) m.kv = std::move(kv);
-    SendMsg(tr_, decoder_rank, m);
+    // A stopped or dead decoder never takes the KV: meanwhile this rank answers rank 0, which names the decoder.
+    SendMsgPolling(tr_, decoder_rank, m, [this] { link_.OnWait(); });
     // Right after its control message, in the same order: the decoder posts the matching receive when it
     // handles that message, so a pair's NCCL sends and receives always pair up in order.
     if (kv_data_) ELDR_RETURN_IF_ERROR(kv_data_->SendFromHost(decoder_rank, kv.data(), kv.size() * sizeof(float)));
@@ -385,6 +399,7 @@ class PrefillRank {
   const JobConfig& c_;
   Transport& tr_;
   RouterWatch* watch_;
+  RouterLink link_;
   const JobRequests& in_;
   KvTransport* kv_data_;
   const std::vector<std::string> domains_;
@@ -402,7 +417,7 @@ class PrefillRank {
 class DecodeRank {
  public:
   DecodeRank(const JobConfig& c, Transport& tr, const ModelWeights& w, const Placement& placement, GroupComm* group,
-             KvTransport* kv_data, RouterWatch* watch, GroupWaitLink* link)
+             KvTransport* kv_data, RouterWatch* watch, RouterLink* link)
       : tr_(tr),
         watch_(watch),
         link_(link),
@@ -506,7 +521,7 @@ class DecodeRank {
 
   Transport& tr_;
   RouterWatch* watch_;
-  GroupWaitLink* link_;  // null without an EP group
+  RouterLink* link_;  // null without an EP group
   KvTransport* kv_data_;
   const int64_t kv_floats_per_token_;  // Executor::KvFloatsPerToken
   std::unique_ptr<EpExpertBackend> ep_;
@@ -976,7 +991,7 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   if (rank <= c.prefill_ranks) return PrefillRank(c, tr, in, w, kv_data, watch).Run();
   const Placement& placement = placements[c.DecoderOfRank(rank)];
   if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data, watch, nullptr).Run();
-  GroupWaitLink link(tr, watch);
+  RouterLink link(tr, watch);
   group.SetWaitHook([&link] { link.OnWait(); });
   if (group.rank() == 0) return DecodeRank(c, tr, w, placement, &group, kv_data, watch, &link).Run();
   const Status st = RunEpMember(w, placement, group);

@@ -110,6 +110,11 @@ run_case() {
   local blamed
   blamed=$(grep -oE "(watchdog|silent longest): [a-z]+ [0-9]+ \(rank [0-9]+\)" "$id.log" | grep -oE "rank [0-9]+" | sort -u)
   if [ -n "$blamed" ] && [ "$blamed" != "rank $rank" ]; then open_or_bad "$id" "$label" "blames $blamed"; return; fi
+  # A stopped rank is the only silent one: a rank blocked on it (a prefill rank's KV send to a stopped decoder, an
+  # EP leader's collective with a stopped member) answers rank 0's heartbeats from inside the wait.
+  if [ "$sig" = STOP ] && grep -q "also silent" "$id.log"; then
+    open_or_bad "$id" "$label" "a rank waiting on the stopped one is blamed too: $(grep -o 'also silent[^;]*' "$id.log" | head -1)"; return
+  fi
   if [ "$(grep -c 'eldr: error' "$id.log")" -gt 1 ]; then
     open_or_bad "$id" "$label" "more than one error line: $(grep 'eldr: error' "$id.log" | head -3)"; return
   fi
