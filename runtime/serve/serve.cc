@@ -169,7 +169,9 @@ class RouterWatch {
         std::fflush(nullptr);
         std::_Exit(128 + g_signal);
       }
-      if (now - last_heard_ <= limit_s_) continue;
+      // The ranks that do not report give rank 0 longer: when rank 1 exits the launcher continues a stopped rank 0,
+      // which then writes the metrics before the others' exit has the launcher kill it (see g_signal).
+      if (now - last_heard_ <= limit_s_ + (report_ ? 0 : kSignalGraceS)) continue;
       if (!finalizing_ && report_) {
         std::fprintf(stderr,
                      "eldr: error: %s: heard nothing from the router (rank 0) for %.1f s (watchdog_s + %.0f s): "

@@ -118,7 +118,8 @@ run_case() {
   if [ "$(grep -c 'eldr: error' "$id.log")" -gt 1 ]; then
     open_or_bad "$id" "$label" "more than one error line: $(grep 'eldr: error' "$id.log" | head -3)"; return
   fi
-  if [ -f "out-$id/metrics.json" ] || [ "$rank" != 0 ]; then
+  # Rank 0 lives unless killed: a stopped rank 0 is continued by the launcher once rank 1 has given up on it.
+  if [ -f "out-$id/metrics.json" ] || [ "$rank" != 0 ] || [ "$sig" = STOP ]; then
     if ! $PY - "out-$id" "$N" <<'PYEOF' 2>>"$id.log"
 import json, sys
 out, n = sys.argv[1], int(sys.argv[2])
