@@ -47,8 +47,9 @@ class RunDirectoryTest : public ::testing::Test {
 const std::vector<std::pair<std::string, std::string>> kRun2 = {{"requests.jsonl", "r2\n"}, {"metrics.json", "m2\n"}};
 
 TEST_F(RunDirectoryTest, NewDirectoryGetsEveryFileAndNoTemporaryIsLeft) {
-  ASSERT_TRUE(CommitRunDirectory(dir_, false, {{"requests.jsonl", "r\n"}, {"steps.jsonl", "s\n"}, {"metrics.json", "m\n"}})
-                  .ok());
+  ASSERT_TRUE(
+      CommitRunDirectory(dir_, false, {{"requests.jsonl", "r\n"}, {"steps.jsonl", "s\n"}, {"metrics.json", "m\n"}})
+          .ok());
   EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "requests.jsonl", "steps.jsonl"}));
   EXPECT_EQ(Read(fs::path(dir_) / "steps.jsonl"), "s\n");
   EXPECT_EQ(Names(root_), std::set<std::string>{"run"});  // no .run.tmp.PID beside it
@@ -75,8 +76,9 @@ TEST_F(RunDirectoryTest, EarlierRunIsRefusedWithoutReplaceAndLeftAsItWas) {
 }
 
 TEST_F(RunDirectoryTest, ReplaceSwapsTheWholeRunNeverMixingTwo) {
-  ASSERT_TRUE(CommitRunDirectory(dir_, false, {{"requests.jsonl", "r1\n"}, {"steps.jsonl", "s1\n"}, {"metrics.json", "m1\n"}})
-                  .ok());
+  ASSERT_TRUE(
+      CommitRunDirectory(dir_, false, {{"requests.jsonl", "r1\n"}, {"steps.jsonl", "s1\n"}, {"metrics.json", "m1\n"}})
+          .ok());
   // The second run has no steps.jsonl: the first run's must not survive beside the second's files.
   ASSERT_TRUE(CommitRunDirectory(dir_, true, kRun2).ok());
   EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "requests.jsonl"}));
