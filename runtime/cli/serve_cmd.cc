@@ -8,6 +8,7 @@
 
 #include "runtime/cli/commands.h"
 #include "runtime/comm/transport.h"
+#include "runtime/cost/cost_model.h"
 #include "runtime/job/job_config.h"
 #include "runtime/serve/serve.h"
 
@@ -41,6 +42,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
     *action = [=]() -> Status {
       if (*print_ranks) {
         ELDR_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(*config));
+        ELDR_RETURN_IF_ERROR(CheckJobCostKeys(*config));
         std::printf("ranks %d\n", job.world_size());
         for (int r = 0; r < job.world_size(); ++r) std::printf("rank %d: %s\n", r, job.RoleOf(r).c_str());
         std::printf("watchdog_s %g\n", job.watchdog_s);  // launch/eldr-launch sizes the launcher's kill delay by it
@@ -55,6 +57,11 @@ void AddServeCommand(CLI::App& app, Action* action) {
       std::string role = "rank " + std::to_string(rank);
       try {
         auto job = LoadJobConfig(*config);
+        if (job.ok()) {
+          // The simulate: section is eldr simulate's, but its keys are checked here too (a typo is never silent).
+          const Status sim_keys = CheckJobCostKeys(*config);
+          if (!sim_keys.ok()) job = sim_keys;
+        }
         if (job.ok() && !policy->empty()) {
           auto p = ParseRoutingPolicy(*policy);
           if (!p.ok()) {

@@ -144,6 +144,7 @@ Status RunSimulation(const SimulateArgs& a) {
     calib = std::make_unique<Calibration>(std::move(cal));
   }
   if (!a.no_output) {  // fail before the run, not after it
+    ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));
     std::error_code ec;
     std::filesystem::create_directories(c.output_dir, ec);
     if (ec) return Status::IoError(c.output_dir + ": cannot create the output directory: " + ec.message());
@@ -165,7 +166,7 @@ Status RunSimulation(const SimulateArgs& a) {
   j["wall_seconds"] = wall;
   j["max_batch"] = c.max_batch;
   j["cost_model"] = CostModelJson(cost);
-  if (!a.no_output) ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, j, r.records, false));
+  if (!a.no_output) ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, c.output_replace, j, r.records, false));
   if (a.json) {
     std::printf("%s\n", DumpJson(j).c_str());
   } else {

@@ -144,11 +144,23 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto prompt = std::make_shared<std::string>("128"), output = std::make_shared<std::string>("128");
     auto mix = std::make_shared<std::string>("uniform");
     auto no_weights = std::make_shared<bool>(false);
-    cmd->add_option("--domains", o->num_domains, "number of domains")->capture_default_str();
-    cmd->add_option("--requests", o->num_requests, "number of requests")->capture_default_str();
-    cmd->add_option("--layers", o->num_layers, "MoE layers (L)")->capture_default_str();
-    cmd->add_option("--experts", o->num_experts, "routed experts per layer (E)")->capture_default_str();
-    cmd->add_option("--top-k", o->top_k, "experts per token per layer (k)")->capture_default_str();
+    // Ranges checked before CLI11 converts (its own message says only "could not be converted"): the trace
+    // format's limits (runtime/trace/trace.h); --top-k <= --experts is checked with the shape.
+    cmd->add_option("--domains", o->num_domains, "number of domains")
+        ->capture_default_str()
+        ->check(InRange(IntRange::Between(1, kMaxTraceExperts)));
+    cmd->add_option("--requests", o->num_requests, "number of requests")
+        ->capture_default_str()
+        ->check(InRange(IntRange::AtLeast(1)));
+    cmd->add_option("--layers", o->num_layers, "MoE layers (L)")
+        ->capture_default_str()
+        ->check(InRange(IntRange::Between(1, kMaxTraceLayers)));
+    cmd->add_option("--experts", o->num_experts, "routed experts per layer (E)")
+        ->capture_default_str()
+        ->check(InRange(IntRange::Between(1, kMaxTraceExperts)));
+    cmd->add_option("--top-k", o->top_k, "experts per token per layer (k)")
+        ->capture_default_str()
+        ->check(InRange(IntRange::Between(1, kMaxTraceExperts)));
     cmd->add_option("--prompt-len", *prompt, "prompt tokens: N or MIN:MAX")->capture_default_str();
     cmd->add_option("--output-len", *output, "decode tokens: N or MIN:MAX")->capture_default_str();
     cmd->add_option("--mix", *mix, "domain mix: uniform, wildchat (two domains ~75%) or weights w1,w2,...")

@@ -30,6 +30,28 @@ void MpiTransport::Send(int dest, int tag, const void* data, size_t bytes) {
   }
 }
 
+void MpiTransport::SendPolling(int dest, int tag, const void* data, size_t bytes,
+                               const std::function<void()>& on_wait) {
+  // The same messages as Send (the header, then the chunks), posted at once: MPI keeps their order.
+  const uint64_t total = bytes;
+  std::vector<MPI_Request> requests(1);
+  ELDR_MPI_CHECK(MPI_Isend(&total, 1, MPI_UINT64_T, dest, tag, comm_, &requests[0]));
+  const uint8_t* p = static_cast<const uint8_t*>(data);
+  for (size_t off = 0; off < bytes; off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
+    requests.emplace_back();
+    ELDR_MPI_CHECK(MPI_Isend(p + off, n, MPI_BYTE, dest, tag, comm_, &requests.back()));
+  }
+  int done = 0, idle = 0;
+  while (true) {
+    ELDR_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return;
+    if (on_wait) on_wait();
+    std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
+    ++idle;
+  }
+}
+
 Message MpiTransport::Recv(int source, int tag) {
   MPI_Status st;
   uint64_t total = 0;
@@ -69,7 +91,8 @@ GroupComm::~GroupComm() {
   if (comm_ != MPI_COMM_NULL && !finalized) MPI_Comm_free(&comm_);
 }
 
-GroupComm::GroupComm(GroupComm&& o) noexcept : comm_(o.comm_), rank_(o.rank_), size_(o.size_) {
+GroupComm::GroupComm(GroupComm&& o) noexcept
+    : comm_(o.comm_), rank_(o.rank_), size_(o.size_), wait_hook_(std::move(o.wait_hook_)) {
   o.comm_ = MPI_COMM_NULL;
 }
 
@@ -78,6 +101,7 @@ GroupComm& GroupComm::operator=(GroupComm&& o) noexcept {
     std::swap(comm_, o.comm_);
     std::swap(rank_, o.rank_);
     std::swap(size_, o.size_);
+    std::swap(wait_hook_, o.wait_hook_);
   }
   return *this;
 }
@@ -87,6 +111,7 @@ void GroupComm::Wait(MPI_Request* request) {
   while (true) {
     ELDR_MPI_CHECK(MPI_Test(request, &done, MPI_STATUS_IGNORE));
     if (done) return;
+    if (wait_hook_) wait_hook_();
     std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
     ++idle;
   }

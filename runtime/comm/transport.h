@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -44,6 +45,13 @@ class Transport {
   virtual const char* name() const = 0;
   // Blocking send of `bytes` bytes to `dest`.
   virtual void Send(int dest, int tag, const void* data, size_t bytes) = 0;
+  // As Send, but calls on_wait() between polls until the send has completed: a large message waits for its
+  // receiver (a stopped or dead one forever), and the serving job answers rank 0's heartbeats meanwhile.
+  // Default: Send (on_wait never called).
+  virtual void SendPolling(int dest, int tag, const void* data, size_t bytes, const std::function<void()>& on_wait) {
+    (void)on_wait;
+    Send(dest, tag, data, bytes);
+  }
   // Blocking receive from `source` (kAnySource) with `tag` (kAnyTag).
   virtual Message Recv(int source, int tag) = 0;
   // Non-blocking: whether a matching message is waiting.
@@ -62,6 +70,8 @@ class MpiTransport : public Transport {
   int size() const override { return size_; }
   const char* name() const override { return "mpi"; }
   void Send(int dest, int tag, const void* data, size_t bytes) override;
+  // MPI_Isend of the header and chunks, MPI_Testall with short sleeps (20 µs, then 200 µs after 100 polls).
+  void SendPolling(int dest, int tag, const void* data, size_t bytes, const std::function<void()>& on_wait) override;
   Message Recv(int source, int tag) override;
   bool Poll(int source, int tag) override;
   MPI_Comm comm() const { return comm_; }
@@ -98,6 +108,11 @@ class GroupComm {
   int rank() const { return rank_; }
   int size() const { return size_; }
 
+  // Called on every poll while a collective of this group waits (on the calling thread, between MPI_Test calls):
+  // the serving job answers rank 0's heartbeats there, so a rank blocked on a stopped or dead group member
+  // stays heard from and the silent member is the one named. Empty: none.
+  void SetWaitHook(std::function<void()> hook) { wait_hook_ = std::move(hook); }
+
   // Broadcast of `bytes` bytes from group rank `root` (MPI_Ibcast + polling).
   void Bcast(void* data, size_t bytes, int root);
   // Personalised all-to-all of bytes: this rank sends send_bytes[r] bytes from send + send_offsets[r] to rank
@@ -110,6 +125,7 @@ class GroupComm {
   void Wait(MPI_Request* request);
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 0;
+  std::function<void()> wait_hook_;
 };
 
 // A plain byte buffer for composing and parsing messages (little-endian host order; all ranks of a job run

@@ -340,6 +340,14 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
   return m;
 }
 
+Status CheckJobCostKeys(const std::string& job_path) {
+  ELDR_ASSIGN_OR_RETURN(YAML::Node y, LoadYamlFile(job_path, "a job config"));
+  const YAML::Node sim = y["simulate"];
+  if (!sim) return Status::Ok();
+  CostModel unused;
+  return ApplyYaml(sim, job_path, /*required=*/false, /*job_keys=*/true, &unused);
+}
+
 std::string CostModelYaml(const CostModel& m) {
   std::ostringstream o;
   o.precision(6);

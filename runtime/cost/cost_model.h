@@ -58,6 +58,10 @@ Result<CostModel> LoadCostModel(const std::string& path);
 // The cost model of a job config's `simulate:` section: its `cost_model:` file (relative to the config)
 // with the section's inline keys on top. NotFound when the section is missing.
 Result<CostModel> LoadJobCostModel(const std::string& job_config_path);
+// The keys of a job config's `simulate:` section (when it has one) against the schema LoadJobCostModel reads,
+// without reading its cost_model file: what `eldr serve` checks (it runs no cost model, yet a misspelled key is an
+// error there too). Errors: one "PATH:LINE: …" line naming the dotted key, as LoadJobCostModel's.
+Status CheckJobCostKeys(const std::string& job_config_path);
 // YAML text of a cost model (what LoadCostModel reads), with a comment header.
 std::string CostModelYaml(const CostModel& m);
 

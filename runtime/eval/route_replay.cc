@@ -85,7 +85,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     RouterConfig rc;
     rc.policy = p;
     rc.num_decoders = K;
-    rc.tau = o.tau.value_or(-1);  // RouterConfig: negative = the calibration's
+    rc.tau = o.tau;  // unset: the calibration's
     rc.admission_cap = o.admission_cap;
     rc.seed = o.seed;
     rc.job_shape = trace.shape;

@@ -86,6 +86,7 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   YamlMap& output = root.Section("output");
   output.Get("dir", &c->output_dir);
   output.Get("tokens", &c->output_tokens);
+  output.Get("replace", &c->output_replace);
   root.Get("watchdog_s", &c->watchdog_s, NumberRange::Above(0));
   root.Allow("simulate");
   return root.Finish();
@@ -118,7 +119,7 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
   RouterConfig rc;
   rc.policy = c.policy;
   rc.num_decoders = c.decode_ranks;
-  rc.tau = c.tau.value_or(-1);  // RouterConfig: negative = the calibration's
+  rc.tau = c.tau;  // unset: the calibration's
   rc.load_bound = c.load_bound;
   rc.admission_cap = c.admission_cap;
   rc.seed = c.routing_seed;

@@ -28,7 +28,8 @@
 //              /placement/cluster_k when present, else /placement/global.
 //   workload:  {trace: trace.h5, num_requests: 0, output_len: 0, request_rate: inf, burstiness: 1.0,
 //               max_concurrency: 0, seed: 0}
-//   output:    {dir: run, tokens: false}                   # tokens: generated ids in requests.jsonl
+//   output:    {dir: run, tokens: false, replace: false}   # tokens: generated ids in requests.jsonl; replace: an
+//                                                          #   earlier run in dir (else refused; job/metrics.h)
 //   watchdog_s: 120                                       # also the limit for every rank to load its weights
 //   simulate:  {cost_model: ../costs/h200-deepseek-v2-lite.yaml}   # eldr simulate only (runtime/cost/cost_model.h):
 //              a cost model file and/or inline keys decode: {a, b, c, d}, prefill: {a, b},
@@ -93,7 +94,8 @@ struct JobConfig {
   int64_t max_concurrency = 0;  // 0: unlimited
   uint64_t workload_seed = 0;
   std::string output_dir = "run";
-  bool output_tokens = false;  // write each request's generated token ids to requests.jsonl
+  bool output_tokens = false;   // write each request's generated token ids to requests.jsonl
+  bool output_replace = false;  // replace an output.dir that holds an earlier run (job/metrics.h CommitRunDirectory)
   double watchdog_s = 120;
 
   int world_size() const { return 1 + prefill_ranks + decode_ranks * ep_size; }

@@ -1,5 +1,7 @@
 #include "runtime/job/metrics.h"
 
+#include <fcntl.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -240,22 +242,120 @@ nlohmann::json JobConfigJson(const JobConfig& c) {
             {"burstiness", c.burstiness},
             {"max_concurrency", c.max_concurrency},
             {"seed", c.workload_seed}}},
-          {"output", {{"dir", c.output_dir}, {"tokens", c.output_tokens}}},
+          {"output", {{"dir", c.output_dir}, {"tokens", c.output_tokens}, {"replace", c.output_replace}}},
           {"watchdog_s", c.watchdog_s}};
 }
 
 namespace {
 
-// All or none (runtime/common/atomic_file.h WriteFilesAtomic): every file goes to its temporary in `dir` first,
-// and only when all are written are they renamed into place; on an error no file is replaced.
-Status CommitFileSet(const std::string& dir, const std::vector<std::pair<std::string, std::string>>& files) {
+namespace fs = std::filesystem;
+
+// The run directory as it stands: absent (false), or a real directory with or without entries; else an error.
+Result<bool> RunDirectoryHoldsFiles(const std::string& dir) {
   std::error_code ec;
-  std::filesystem::create_directories(dir, ec);
-  if (ec) return Status::IoError(dir + ": cannot create the output directory: " + ec.message());
-  std::vector<std::pair<std::string, std::string>> paths;
-  for (const auto& [name, content] : files) paths.emplace_back(dir + "/" + name, content);
-  return WriteFilesAtomic(paths);
+  const fs::file_status st = fs::symlink_status(dir, ec);
+  if (ec || st.type() == fs::file_type::not_found) return false;
+  if (st.type() == fs::file_type::symlink) {
+    return Status::InvalidArgument("output.dir " + dir + " is a symlink; give the directory itself");
+  }
+  if (st.type() != fs::file_type::directory) {
+    return Status::InvalidArgument("output.dir " + dir + " exists and is not a directory");
+  }
+  const bool empty = fs::is_empty(dir, ec);
+  if (ec) return Status::IoError("output.dir " + dir + ": cannot read it: " + ec.message());
+  return !empty;
 }
+
+// A file in `dir` that no run writes (output.replace replaces an earlier run, never other data), or "".
+std::string ForeignEntry(const std::string& dir) {
+  std::error_code ec;
+  for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const bool run_file = name == "metrics.json" || name == "requests.jsonl" || name == "steps.jsonl";
+    if (!run_file || !e.is_regular_file(ec) || e.is_symlink(ec)) return name;
+  }
+  return ec ? std::string("(unreadable: ") + ec.message() + ")" : "";
+}
+
+// Puts `temp` in the place of `dir` (which holds an earlier run), and returns where the earlier run went.
+Result<std::string> ExchangeDirectory(const std::string& temp, const std::string& dir) {
+  if (::renameat2(AT_FDCWD, temp.c_str(), AT_FDCWD, dir.c_str(), RENAME_EXCHANGE) == 0) return temp;
+  if (errno != EINVAL && errno != ENOSYS) {
+    return Status::IoError("output.dir " + dir + ": cannot replace it: " + std::strerror(errno));
+  }
+  const std::string aside = temp + ".old";
+  if (::rename(dir.c_str(), aside.c_str()) != 0 || ::rename(temp.c_str(), dir.c_str()) != 0) {
+    return Status::IoError("output.dir " + dir + ": cannot replace it: " + std::strerror(errno));
+  }
+  return aside;
+}
+
+void SyncDirectory(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY);
+  if (fd < 0) return;
+  (void)::fsync(fd);  // some file systems cannot fsync a directory; the rename is atomic there all the same
+  ::close(fd);
+}
+
+}  // namespace
+
+Status CheckRunDirectory(const std::string& dir, bool replace) {
+  ELDR_ASSIGN_OR_RETURN(const bool holds_files, RunDirectoryHoldsFiles(dir));
+  if (holds_files && !replace) {
+    return Status::InvalidArgument("output.dir " + dir +
+                                   " already holds files (an earlier run?); set output.replace: true to replace it "
+                                   "whole, or choose another directory");
+  }
+  if (holds_files) {
+    const std::string foreign = ForeignEntry(dir);
+    if (!foreign.empty()) {
+      return Status::InvalidArgument("output.dir " + dir + " holds " + foreign +
+                                     ", which is not a run's file: output.replace replaces only an earlier run; "
+                                     "choose another directory");
+    }
+  }
+  return Status::Ok();
+}
+
+Status CommitRunDirectory(const std::string& dir, bool replace,
+                          const std::vector<std::pair<std::string, std::string>>& files) {
+  ELDR_RETURN_IF_ERROR(CheckRunDirectory(dir, replace));
+  const fs::path target = fs::absolute(fs::path(dir)).lexically_normal();
+  const fs::path name = target.has_filename() ? target.filename() : target.parent_path().filename();
+  const fs::path parent = (target.has_filename() ? target : target.parent_path()).parent_path();
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) return Status::IoError("output.dir " + dir + ": cannot create " + parent.string() + ": " + ec.message());
+  const std::string temp = (parent / ("." + name.string() + ".tmp." + std::to_string(::getpid()))).string();
+  fs::remove_all(temp, ec);
+  if (!fs::create_directory(temp, ec) || ec) {
+    return Status::IoError("output.dir " + dir + ": cannot create " + temp + ": " + (ec ? ec.message() : "exists"));
+  }
+  std::vector<std::pair<std::string, std::string>> paths;
+  for (const auto& [file, content] : files) paths.emplace_back(temp + "/" + file, content);
+  Status st = WriteFilesAtomic(paths);  // each file written, fsynced and renamed inside `temp`, which is fsynced
+  std::string earlier;                  // where an earlier run went, to be removed
+  if (st.ok()) {
+    ELDR_ASSIGN_OR_RETURN(const bool holds_files, RunDirectoryHoldsFiles(target.string()));
+    if (!holds_files) {
+      if (::rename(temp.c_str(), target.c_str()) != 0)
+        st = Status::IoError("output.dir " + dir + ": cannot rename the run into place: " + std::strerror(errno));
+    } else {
+      Result<std::string> aside = ExchangeDirectory(temp, target.string());
+      if (aside.ok()) earlier = *aside;
+      st = aside.status();
+    }
+  }
+  if (!st.ok()) {
+    fs::remove_all(temp, ec);
+    return st;
+  }
+  SyncDirectory(parent.string());
+  if (!earlier.empty()) fs::remove_all(earlier, ec);
+  return Status::Ok();
+}
+
+namespace {
 
 std::string RequestLines(const std::vector<RequestRecord>& records, bool with_tokens) {
   std::string lines;
@@ -282,16 +382,18 @@ std::string StepLines(const std::vector<StepRecord>& steps) {
 
 }  // namespace
 
-Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
-                       bool with_tokens) {
-  return CommitFileSet(
-      dir, {{"requests.jsonl", RequestLines(records, with_tokens)}, {"metrics.json", DumpJson(metrics) + "\n"}});
+Status WriteJobOutputs(const std::string& dir, bool replace, const nlohmann::json& metrics,
+                       const std::vector<RequestRecord>& records, bool with_tokens) {
+  return CommitRunDirectory(
+      dir, replace,
+      {{"requests.jsonl", RequestLines(records, with_tokens)}, {"metrics.json", DumpJson(metrics) + "\n"}});
 }
 
-Status WriteServeOutputs(const std::string& dir, const nlohmann::json& metrics,
+Status WriteServeOutputs(const std::string& dir, bool replace, const nlohmann::json& metrics,
                          const std::vector<RequestRecord>& records, bool with_tokens,
                          const std::vector<StepRecord>& steps) {
-  return CommitFileSet(dir, {{"requests.jsonl", RequestLines(records, with_tokens)},
+  return CommitRunDirectory(dir, replace,
+                            {{"requests.jsonl", RequestLines(records, with_tokens)},
                              {"steps.jsonl", StepLines(steps)},
                              {"metrics.json", DumpJson(metrics) + "\n"}});
 }

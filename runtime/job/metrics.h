@@ -101,14 +101,27 @@ struct StepRecord {
 // Writes one JSON line per step, atomically.
 Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps);
 
-// Writes <dir>/requests.jsonl and <dir>/metrics.json, all or none: both are written to temporaries in <dir>
-// first and renamed into place only when both are written; on an error no file is replaced and no temporary is
-// left. An earlier run's files in <dir> are replaced as a set.
-Status WriteJobOutputs(const std::string& dir, const nlohmann::json& metrics, const std::vector<RequestRecord>& records,
-                       bool with_tokens);
+// The run directory (output.dir) of serve and simulate, committed all or none: every file is written into a new
+// temporary directory beside it (.NAME.tmp.PID, each file fsynced), and that directory is renamed to `dir` only when
+// all are written; on an error nothing is replaced and the temporary is removed. A `dir` that does not exist or is
+// empty is simply replaced. One that holds files is refused unless `replace` (output.replace), and then replaced
+// whole by an atomic exchange (renameat2 RENAME_EXCHANGE; where the file system lacks it, `dir` is moved aside
+// first, so for an instant it is absent), the earlier run removed after: the directory never mixes two runs'
+// files, and a file the earlier run did not have (or another tool put there) goes with it.
+// Errors, one line naming output.dir: `dir` is a symlink or not a directory, it holds files and !replace, a write
+// or rename failed.
+Status CommitRunDirectory(const std::string& dir, bool replace,
+                          const std::vector<std::pair<std::string, std::string>>& files);
 
-// `eldr serve`'s run directory: requests.jsonl, steps.jsonl and metrics.json, all or none as WriteJobOutputs.
-Status WriteServeOutputs(const std::string& dir, const nlohmann::json& metrics,
+// What CommitRunDirectory would refuse, checked before a job runs (so that a long run is not lost at its end).
+Status CheckRunDirectory(const std::string& dir, bool replace);
+
+// <dir>/requests.jsonl and <dir>/metrics.json (eldr simulate), through CommitRunDirectory.
+Status WriteJobOutputs(const std::string& dir, bool replace, const nlohmann::json& metrics,
+                       const std::vector<RequestRecord>& records, bool with_tokens);
+
+// `eldr serve`'s run directory: requests.jsonl, steps.jsonl and metrics.json, through CommitRunDirectory.
+Status WriteServeOutputs(const std::string& dir, bool replace, const nlohmann::json& metrics,
                          const std::vector<RequestRecord>& records, bool with_tokens,
                          const std::vector<StepRecord>& steps);
 

@@ -300,14 +300,14 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
                                 sh.num_experts, config.num_decoders);
       r.context_.assign(config.num_decoders, 0.0);
     }
-    if (config.tau < 0) r.config_.tau = calib->tau;
+    if (!config.tau) r.config_.tau = calib->tau;
   } else if (UsesSignature(config.policy)) {
     return Status::InvalidArgument(std::string("routing policy ") + RoutingPolicyName(config.policy) +
                                    " needs a calibration file (centroids, IDF, layer mask)");
-  } else if (config.tau < 0) {
+  } else if (!config.tau) {
     r.config_.tau = 0.1;  // no calibration to take it from: DESIGN.md's default (unused by load-only policies)
   }
-  if (!(r.config_.tau >= 0) || !std::isfinite(r.config_.tau)) {
+  if (!(*r.config_.tau >= 0) || !std::isfinite(*r.config_.tau)) {
     return Status::InvalidArgument("tau must be a finite value >= 0");
   }
   std::vector<std::string> labels = config.domains;
@@ -348,7 +348,7 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
   in.policy = config_.policy;
   in.decoders = &decoders_;
   in.distances = distances;
-  in.tau = config_.tau;
+  in.tau = *config_.tau;
   in.load_bound = config_.load_bound;
   in.domain_group = config_.policy == RoutingPolicy::kDomain ? DomainGroup(domain) : nullptr;
   if (config_.policy == RoutingPolicy::kRandom || config_.policy == RoutingPolicy::kP2c) {

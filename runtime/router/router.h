@@ -117,9 +117,9 @@ inline constexpr double kTailLoadBound = 0.25;
 struct RouterConfig {
   RoutingPolicy policy = RoutingPolicy::kEldr;
   int num_decoders = 1;
-  double tau = 0.1;           // eldr band width (negative: take the calibration's value)
-  double load_bound = 0;      // bounded-load band ε (see Decide); 0 = off (eldr_tail: 0 → kTailLoadBound)
-  int64_t admission_cap = 0;  // per decoder; 0 = none
+  std::optional<double> tau = 0.1;  // eldr band width; std::nullopt: the calibration's (0.1 without one)
+  double load_bound = 0;            // bounded-load band ε (see Decide); 0 = off (eldr_tail: 0 → kTailLoadBound)
+  int64_t admission_cap = 0;        // per decoder; 0 = none
   uint64_t seed = 0;
   TraceShape job_shape;  // the model of the job; must match the calibration's
   // Domain labels for the domain policy (its decoder groups); empty = the calibration's labels.
@@ -172,7 +172,7 @@ class Router {
   const SignatureParams& signature_params() const { return params_; }
   int signature_dim() const { return params_.dim(); }
   RoutingPolicy policy() const { return config_.policy; }
-  double tau() const { return config_.tau; }
+  double tau() const { return *config_.tau; }  // resolved by Create: always set
   // d_k of the last signature routed ([K]).
   const std::vector<double>& last_distances() const { return distances_; }
 

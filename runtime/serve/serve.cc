@@ -11,6 +11,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <deque>
+#include <functional>
 #include <map>
 #include <optional>
 #include <string>
@@ -54,6 +55,13 @@ void SendMsg(Transport& tr, int dest, const Msg& m) {
   tr.Send(dest, Msg::kTag, bytes.data(), bytes.size());
 }
 
+// SendMsg calling `on_wait` while the message waits for its receiver (Transport::SendPolling).
+template <typename Msg>
+void SendMsgPolling(Transport& tr, int dest, const Msg& m, const std::function<void()>& on_wait) {
+  const std::vector<uint8_t> bytes = m.Encode();
+  tr.SendPolling(dest, Msg::kTag, bytes.data(), bytes.size(), on_wait);
+}
+
 // The message `msg` carries, checked against its MPI tag; errors name the sender.
 template <typename Msg>
 Result<Msg> DecodeMsg(const Message& msg) {
@@ -84,9 +92,12 @@ void MaybeDie(int rank) {
 
 // mpirun and srun send SIGTERM to every surviving rank a while after one rank has exited (Open MPI: SIGCONT at
 // once, SIGTERM after odls_base_sigkill_timeout, 1 s by default, SIGKILL as long again), and a user may send
-// SIGTERM or SIGINT. Rank 0 turns it into a flag its loop checks every millisecond or so, so it still writes the
-// metrics it has within that second. (A signal handler can only set a flag: this is the one piece of
-// process-wide state, and only rank 0's loop reads it.)
+// SIGTERM or SIGINT. Every rank turns it into a flag. Rank 0's loop checks it every millisecond or so, asks every
+// worker once more whether it lives (the dead rank is the one that does not answer) and writes the metrics it has
+// within that second. A worker goes on answering for kSignalGraceS (its RouterWatch ends it then), because a
+// worker that died at the SIGTERM would make Open MPI's mpirun SIGKILL rank 0 at once (it ends its wait between
+// SIGTERM and SIGKILL when a rank exits). (A signal handler can only set a flag: this is the one piece of
+// process-wide state.)
 volatile std::sig_atomic_t g_signal = 0;  // the signal received, 0 for none
 extern "C" void OnTerminate(int sig) { g_signal = sig; }
 
@@ -116,20 +127,27 @@ double CpuNow() {
 //  - Rank 0 watches itself: a gap in its own loop longer than watchdog_s means it was stopped; it says so.
 constexpr double kRouterGraceS = 2;
 
+// After a signal: how long rank 0 waits for the answers to its last heartbeats, and how long a worker goes on
+// before it exits (silently, 128 + signal; mpirun has usually SIGKILLed it by then).
+constexpr double kSignalPingS = 0.3;
+constexpr double kSignalGraceS = 2;
+
 double HeartbeatInterval(double watchdog_s) { return std::clamp(watchdog_s / 16, 0.02, 0.25); }
 
 // A gap in a loop that polls every millisecond or so, beyond which the process itself was not running.
 constexpr double kOwnStallS = 0.5;
 constexpr double kOwnStallWorkerS = 2;  // the same for RouterWatch's 50 ms sleeps
 
-// A prefill rank's or decoder leader's watch on rank 0 (see "liveness" above). Heard() is called by the main
-// thread for every message from rank 0. After the job's ShutdownMsg, Finalizing() turns the watch into a
-// deadline for MPI_Finalize, which waits forever on a stopped or dead peer: past it the process exits 1
-// silently (rank 0 has reported the job's failure). Never destroyed: it watches until the process exits.
+// A worker's watch on rank 0 (see "liveness" above). Heard() is called by the main thread for every message from
+// rank 0. After the job's ShutdownMsg, Finalizing() turns the watch into a deadline for MPI_Finalize, which waits
+// forever on a stopped or dead peer: past it the process exits 1 silently (rank 0 has reported the job's
+// failure). `report`: this rank prints the line when rank 0 goes silent (one rank does, so that a job says it
+// once; the others exit 1 silently). A signal ends the process kSignalGraceS after it came. Never destroyed: it
+// watches until the process exits.
 class RouterWatch {
  public:
-  RouterWatch(double limit_s, std::string who)
-      : limit_s_(limit_s), who_(std::move(who)), last_heard_(Now()), thread_([this] { Loop(); }) {}
+  RouterWatch(double limit_s, std::string who, bool report)
+      : limit_s_(limit_s), who_(std::move(who)), report_(report), last_heard_(Now()), thread_([this] { Loop(); }) {}
   void Heard() { last_heard_ = Now(); }
   void Finalizing() {
     finalizing_ = true;
@@ -138,7 +156,7 @@ class RouterWatch {
 
  private:
   void Loop() {
-    double last_tick = Now();
+    double last_tick = Now(), signal_at = 0;
     while (true) {
       std::this_thread::sleep_for(std::chrono::milliseconds(50));
       const double now = Now();
@@ -146,8 +164,15 @@ class RouterWatch {
       // a second): rank 0's silence over that time is not rank 0's fault.
       if (now - last_tick > kOwnStallWorkerS) last_heard_ = last_heard_ + (now - last_tick);
       last_tick = now;
-      if (now - last_heard_ <= limit_s_) continue;
-      if (!finalizing_) {
+      if (g_signal && signal_at == 0) signal_at = now;
+      if (signal_at > 0 && now - signal_at > kSignalGraceS) {
+        std::fflush(nullptr);
+        std::_Exit(128 + g_signal);
+      }
+      // The ranks that do not report give rank 0 longer: when rank 1 exits the launcher continues a stopped rank 0,
+      // which then writes the metrics before the others' exit has the launcher kill it (see g_signal).
+      if (now - last_heard_ <= limit_s_ + (report_ ? 0 : kSignalGraceS)) continue;
+      if (!finalizing_ && report_) {
         std::fprintf(stderr,
                      "eldr: error: %s: heard nothing from the router (rank 0) for %.1f s (watchdog_s + %.0f s): "
                      "rank 0 is stopped, hung or dead; giving up\n",
@@ -160,6 +185,7 @@ class RouterWatch {
 
   const double limit_s_;
   const std::string who_;
+  const bool report_;
   std::atomic<double> last_heard_;
   std::atomic<bool> finalizing_{false};
   std::thread thread_;
@@ -175,6 +201,38 @@ void SayBye(Transport& tr, RouterWatch* watch, const ShutdownMsg& m) {
   }
   if (watch) watch->Finalizing();
 }
+
+// A worker's link to rank 0 while its main thread waits on another worker: inside a collective of its EP group
+// (GroupComm::SetWaitHook) or a prefill rank's KV send to a decoder (Transport::SendPolling). It answers rank 0's
+// heartbeats there, so a rank blocked on a stopped or dead peer is still heard from and rank 0's watchdog names
+// the peer, not the rank waiting on it; and it leaves at once on a failed job's ShutdownMsg. A ShutdownMsg of a
+// finished job (never sent while a worker has work; an EP member never gets one) is kept for the worker's loop.
+class RouterLink {
+ public:
+  RouterLink(Transport& tr, RouterWatch* watch) : tr_(tr), watch_(watch) {}
+  void OnWait() {
+    while (tr_.Poll(0, kTagHeartbeat)) {
+      tr_.Recv(0, kTagHeartbeat);
+      if (watch_) watch_->Heard();
+      SendMsg(tr_, 0, HeartbeatMsg{});
+    }
+    if (!pending_shutdown_ && tr_.Poll(0, kTagShutdown)) {
+      Result<ShutdownMsg> m = DecodeMsg<ShutdownMsg>(tr_.Recv(0, kTagShutdown));
+      if (!m.ok() || m->job_failed) {
+        std::fflush(nullptr);
+        std::_Exit(1);
+      }
+      pending_shutdown_ = *m;
+    }
+  }
+  // The ShutdownMsg received while waiting, if any (once).
+  std::optional<ShutdownMsg> TakeShutdown() { return std::exchange(pending_shutdown_, std::nullopt); }
+
+ private:
+  Transport& tr_;
+  RouterWatch* watch_;
+  std::optional<ShutdownMsg> pending_shutdown_;
+};
 
 Result<ModelWeights> LoadWeights(const JobConfig& c, const ModelConfig& mc, int num_domains) {
   if (c.weights == "synthetic") {
@@ -205,6 +263,7 @@ class PrefillRank {
       : c_(c),
         tr_(tr),
         watch_(watch),
+        link_(tr, watch),
         in_(in),
         kv_data_(kv_data),
         domains_(in.trace.Domains()),
@@ -220,6 +279,10 @@ class PrefillRank {
       // Routing decisions first: shipping a routed request's KV lets its decoder start and frees its blocks, so
       // a burst of new prompts must not hold the requests already prefilled and routed (DESIGN.md §2: the KV
       // moves as soon as the router has decided).
+      if (std::optional<ShutdownMsg> m = link_.TakeShutdown()) {  // received during a KV send
+        SayBye(tr_, watch_, *m);
+        return Status::Ok();
+      }
       Message msg = tr_.Poll(0, kTagRoute) ? tr_.Recv(0, kTagRoute) : WaitMessage(tr_);
       if (msg.source == 0 && watch_) watch_->Heard();
       if (msg.tag == kTagHeartbeat) {
@@ -327,7 +390,8 @@ class PrefillRank {
     m.kv_checksum = KvChecksum(kv);
     if (c_.replay_gates && m.output_len > 1) m.replay_ids = RoutingRows(in_.trace, r, r.prompt_len, m.output_len - 1);
     if (m.kv_inline) m.kv = std::move(kv);
-    SendMsg(tr_, decoder_rank, m);
+    // A stopped or dead decoder never takes the KV: meanwhile this rank answers rank 0, which names the decoder.
+    SendMsgPolling(tr_, decoder_rank, m, [this] { link_.OnWait(); });
     // Right after its control message, in the same order: the decoder posts the matching receive when it
     // handles that message, so a pair's NCCL sends and receives always pair up in order.
     if (kv_data_) ELDR_RETURN_IF_ERROR(kv_data_->SendFromHost(decoder_rank, kv.data(), kv.size() * sizeof(float)));
@@ -337,6 +401,7 @@ class PrefillRank {
   const JobConfig& c_;
   Transport& tr_;
   RouterWatch* watch_;
+  RouterLink link_;
   const JobRequests& in_;
   KvTransport* kv_data_;
   const std::vector<std::string> domains_;
@@ -354,9 +419,10 @@ class PrefillRank {
 class DecodeRank {
  public:
   DecodeRank(const JobConfig& c, Transport& tr, const ModelWeights& w, const Placement& placement, GroupComm* group,
-             KvTransport* kv_data, RouterWatch* watch)
+             KvTransport* kv_data, RouterWatch* watch, RouterLink* link)
       : tr_(tr),
         watch_(watch),
+        link_(link),
         kv_data_(kv_data),
         kv_floats_per_token_(2LL * w.config.num_hidden_layers * w.config.num_key_value_heads * w.config.head_dim),
         ep_(group ? std::make_unique<EpExpertBackend>(w, placement, *group) : nullptr),
@@ -380,6 +446,9 @@ class DecodeRank {
         continue;
       }
       ELDR_RETURN_IF_ERROR(StepAndReport());
+      if (link_) {
+        if (std::optional<ShutdownMsg> m = link_->TakeShutdown()) OnShutdown(*m, &stop);
+      }
     }
     if (ep_) ep_->StopMembers();
     return Status::Ok();
@@ -399,9 +468,7 @@ class DecodeRank {
     }
     if (msg.tag == kTagShutdown) {
       ELDR_ASSIGN_OR_RETURN(ShutdownMsg m, DecodeMsg<ShutdownMsg>(msg));
-      if (ep_ && m.job_failed) ep_->StopMembers();
-      SayBye(tr_, watch_, m);
-      *stop = true;
+      OnShutdown(m, stop);
       return Status::Ok();
     }
     if (hang_) HangForever();
@@ -428,6 +495,12 @@ class DecodeRank {
     return Status::Ok();
   }
 
+  // A failed job's EP members get their own ShutdownMsg from rank 0 (and one of them may be dead): not stopped here.
+  void OnShutdown(const ShutdownMsg& m, bool* stop) {
+    SayBye(tr_, watch_, m);
+    *stop = true;
+  }
+
   Status StepAndReport() {
     ELDR_ASSIGN_OR_RETURN(StepReport rep, worker_.Step());
     const double end = Now(), cpu_end = CpuNow();
@@ -450,6 +523,7 @@ class DecodeRank {
 
   Transport& tr_;
   RouterWatch* watch_;
+  RouterLink* link_;  // null without an EP group
   KvTransport* kv_data_;
   const int64_t kv_floats_per_token_;  // Executor::KvFloatsPerToken
   std::unique_ptr<EpExpertBackend> ep_;
@@ -471,8 +545,9 @@ class RouterRank {
         kv_transport_(kv_transport),
         last_heard_(tr.size(), 0),
         bye_(tr.size(), false) {
-    for (int r = 1; r <= c_.prefill_ranks; ++r) watched_.push_back(r);
-    for (int d = 0; d < c_.decode_ranks; ++d) watched_.push_back(c_.DecoderLeaderRank(d));
+    for (int r = 1; r <= c_.prefill_ranks; ++r) talkers_.push_back(r);
+    for (int d = 0; d < c_.decode_ranks; ++d) talkers_.push_back(c_.DecoderLeaderRank(d));
+    for (int r = 1; r < tr.size(); ++r) watched_.push_back(r);
   }
 
   // Serves, then: every request accounted for → outputs, a bounded goodbye (every worker answers the shutdown
@@ -499,12 +574,18 @@ class RouterRank {
       if (WaitBye()) return Status::Ok();
       failure = StopReport("shutdown: ");
     } else {
+      if (stop_ == Stop::kSignal) PingAfterSignal();
       failure = StopReport("");
       frontend_->AbandonUnfinished("never sent (" + failure + ")", "unfinished (" + failure + ")");
     }
     const Status written = WriteOutputs(failure);
-    if (!g_signal) ShutdownWorkers(true);  // on a signal the launcher is ending every rank already
+    // On a signal the launcher is ending every rank already, and a worker that exited now could have rank 0
+    // SIGKILLed before its line is out (see g_signal).
+    if (!g_signal) ShutdownWorkers(true);
     ELDR_RETURN_IF_ERROR(written);
+    // Stopped so long that the workers have given up on rank 0 and rank 1 has said so: one line per job.
+    if (stop_ == Stop::kRouterStalled && router_gap_ > c_.watchdog_s + kRouterGraceS - HeartbeatInterval(c_.watchdog_s))
+      return Status(StatusCode::kFailedPrecondition, "");
     return Status::FailedPrecondition(failure + "; metrics written to " + c_.output_dir);
   }
 
@@ -540,6 +621,35 @@ class RouterRank {
       }
     }
     return true;
+  }
+
+  // After a signal (mpirun sends SIGTERM about a second after a rank died, before the watchdog could notice): one
+  // more heartbeat to every worker, and their answers for up to kSignalPingS; a rank that does not answer is
+  // dead, stopped or blocked behind one that is (StopReport names them, silent longest first). Messages that
+  // arrive meanwhile are handled (a request that finishes is counted as completed).
+  void PingAfterSignal() {
+    ping_sent_ = Now();
+    for (int r : watched_) {
+      if (!bye_[r]) SendMsg(tr_, r, HeartbeatMsg{});
+    }
+    auto answered = [&](int r) { return bye_[r] || last_heard_[r] >= ping_sent_; };
+    while (Now() - ping_sent_ < kSignalPingS && !std::all_of(watched_.begin(), watched_.end(), answered)) {
+      if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+        continue;
+      }
+      const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
+      last_heard_[msg.source] = Now();
+      (void)Handle(msg, last_heard_[msg.source] - start_);  // the job is ending: a malformed message changes nothing
+    }
+  }
+
+  // A leader's goodbye covers its EP members (it stopped them).
+  void MarkBye(int rank) {
+    bye_[rank] = true;
+    const int d = c_.DecoderOfRank(rank);
+    if (d < 0 || rank != c_.DecoderLeaderRank(d)) return;
+    for (int i = 1; i < c_.ep_size; ++i) bye_[rank + i] = true;
   }
 
   Status CreateFrontend() {
@@ -619,7 +729,7 @@ class RouterRank {
   // one stays silent for watchdog_s (or rank 0 stalls, or a signal). Other messages still in flight are dropped.
   bool WaitBye() {
     while (true) {
-      if (std::all_of(watched_.begin(), watched_.end(), [&](int r) { return bye_[r]; })) return true;
+      if (std::all_of(talkers_.begin(), talkers_.end(), [&](int r) { return bye_[r]; })) return true;
       if (!Tick(false)) return false;
       if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -627,7 +737,7 @@ class RouterRank {
       }
       const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
       last_heard_[msg.source] = Now();
-      if (msg.tag == kTagBye) bye_[msg.source] = true;
+      if (msg.tag == kTagBye) MarkBye(msg.source);
     }
   }
 
@@ -701,9 +811,11 @@ class RouterRank {
   // and the ranks holding requests. `phase` prefixes a stop during the shutdown.
   std::string StopReport(const std::string& phase) const {
     const double now = Now(), live_s = 2 * HeartbeatInterval(c_.watchdog_s) + kOwnStallS;
-    std::vector<int> silent;  // the watched ranks not heard from lately, longest silent first
+    // Not heard from lately, or (after a signal) not since the last heartbeat: longest silent first.
+    const double heard_by = ping_sent_ > 0 ? ping_sent_ : now - live_s;
+    std::vector<int> silent;
     for (int r : watched_) {
-      if (!bye_[r] && now - last_heard_[r] > live_s) silent.push_back(r);
+      if (!bye_[r] && last_heard_[r] < heard_by) silent.push_back(r);
     }
     std::stable_sort(silent.begin(), silent.end(), [&](int a, int b) { return last_heard_[a] < last_heard_[b]; });
     std::string report = phase;
@@ -713,10 +825,14 @@ class RouterRank {
                 Fmt(kRouterGraceS, 0) + " s";
     } else if (stop_ == Stop::kSignal) {
       report += std::string("rank 0 received ") + SignalName(g_signal) +
-                " (mpirun and srun send it a while after a rank has exited, or when the job is cancelled; "
-                "launch/eldr-launch gives rank 0 the time to name the rank)";
+                " (mpirun and srun send it about a second after a rank has exited, or when the job is cancelled)";
       if (!silent.empty())
-        report += "; silent longest: " + RankName(silent[0]) + ", " + Fmt(now - last_heard_[silent[0]], 1) + " s";
+        report += "; silent longest: " + RankName(silent[0]) + ", " + Fmt(now - last_heard_[silent[0]], 1) +
+                  " s, no answer to the last heartbeat";
+      for (size_t i = 1; i < silent.size(); ++i) {
+        report += (i == 1 ? "; also silent (likely waiting on it): " : ", ") + RankName(silent[i]) + " " +
+                  Fmt(now - last_heard_[silent[i]], 1) + " s";
+      }
     } else if (!silent.empty()) {
       report += "watchdog: " + RankName(silent[0]) + " silent for " + Fmt(now - last_heard_[silent[0]], 1) +
                 " s (watchdog_s " + Fmt(c_.watchdog_s, 0) + "): stopped, hung or dead";
@@ -749,16 +865,18 @@ class RouterRank {
       j["reason"] = failure;
       j["watchdog"] = failure;
     }
-    ELDR_RETURN_IF_ERROR(WriteServeOutputs(c_.output_dir, j, frontend_->records(), c_.output_tokens, step_log_));
+    ELDR_RETURN_IF_ERROR(
+        WriteServeOutputs(c_.output_dir, c_.output_replace, j, frontend_->records(), c_.output_tokens, step_log_));
     std::printf("%s", FormatServingSummary(j).c_str());
     std::fflush(stdout);
     return Status::Ok();
   }
 
-  // Prefill ranks and decoder leaders that have not said goodbye; a leader stops its EP members. job_failed: they
-  // exit 1 without MPI_Finalize, as rank 0 does (a stopped one does so when the launcher continues it).
+  // Prefill ranks and decoder leaders that have not said goodbye; a leader stops its EP members. job_failed: every
+  // worker, EP members too (their leader may be the failed rank), exits 1 without MPI_Finalize, as rank 0 does (a
+  // stopped one does so when the launcher continues it).
   void ShutdownWorkers(bool job_failed) {
-    for (int r : watched_) {
+    for (int r : job_failed ? watched_ : talkers_) {
       if (!bye_[r]) SendMsg(tr_, r, ShutdownMsg{job_failed});
     }
   }
@@ -772,10 +890,12 @@ class RouterRank {
   std::vector<StepRecord> step_log_;  // every prefill and decode step, for `eldr simulate --fit`
   std::vector<double> last_heard_;    // [world] when each rank was last heard from (Now(), rank 0's stalls excluded)
   std::vector<bool> bye_;             // [world] the rank answered the shutdown
-  std::vector<int> watched_;          // prefill ranks and decoder leaders: the ranks rank 0 talks to
+  std::vector<int> talkers_;          // prefill ranks and decoder leaders: the ranks rank 0 talks to
+  std::vector<int> watched_;          // every worker (EP members too): heartbeats and the watchdog
   double start_ = 0;
   double last_tick_ = 0, last_ping_ = 0;  // Tick(): the previous loop, the last heartbeat sent
   double router_gap_ = 0;                 // Stop::kRouterStalled: how long rank 0 was stopped
+  double ping_sent_ = 0;                  // PingAfterSignal: when its heartbeats went out (0: not sent)
   Stop stop_ = Stop::kNone;
 };
 
@@ -797,6 +917,7 @@ Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   auto in = LoadJobRequests(c);
   if (!in.ok()) return ForKey(in.status(), "workload.trace", c.trace);
   ELDR_RETURN_IF_ERROR(CheckShapes(c, *mc, in->trace));
+  ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));  // before the run, not after it
   JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}};
   for (int d = 0; d < c.decode_ranks; ++d) {
     ELDR_ASSIGN_OR_RETURN(Placement p, LoadDecoderPlacement(c, inputs.mc, d));
@@ -862,22 +983,22 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
       return Status::FailedPrecondition(std::string("decode.ep_size > 1 needs the MPI transport, not ") + tr.name());
     group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
   }
-  if (rank == 0) {
-    for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
-    return RouterRank(c, tr, in, mc, kv_name).Run(progress);
-  }
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
+  if (rank == 0) return RouterRank(c, tr, in, mc, kv_name).Run(progress);
   ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
   SendMsg(tr, 0, ReadyMsg{});
-  // EP members hear only from their leader (an open item: they are ended by the launcher when it goes).
-  const bool talks_to_router = rank <= c.prefill_ranks || !group.valid() || group.rank() == 0;
-  RouterWatch* watch = talks_to_router ? new RouterWatch(c.watchdog_s + kRouterGraceS,
-                                                         c.RoleOf(rank) + " (rank " + std::to_string(rank) + ")")
-                                       : nullptr;  // never deleted: see RouterWatch
+  // Every worker watches rank 0; rank 1 alone says so when rank 0 goes silent (one line per job).
+  auto* watch = new RouterWatch(c.watchdog_s + kRouterGraceS, c.RoleOf(rank) + " (rank " + std::to_string(rank) + ")",
+                                rank == 1);  // never deleted: see RouterWatch
   if (rank <= c.prefill_ranks) return PrefillRank(c, tr, in, w, kv_data, watch).Run();
   const Placement& placement = placements[c.DecoderOfRank(rank)];
-  if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data, watch).Run();
-  return group.rank() == 0 ? DecodeRank(c, tr, w, placement, &group, kv_data, watch).Run()
-                           : RunEpMember(w, placement, group);
+  if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data, watch, nullptr).Run();
+  RouterLink link(tr, watch);
+  group.SetWaitHook([&link] { link.OnWait(); });
+  if (group.rank() == 0) return DecodeRank(c, tr, w, placement, &group, kv_data, watch, &link).Run();
+  const Status st = RunEpMember(w, placement, group);
+  watch->Finalizing();
+  return st;
 }
 
 }  // namespace eldr

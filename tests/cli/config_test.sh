@@ -95,6 +95,48 @@ expect_error "cost model without decode.d" "nod.yaml: decode.d is required" - \
 sed 's/^  decode:/  decdoe:/' job.yaml > simtypo.yaml
 expect_error "inline cost model misspelt" "simtypo.yaml:10: unknown key 'simulate.decdoe' \(did you mean 'decode'\?\)" \
   - "$ELDR" simulate -c simtypo.yaml --no-output
+# serve runs no cost model, yet it checks the simulate: keys too (without reading the cost_model file).
+expect_error "serve: simulate section misspelt" \
+  "simtypo.yaml:10: unknown key 'simulate.decdoe' \(did you mean 'decode'\?\)" - "$ELDR" serve --print-ranks -c simtypo.yaml
+sed 's/^  control_latency_s:/  control_latncy_s:/' job.yaml > simtypo2.yaml
+expect_error "serve: simulate key misspelt" "simtypo2.yaml:[0-9]+: unknown key 'simulate.control_latncy_s'" - \
+  "$ELDR" serve --print-ranks -c simtypo2.yaml
+sed 's|^simulate:|simulate:\n  cost_model: nowhere.yaml|' job.yaml > simnofile.yaml
+run_ok "serve: the simulate section's cost_model file is not read" "$ELDR" serve --print-ranks -c simnofile.yaml
+
+# ---- trace synth integer options: ranges checked before conversion, one line naming the option ----
+expect_error "synth --layers 0" "--layers: must be an integer in \[1, 4096\], got '0'" s0.h5 \
+  "$ELDR" trace synth --layers 0 --out s0.h5
+expect_error "synth --experts 70000" "--experts: must be an integer in \[1, 65535\], got '70000'" s0.h5 \
+  "$ELDR" trace synth --experts 70000 --out s0.h5
+expect_error "synth --top-k 1.5" "--top-k: must be an integer in \[1, 65535\], got '1.5'" s0.h5 \
+  "$ELDR" trace synth --top-k 1.5 --out s0.h5
+expect_error "synth --domains -1" "--domains: must be an integer in \[1, 65535\], got '-1'" s0.h5 \
+  "$ELDR" trace synth --domains -1 --out s0.h5
+expect_error "synth --requests 0" "--requests: must be an integer in \[1, [0-9]+\], got '0'" s0.h5 \
+  "$ELDR" trace synth --requests 0 --out s0.h5
+expect_error "synth --requests abc" "--requests: must be an integer in \[1, [0-9]+\], got 'abc'" s0.h5 \
+  "$ELDR" trace synth --requests abc --out s0.h5
+
+# ---- the run directory (output.dir): refused when it holds files, replaced whole with output.replace ----
+sed 's|^output: {dir: run}|output: {dir: rd}|' job.yaml > rd.yaml
+run_ok "simulate writes a new run directory" "$ELDR" simulate -c rd.yaml --quiet
+cp rd/metrics.json rd-first.json
+echo stale >rd/steps.jsonl  # as a serve run leaves it: simulate writes no steps.jsonl
+expect_error "a second run into the same output.dir" "output.dir rd already holds files \(an earlier run\?\); set output.replace: true" \
+  - "$ELDR" simulate -c rd.yaml --quiet
+cmp -s rd/metrics.json rd-first.json && ok "the refused run directory is left as it was" || bad "the refused run directory is left as it was"
+sed 's|^output: {dir: rd}|output: {dir: rd, replace: true}|' rd.yaml > rdr.yaml
+run_ok "output.replace: true replaces the earlier run" "$ELDR" simulate -c rdr.yaml --quiet
+[ "$(ls -A rd | tr '\n' ' ')" = "metrics.json requests.jsonl " ] && ! ls -A . | grep -q '^\.rd\.tmp' \
+  && ok "replaced whole: the earlier run's steps.jsonl is gone, no temporary left" \
+  || bad "replaced whole" "$(ls -A rd . | tr '\n' ' ')"
+echo mine >rd/notes.txt
+expect_error "output.replace never removes other data" "output.dir rd holds notes.txt, which is not a run's file" - \
+  "$ELDR" simulate -c rdr.yaml --quiet
+[ "$(cat rd/notes.txt)" = mine ] && ok "other data left in place" || bad "other data left in place"
+sed 's|replace: true|replace: maybe|' rdr.yaml > rdbad.yaml
+expect_error "output.replace: not a bool" "rdbad.yaml:[0-9]+: output.replace" - "$ELDR" serve --print-ranks -c rdbad.yaml
 sed 's|^simulate:|simulate:\n  cost_model: '"$SRC"'/configs/costs/h200-qwen3-30b-a3b.yaml|; /^  decode:/d; /^  prefill:/d' job.yaml \
   > simfile.yaml
 run_ok "cost_model file with inline overrides" "$ELDR" simulate -c simfile.yaml --no-output --quiet
@@ -167,7 +209,8 @@ expect_error "JSONL num_tokens over the memory budget" "ok.jsonl:1: num_tokens 3
   env ELDR_MEMORY_BUDGET=10 "$ELDR" trace import --in ok.jsonl --out imp.h5
 
 # ---- writers refuse what readers reject ----
-expect_error "synth --layers 5000" "num_layers 5000 must be in \[1, 4096\]" s5000.h5 \
+# (the command line's range is the trace format's; the writer's own check is ValidateTraceShape, unit-tested)
+expect_error "synth --layers 5000" "--layers: must be an integer in \[1, 4096\], got '5000'" s5000.h5 \
   "$ELDR" trace synth --requests 2 --layers 5000 --experts 8 --top-k 2 --prompt-len 2 --output-len 2 --out s5000.h5
 expect_error "JSONL topk_weights 1e39" "w39.jsonl:1: topk_weights\[0\]\[1\] has a negative or non-finite value" w39.h5 \
   "$ELDR" trace import --in w39.jsonl --out w39.h5

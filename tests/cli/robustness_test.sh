@@ -154,13 +154,18 @@ simulate:
   kv_transfer: {latency_s: 1.0e-4, bandwidth_Bps: 1.0e9}
   control_latency_s: 5.0e-5
 YAML
+# A run directory that holds files is refused (output.replace: false), and with output.replace: true one whose
+# files are not a run's (a link) is refused too; a run file that is the input itself is refused by the output policy.
+sed 's|^output: {dir: run}|output: {dir: run, replace: true}|' job.yaml > job-replace.yaml
 mkdir run && ln -s ../target.h5 run/metrics.json
-expect_untouched "simulate: metrics.json in the run directory is a link" "run/metrics.json: cannot write: it is a symbolic link" \
+expect_untouched "simulate: metrics.json in the run directory is a link" "output.dir run already holds files" \
   target.h5 "$ELDR" simulate -c job.yaml --quiet
+expect_untouched "simulate: metrics.json in the run directory is a link (output.replace)" \
+  "output.dir run holds metrics.json, which is not a run's file" target.h5 "$ELDR" simulate -c job-replace.yaml --quiet
 [ -e run/requests.jsonl ] && bad "simulate: a refused run directory got requests.jsonl"
 rm run/metrics.json
 expect_untouched "simulate: requests.jsonl is the trace" "run/requests.jsonl: output.dir is the same file as the input trace" \
-  tiny.h5 sh -c "ln tiny.h5 run/requests.jsonl && '$ELDR' simulate -c job.yaml --quiet"
+  tiny.h5 sh -c "ln tiny.h5 run/requests.jsonl && '$ELDR' simulate -c job-replace.yaml --quiet"
 rm -rf run
 
 # ---- messages ----

@@ -1,10 +1,13 @@
 #!/usr/bin/env bash
 # eldr serve when a rank fails (ctest label mpi; README "When a rank fails"): SIGSTOP and kill -9 of the router,
-# the prefill rank, a busy decoder and an idle decoder, under plain mpirun and under launch/eldr-launch --run.
-# Each case must end within watchdog_s + grace of the fault (asserted on the wall clock; a hard outer timeout
-# turns a hang into a failure), exit non-zero, name the failed rank (rank 0's line, a worker's line about rank 0,
-# or mpirun's own "process rank R ... exited on signal 9"), never blame another rank first, and, where rank 0
-# lives, write metrics.json accounting for every request (completed + failed = requests, "incomplete": true).
+# the prefill rank, a busy decoder, an idle decoder and an EP group member (decode.ep_size 2), under plain mpirun
+# and under launch/eldr-launch --run. Each case must end within watchdog_s + grace of the fault (asserted on the
+# wall clock; a hard outer timeout turns a hang into a failure), exit non-zero, name the failed rank (rank 0's
+# line, a worker's line about rank 0, or mpirun's own "process rank R ... exited on signal 9"), print at most one
+# "eldr: error" line (one per job, not per rank), never blame another rank first, and, where rank 0 lives, write
+# metrics.json accounting for every request (completed + failed = requests, "incomplete": true) together with
+# requests.jsonl and steps.jsonl. A worker killed under plain mpirun (which SIGTERMs the survivors 1 s later) must
+# be named in rank 0's own line too, not only in mpirun's.
 # Usage: fault_test.sh /path/to/eldr /path/to/source
 set -u
 ELDR="$(realpath "$1")"
@@ -41,35 +44,31 @@ N=60      # requests
 # 1 prefill rank (rank 1) and 2 decoders (ranks 2, 3). Every request decodes 600 tokens and they arrive at 5/s,
 # so the job is mid-run, its decoders busy, when the fault comes 2 s in. idle: jsq with one request at a time
 # sends every request to decoder 0, so decoder 1 (rank 3) never has work.
-job() {  # NAME POLICY MAX_CONCURRENCY
+# ep: one decoder that is an EP group of 2 ranks (leader rank 2, member rank 3), so the member is busy too.
+job() {  # NAME POLICY MAX_CONCURRENCY [ep]
+  local decoders=2 decode="{max_batch: 4}"
+  [ "${4:-}" = ep ] && decoders=1 decode="{max_batch: 4, ep_size: 2, placement: contiguous}"
   cat >"$1.yaml" <<YAML
-topology: {prefill_ranks: 1, decode_ranks: 2}
+topology: {prefill_ranks: 1, decode_ranks: $decoders}
 model: {config: $SRC/configs/models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}
 routing: {policy: $2, seed: 1}
 kv_cache: {block_size: 8, prefill_blocks: 64, decode_blocks: 1024}
-decode: {max_batch: 4}
+decode: $decode
 workload: {trace: $WORK/trace.h5, request_rate: 5, max_concurrency: $3, seed: 3, num_requests: $N, output_len: 600}
 output: {dir: $WORK/out-$1}
 watchdog_s: $W
 YAML
 }
 
-# Cases not yet meeting the bound (README "When a rank fails", open items): reported as "open", not failed.
-#  - plain mpirun, kill -9 of a worker: rank 0 is killed before metrics.json is written (ends in ~1 s);
-#  - launch/eldr-launch: a survivor blocked in a send lingers until the launcher's SIGTERM/SIGKILL (11-17 s).
-KNOWN_OPEN=" mpirun-1-KILL mpirun-3-KILL launch-0-STOP launch-1-STOP launch-3-STOP launch-0-KILL launch-1-KILL launch-3-KILL "
-open_or_bad() {  # ID LABEL WHY
-  case "$KNOWN_OPEN" in
-    *" ${1%-*} "*) echo "open   $2"; echo "       $3" ;;
-    *) bad "$2" "$3" ;;
-  esac
+open_or_bad() {  # ID LABEL WHY (every case is asserted: none is known to be open)
+  bad "$2" "$3"
 }
 
-# run_case LAUNCHER RANK SIGNAL POLICY MAXCONC WHAT NAME_PATTERN (the rank's name as rank 0 or a worker says it)
+# run_case LAUNCHER RANK SIGNAL POLICY MAXCONC WHAT NAME_PATTERN [ep] (the rank's name as rank 0 or a worker says it)
 run_case() {
-  local launcher="$1" rank="$2" sig="$3" policy="$4" mc="$5" what="$6" name="$7"
-  local id="$launcher-$rank-$sig-$policy"
-  job "$id" "$policy" "$mc"
+  local launcher="$1" rank="$2" sig="$3" policy="$4" mc="$5" what="$6" name="$7" ep="${8:-}"
+  local id="$launcher-$rank-$sig-$policy${ep:+-ep}"
+  job "$id" "$policy" "$mc" "$ep"
   if [ "$launcher" = mpirun ]; then
     timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
       "$ELDR" serve -c "$id.yaml" --quiet >"$id.log" 2>&1 &
@@ -100,18 +99,27 @@ run_case() {
   if [ "$rc" = 0 ]; then open_or_bad "$id" "$label" "exit 0"; return; fi
   if [ "$rc" = 124 ] || awk -v t="$took" 'BEGIN { exit !(t >= 55) }'; then open_or_bad "$id" "$label" "hung (outer timeout)"; return; fi
   if ! awk -v t="$took" -v b="$bound" 'BEGIN { exit !(t <= b) }'; then open_or_bad "$id" "$label" "longer than $bound s"; return; fi
-  # Named: by rank 0 or a worker (eldr's lines), or by mpirun (a rank killed by a signal).
-  if ! grep -qE "$name|process rank $rank with PID [0-9]+ on node .* exited on signal 9" "$id.log"; then
+  # Named: by rank 0 or a worker (eldr's lines), or by mpirun (a rank killed by a signal) where rank 0 is the one
+  # killed; a killed worker is named by rank 0 itself.
+  local named="$name"
+  [ "$rank" = 0 ] && named="$name|process rank $rank with PID [0-9]+ on node .* exited on signal 9"
+  if ! grep -qE "$named" "$id.log"; then
     open_or_bad "$id" "$label" "no line names rank $rank: $(grep -m3 -E 'eldr: error|exited on signal' "$id.log")"; return
   fi
   # Never another rank blamed first: what rank 0 names as silent is the failed rank.
   local blamed
   blamed=$(grep -oE "(watchdog|silent longest): [a-z]+ [0-9]+ \(rank [0-9]+\)" "$id.log" | grep -oE "rank [0-9]+" | sort -u)
   if [ -n "$blamed" ] && [ "$blamed" != "rank $rank" ]; then open_or_bad "$id" "$label" "blames $blamed"; return; fi
-  if [ "$(grep -c 'eldr: error' "$id.log")" -gt 1 ] && [ "$rank" != 0 ]; then
+  # A stopped rank is the only silent one: a rank blocked on it (a prefill rank's KV send to a stopped decoder, an
+  # EP leader's collective with a stopped member) answers rank 0's heartbeats from inside the wait.
+  if [ "$sig" = STOP ] && grep -q "also silent" "$id.log"; then
+    open_or_bad "$id" "$label" "a rank waiting on the stopped one is blamed too: $(grep -o 'also silent[^;]*' "$id.log" | head -1)"; return
+  fi
+  if [ "$(grep -c 'eldr: error' "$id.log")" -gt 1 ]; then
     open_or_bad "$id" "$label" "more than one error line: $(grep 'eldr: error' "$id.log" | head -3)"; return
   fi
-  if [ -f "out-$id/metrics.json" ] || [ "$rank" != 0 ]; then
+  # Rank 0 lives unless killed: a stopped rank 0 is continued by the launcher once rank 1 has given up on it.
+  if [ -f "out-$id/metrics.json" ] || [ "$rank" != 0 ] || [ "$sig" = STOP ]; then
     if ! $PY - "out-$id" "$N" <<'PYEOF' 2>>"$id.log"
 import json, sys
 out, n = sys.argv[1], int(sys.argv[2])
@@ -133,6 +141,7 @@ for launcher in mpirun launch; do
     run_case "$launcher" 1 "$sig" round_robin 0 "the prefill rank" "(watchdog|silent longest): prefill 0 \(rank 1\)"
     run_case "$launcher" 3 "$sig" round_robin 0 "a busy decoder" "(watchdog|silent longest): decode 1 \(rank 3\)"
     run_case "$launcher" 3 "$sig" jsq 1 "an idle decoder" "(watchdog|silent longest): decode 1 \(rank 3\)"
+    run_case "$launcher" 3 "$sig" round_robin 0 "an EP group member" "(watchdog|silent longest): decode 0 ep 1 \(rank 3\)" ep
   done
 done
 

@@ -281,6 +281,13 @@ job ws 1 2 jsq ""
 expect_fail "world size differs from the topology" "needs 4 ranks .* has 3; run with mpirun -np 4" 3 ws.yaml
 job nocal 1 2 eldr ""
 expect_fail "eldr policy without calibration" "needs routing.calibration" 4 nocal.yaml
+# The run directory: one that holds an earlier run is refused before the job starts (output.replace: false), once,
+# naming output.dir, and left as it was.
+job again 1 2 jsq ""
+mkdir -p "$WORK/out-again" && echo '{"earlier": true}' >"$WORK/out-again/metrics.json"
+expect_fail_once "output.dir holding an earlier run" "output.dir .*out-again already holds files .*output.replace: true" 4 again.yaml
+[ "$(cat "$WORK/out-again/metrics.json")" = '{"earlier": true}' ] && [ "$(ls "$WORK/out-again")" = metrics.json ] \
+  && ok "the refused run directory is left as it was" || bad "the refused run directory is left as it was"
 job wrongk 1 2 eldr "$WORK/calib4.h5"
 expect_fail "calibration for another decoder count" "K = 4 centroids but the job has 2 decoders" 4 wrongk.yaml
 "$ELDR" trace synth --domains 2 --requests 10 --layers 3 --experts 8 --top-k 2 --out other.h5 >/dev/null

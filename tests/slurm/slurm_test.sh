@@ -57,4 +57,54 @@ SB
 if timeout 180 sbatch --wait job.sbatch >submit.log 2>&1 && complete sbatch && grep -q "rank 0: router" sbatch.log; then
   ok "sbatch → launch/eldr-launch → srun"
 else bad "sbatch" "$(tail -3 submit.log; tail -3 sbatch.log 2>/dev/null)"; fi
+
+# A fault under srun (README "When a rank fails"): SIGSTOP of a busy decoder (rank 3) 2 s into a job whose requests
+# decode 600 tokens each. The job must end within watchdog_s + 3 s (+ 2 s for a loaded machine), exit non-zero,
+# name decode 1 (rank 3) in one eldr line, and rank 0 must write metrics.json with every request accounted for.
+# (kill -9 is not a case here: when a task dies, slurmstepd's mpi/pmix plugin cancels the step and SIGKILLs every
+# task at once, rank 0 included, with no SIGTERM first, so no rank can write anything; srun names the task.)
+TAG="slurm-fault-$$"
+cat > fault.yaml <<YAML
+topology: {prefill_ranks: 1, decode_ranks: 2}
+model: {config: $SRC/configs/models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}
+routing: {policy: round_robin, seed: 1}
+kv_cache: {block_size: 8, prefill_blocks: 64, decode_blocks: 1024}
+decode: {max_batch: 4}
+workload: {trace: $WORK/trace.h5, request_rate: 5, seed: 3, num_requests: 60, output_len: 600}
+output: {dir: $WORK/out-fault}
+watchdog_s: 4
+YAML
+rank_pid() {  # RANK: the PID of this test's eldr rank RANK under srun
+  local p
+  for p in $(pgrep -x eldr 2>/dev/null); do
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "ELDR_FAULT_TAG=$TAG" || continue
+    tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx "SLURM_PROCID=$1" && echo "$p"
+  done
+}
+ELDR_FAULT_TAG="$TAG" timeout -k 5 60 srun --overcommit -n 4 --mpi=pmix "$ELDR" serve -c fault.yaml --quiet \
+  >fault.log 2>&1 &
+job_pid=$!
+pid=""
+for i in $(seq 150); do pid=$(rank_pid 3); [ -n "$pid" ] && [ -n "$(rank_pid 0)" ] && break; sleep 0.1; done
+sleep 2
+t0=$(date +%s.%N)
+[ -n "$pid" ] && kill -STOP "$pid"
+wait "$job_pid"
+rc=$?
+took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+label="srun: SIGSTOP of a busy decoder (rank 3), ended $took s after (bound 4 + 3 s)"
+if [ -z "$pid" ]; then bad "$label" "rank 3 not found"
+elif [ "$rc" = 0 ] || [ "$rc" = 124 ]; then bad "$label" "exit $rc"
+elif ! awk -v t="$took" 'BEGIN { exit !(t <= 9) }'; then bad "$label" "longer than 9 s"
+elif [ "$(grep -c 'eldr: error' fault.log)" != 1 ] || ! grep -qE "(watchdog|silent longest): decode 1 \(rank 3\)" fault.log; then
+  bad "$label" "$(grep -E 'eldr|srun' fault.log | head -3)"
+elif ! $PY -c "
+import json
+m = json.load(open('$WORK/out-fault/metrics.json'))
+assert m['completed'] + m['failed'] == 60 and m['incomplete'] is True and 'rank 3' in m['reason'], m
+assert len(open('$WORK/out-fault/requests.jsonl').readlines()) == 60
+open('$WORK/out-fault/steps.jsonl')
+" 2>>fault.log; then bad "$label" "metrics: $(tail -1 fault.log)"
+else ok "$label"; fi
+for p in $(rank_pid 0) $(rank_pid 1) $(rank_pid 2) $(rank_pid 3); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
 finish

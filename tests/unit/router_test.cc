@@ -259,14 +259,27 @@ Calibration TinyCalibration(int K) {
 
 TEST(Router, SignatureRoutingFromCounts) {
   Calibration calib = TinyCalibration(3);
+  calib.tau = 0.05;
   RouterConfig c;
   c.policy = RoutingPolicy::kEldrPaper;
   c.num_decoders = 3;
-  c.tau = -1;  // take 0.1 from the calibration
+  c.tau = std::nullopt;  // unset: take the calibration's 0.05
   c.job_shape = calib.shape;
   auto r = Router::Create(c, &calib);
   ASSERT_TRUE(r.ok()) << r.status().message();
-  EXPECT_DOUBLE_EQ(r->tau(), 0.1);
+  EXPECT_DOUBLE_EQ(r->tau(), 0.05);
+  // -1 is a value like any other, no longer "take the calibration's": refused.
+  RouterConfig negative = c;
+  negative.tau = -1;
+  auto refused = Router::Create(negative, &calib);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().message(), "tau must be a finite value >= 0");
+  // Unset without a calibration (a load-only policy): DESIGN.md's default 0.1.
+  RouterConfig jsq;
+  jsq.policy = RoutingPolicy::kJsq;
+  jsq.num_decoders = 3;
+  jsq.tau = std::nullopt;
+  EXPECT_DOUBLE_EQ(Router::Create(jsq, nullptr).value().tau(), 0.1);
   // counts {0, 5, 0, 1}: s = (0, 5, 0, 1)/√26; d_1 = 1 − 5/√26 ≈ 0.019 is nearest, d_0 = d_2 = 1 → B = {1}.
   std::vector<float> counts = {0, 5, 0, 1};
   auto d = r->Route(counts.data(), nullptr, "");

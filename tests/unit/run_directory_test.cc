@@ -1,0 +1,127 @@
+// The run directory (job/metrics.h CommitRunDirectory): all or none, refused or replaced whole, never mixed.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "runtime/job/metrics.h"
+
+namespace eldr {
+namespace {
+
+namespace fs = std::filesystem;
+
+class RunDirectoryTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() / ("eldr-rundir-" + std::to_string(::getpid()) + "-" +
+                                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+    dir_ = (root_ / "run").string();
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  static std::string Read(const fs::path& p) {
+    std::ifstream in(p);
+    std::stringstream s;
+    s << in.rdbuf();
+    return s.str();
+  }
+  static void Put(const fs::path& p, const std::string& text) { std::ofstream(p) << text; }
+  // Every name in `d` (files and directories).
+  static std::set<std::string> Names(const fs::path& d) {
+    std::set<std::string> names;
+    for (const auto& e : fs::directory_iterator(d)) names.insert(e.path().filename().string());
+    return names;
+  }
+
+  fs::path root_;
+  std::string dir_;
+};
+
+const std::vector<std::pair<std::string, std::string>> kRun2 = {{"requests.jsonl", "r2\n"}, {"metrics.json", "m2\n"}};
+
+TEST_F(RunDirectoryTest, NewDirectoryGetsEveryFileAndNoTemporaryIsLeft) {
+  ASSERT_TRUE(
+      CommitRunDirectory(dir_, false, {{"requests.jsonl", "r\n"}, {"steps.jsonl", "s\n"}, {"metrics.json", "m\n"}})
+          .ok());
+  EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "requests.jsonl", "steps.jsonl"}));
+  EXPECT_EQ(Read(fs::path(dir_) / "steps.jsonl"), "s\n");
+  EXPECT_EQ(Names(root_), std::set<std::string>{"run"});  // no .run.tmp.PID beside it
+}
+
+TEST_F(RunDirectoryTest, EmptyDirectoryIsUsed) {
+  fs::create_directories(dir_);
+  ASSERT_TRUE(CommitRunDirectory(dir_, false, kRun2).ok());
+  EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), "m2\n");
+}
+
+TEST_F(RunDirectoryTest, EarlierRunIsRefusedWithoutReplaceAndLeftAsItWas) {
+  fs::create_directories(dir_);
+  Put(fs::path(dir_) / "metrics.json", "m1\n");
+  for (const Status& st : {CheckRunDirectory(dir_, false), CommitRunDirectory(dir_, false, kRun2)}) {
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.code(), StatusCode::kInvalidArgument);
+    EXPECT_NE(st.message().find("output.dir " + dir_ + " already holds files"), std::string::npos) << st.message();
+    EXPECT_NE(st.message().find("output.replace: true"), std::string::npos) << st.message();
+  }
+  EXPECT_EQ(Names(dir_), std::set<std::string>{"metrics.json"});
+  EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), "m1\n");
+  EXPECT_EQ(Names(root_), std::set<std::string>{"run"});
+}
+
+TEST_F(RunDirectoryTest, ReplaceSwapsTheWholeRunNeverMixingTwo) {
+  ASSERT_TRUE(
+      CommitRunDirectory(dir_, false, {{"requests.jsonl", "r1\n"}, {"steps.jsonl", "s1\n"}, {"metrics.json", "m1\n"}})
+          .ok());
+  // The second run has no steps.jsonl: the first run's must not survive beside the second's files.
+  ASSERT_TRUE(CommitRunDirectory(dir_, true, kRun2).ok());
+  EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "requests.jsonl"}));
+  EXPECT_EQ(Read(fs::path(dir_) / "requests.jsonl"), "r2\n");
+  EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), "m2\n");
+  EXPECT_EQ(Names(root_), std::set<std::string>{"run"});  // the earlier run removed, no temporary left
+}
+
+TEST_F(RunDirectoryTest, ReplaceRefusesADirectoryHoldingOtherData) {
+  fs::create_directories(dir_);
+  Put(fs::path(dir_) / "metrics.json", "m1\n");
+  Put(fs::path(dir_) / "notes.txt", "mine\n");
+  const Status st = CommitRunDirectory(dir_, true, kRun2);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("holds notes.txt, which is not a run's file"), std::string::npos) << st.message();
+  EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "notes.txt"}));
+  EXPECT_EQ(Read(fs::path(dir_) / "notes.txt"), "mine\n");
+}
+
+TEST_F(RunDirectoryTest, SymlinkAndFileAreRefused) {
+  fs::create_directories(root_ / "elsewhere");
+  fs::create_directory_symlink(root_ / "elsewhere", dir_);
+  Status st = CommitRunDirectory(dir_, true, kRun2);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("is a symlink"), std::string::npos) << st.message();
+  EXPECT_TRUE(fs::is_empty(root_ / "elsewhere"));
+  const std::string file = (root_ / "plain").string();
+  Put(file, "x");
+  st = CommitRunDirectory(file, true, kRun2);
+  ASSERT_FALSE(st.ok());
+  EXPECT_NE(st.message().find("is not a directory"), std::string::npos) << st.message();
+  EXPECT_EQ(Read(file), "x");
+}
+
+TEST_F(RunDirectoryTest, AFailedWriteLeavesTheEarlierRunAndNoTemporary) {
+  ASSERT_TRUE(CommitRunDirectory(dir_, false, kRun2).ok());
+  // A file the set cannot write (its directory does not exist inside the temporary): nothing is committed.
+  const Status st = CommitRunDirectory(dir_, true, {{"requests.jsonl", "r3\n"}, {"missing/metrics.json", "m3\n"}});
+  ASSERT_FALSE(st.ok());
+  EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "requests.jsonl"}));
+  EXPECT_EQ(Read(fs::path(dir_) / "requests.jsonl"), "r2\n");
+  EXPECT_EQ(Names(root_), std::set<std::string>{"run"});
+}
+
+}  // namespace
+}  // namespace eldr
