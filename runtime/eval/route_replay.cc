@@ -31,6 +31,11 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     return Status::FailedPrecondition(trace_name + ": model shape " + trace.shape.ToString() + " differs from " +
                                       calib_name + " (" + calib.shape.ToString() + ")");
   }
+  if (calib.features == SignatureFeatures::kDecode) {
+    return Status::FailedPrecondition(calib_name +
+                                      ": fitted on decode tokens (eldr calibrate --features decode); eldr route "
+                                      "routes on prompt counts, use 'eldr simulate --route-on decode' for the ceiling");
+  }
   if (!(o.rate >= 0)) return Status::InvalidArgument("--rate must be >= 0 or inf (0 and inf: all at once)");
   if (!(o.step_ms > 0) || !std::isfinite(o.step_ms)) return Status::InvalidArgument("--step-ms must be > 0");
   if (o.repeat < 1) return Status::InvalidArgument("--repeat must be >= 1");

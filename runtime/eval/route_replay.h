@@ -68,7 +68,8 @@ struct RouteReplayReport {
   std::string ToText() const;
 };
 
-// FailedPrecondition when the trace's model shape differs from the calibration's (names both files).
+// FailedPrecondition when the trace's model shape differs from the calibration's (names both files), or when the
+// calibration was fitted on decode tokens (Calibration::features: the replay routes on prompt counts).
 Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& calib, const RouteReplayOptions& options,
                                        const std::string& trace_name, const std::string& calib_name);
 

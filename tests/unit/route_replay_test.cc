@@ -66,6 +66,12 @@ TEST(RouteReplay, DistinctByBatchOnOneDecoderByHand) {
   const nlohmann::json j = r->ToJson();
   EXPECT_FALSE(j["policies"][0].contains("distinct_experts_per_token"));  // dropped: confounded by batch size
   EXPECT_EQ(j["policies"][1]["distinct_by_batch"].size(), 3u);
+  // A calibration fitted on decode tokens is refused: the replay routes on the prompt's counts.
+  Calibration decode = calib;
+  decode.features = SignatureFeatures::kDecode;
+  auto refused = ReplayRoutes(t, decode, o, "t", "c");
+  ASSERT_FALSE(refused.ok());
+  EXPECT_NE(refused.status().message().find("--features decode"), std::string::npos);
 }
 
 TEST(RouteReplay, MatchedBatchRowsAccountForEveryStep) {
