@@ -47,6 +47,28 @@ std::vector<float> BuildSignatures(const RequestFeatures& f, const SignaturePara
   return out;
 }
 
+// The features of `idx` with the decode tokens' expert counts in place of the prompt's (--features decode): the
+// exact counts, not the decode profile times its length, so a hand count matches to the bit.
+RequestFeatures FeaturesFor(const Trace& trace, const std::vector<int32_t>& idx, SignatureFeatures features) {
+  RequestFeatures f = ComputeRequestFeatures(trace, idx);
+  if (features == SignatureFeatures::kPrefill) return f;
+  const int L = trace.shape.num_layers, E = trace.shape.num_experts, K = trace.shape.top_k;
+  const size_t row = f.row_size();
+  std::fill(f.prefill_counts.begin(), f.prefill_counts.end(), 0.f);
+  f.gate_sums.clear();
+  for (int i = 0; i < f.num_requests; ++i) {
+    const TraceRequest& r = trace.requests[idx[i]];
+    float* counts = f.prefill_counts.data() + i * row;
+    for (int64_t t = r.prompt_len; t < r.num_tokens; ++t) {
+      const uint16_t* ids = trace.token_ids(r.offset + t);
+      for (int l = 0; l < L; ++l) {
+        for (int j = 0; j < K; ++j) counts[l * E + ids[l * K + j]] += 1.f;
+      }
+    }
+  }
+  return f;
+}
+
 std::vector<uint8_t> MaskFromOrder(const std::vector<int32_t>& order, int num_selected, int num_layers) {
   std::vector<uint8_t> mask(num_layers, 0);
   for (int i = 0; i < num_selected && i < static_cast<int>(order.size()); ++i) mask[order[i]] = 1;
@@ -104,6 +126,9 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
     return Status::InvalidArgument("--layers must be 'auto' or in [1, " + std::to_string(trace.shape.num_layers) + "]");
   }
   if (o.restarts < 1) return Status::InvalidArgument("--restarts must be >= 1");
+  if (o.variant == SignatureVariant::kGateProb && o.features == SignatureFeatures::kDecode) {
+    return Status::InvalidArgument("--features decode works with the count variants, not --signature gate_prob");
+  }
   if (o.variant == SignatureVariant::kGateProb && !trace.has_weights()) {
     return Status::FailedPrecondition("--signature gate_prob needs a trace with topk_weights");
   }
@@ -142,7 +167,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   rep.num_holdout = static_cast<int>(holdout_idx.size());
 
   const int L = trace.shape.num_layers, E = trace.shape.num_experts;
-  RequestFeatures fc = ComputeRequestFeatures(trace, calib_idx);
+  RequestFeatures fc = FeaturesFor(trace, calib_idx, o.features);
   std::vector<float> idf = ComputeIdf(fc.prefill_counts, N, L, E);
   const auto t1 = Clock::now();
   rep.seconds_features = Seconds(t0, t1);
@@ -194,6 +219,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   c.layer_order = greedy.layer_order;
   c.rho_curve = greedy.rho_curve;
   c.n_star = greedy.n_star;
+  c.features = o.features;
   c.signatures = BuildSignatures(fc, c.signature);
   for (int32_t i : calib_idx) {
     c.request_ids.push_back(trace.requests[i].id);
@@ -209,7 +235,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
 
   rep.rho_holdout = kNaN;
   if (!holdout_idx.empty()) {
-    RequestFeatures fh = ComputeRequestFeatures(trace, holdout_idx);
+    RequestFeatures fh = FeaturesFor(trace, holdout_idx, o.features);
     ELDR_ASSIGN_OR_RETURN(std::vector<float> feats, VariantFeatures(fh, o.variant, idf));
     const RequestPairs hp = SampleRequestPairs(fh.num_requests, o.max_pairs, o.seed + 1);
     SignatureQuality hq(feats, fh.decode_profile, fh.num_requests, L, E, hp);
@@ -379,6 +405,7 @@ nlohmann::json CalibrationSummaryJson(const Calibration& c) {
   j["top_k"] = c.shape.top_k;
   j["created"] = c.created;
   j["variant"] = SignatureVariantName(c.signature.variant);
+  j["features"] = SignatureFeaturesName(c.features);
   std::vector<int> layers;
   for (int l = 0; l < c.shape.num_layers; ++l) {
     if (c.signature.layer_mask[l]) layers.push_back(l);
@@ -427,6 +454,9 @@ std::string DescribeCalibration(const Calibration& c) {
      << " of " << c.shape.num_layers << " layers (N* = " << c.n_star << "), D = " << c.dim() << "; layers";
   for (int l : j["selected_layers"]) os << " " << l;
   os << "\n";
+  if (c.features == SignatureFeatures::kDecode) {
+    os << "features: decode tokens (an evaluation ceiling: only 'eldr simulate --route-on decode' routes with it)\n";
+  }
   if (!c.rho_curve.empty() && c.n_star >= 1) {
     os << "rho: all layers " << Fmt(c.rho_curve.back(), 4) << ", at N* " << Fmt(c.rho_curve[c.n_star - 1], 4) << "\n";
   }

@@ -27,6 +27,9 @@ struct CalibrateOptions {
   // Balance clusters by expected decode work (Σ decode tokens, WeightedCapacitatedAssignment) instead of by
   // request count. REQUIRES: balanced.
   bool work_balanced = false;
+  // kDecode: IDF, ρ, layer selection, signatures and clusters from each request's decode-token counts instead of
+  // its prompt's (the clairvoyant ceiling of evaluation, Calibration::features). Not with gate_prob.
+  SignatureFeatures features = SignatureFeatures::kPrefill;
   bool progress = true;
 };
 

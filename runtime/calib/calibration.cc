@@ -152,6 +152,7 @@ Status WriteCalibration(const Calibration& c, const AtomicOutput& out, const Cal
     ELDR_RETURN_IF_ERROR(
         f.WriteAttribute("/signature", "variant", std::string(SignatureVariantName(c.signature.variant))));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "n_star", static_cast<int64_t>(c.n_star)));
+    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/signature", "features", std::string(SignatureFeaturesName(c.features))));
 
     ELDR_RETURN_IF_ERROR(
         f.Write("/calibration/signatures", c.signatures, {N, D}, signature_filters, storage.num_threads));
@@ -180,6 +181,16 @@ Status WriteCalibration(const Calibration& c, const AtomicOutput& out, const Cal
     ELDR_RETURN_IF_ERROR(f.Close());
   }
   return Status::Ok();
+}
+
+const char* SignatureFeaturesName(SignatureFeatures f) {
+  return f == SignatureFeatures::kDecode ? "decode" : "prefill";
+}
+
+Result<SignatureFeatures> ParseSignatureFeatures(const std::string& name) {
+  if (name == "prefill") return SignatureFeatures::kPrefill;
+  if (name == "decode") return SignatureFeatures::kDecode;
+  return Status::InvalidArgument("signature features '" + name + "' must be prefill or decode");
 }
 
 Result<Calibration> ReadCalibration(const std::string& path) {
@@ -223,6 +234,12 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(c.rho_curve, f.Read<double>("/signature/rho_curve", &dims, 1));
   auto n_star = f.ReadIntAttribute("/signature", "n_star");
   c.n_star = n_star.ok() && n_star.value() >= 0 && n_star.value() <= L ? static_cast<int>(n_star.value()) : 0;
+  auto features = f.ReadStringAttribute("/signature", "features");  // absent in older files: prefill
+  if (features.ok()) {
+    auto parsed = ParseSignatureFeatures(features.value());
+    if (!parsed.ok()) return parsed.status().WithPrefix(path);
+    c.features = parsed.value();
+  }
 
   ELDR_ASSIGN_OR_RETURN(c.signatures, f.ReadParallel<float>("/calibration/signatures", &dims, 2));
   ELDR_ASSIGN_OR_RETURN(c.request_ids, f.ReadStrings("/calibration/request_ids"));

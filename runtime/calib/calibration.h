@@ -17,15 +17,24 @@ namespace eldr {
 inline constexpr const char* kCalibrationFormat = "eldr-calibration";
 inline constexpr int64_t kCalibrationFormatVersion = 1;
 
+// The tokens a calibration's IDF, layer selection, signatures and clusters were computed from (attribute
+// /signature/features; "prefill" when absent): the prompt's, what a router sees online, or the decode tokens'
+// (`eldr calibrate --features decode`), an evaluation option: the ceiling of any signature, which only
+// `eldr simulate --route-on decode` may route with (job/frontend.h refuses the mismatch either way).
+enum class SignatureFeatures { kPrefill, kDecode };
+const char* SignatureFeaturesName(SignatureFeatures f);  // "prefill", "decode"
+Result<SignatureFeatures> ParseSignatureFeatures(const std::string& name);
+
 struct Calibration {
   TraceShape shape;
   std::string created;  // ISO 8601 UTC
 
   // /signature
-  SignatureParams signature;         // variant, idf [L, E], layer_mask [L]
-  std::vector<int32_t> layer_order;  // [L] greedy order
-  std::vector<double> rho_curve;     // [L] ρ after each greedy step
-  int n_star = 0;                    // attribute of /signature
+  SignatureParams signature;                                 // variant, idf [L, E], layer_mask [L]
+  std::vector<int32_t> layer_order;                          // [L] greedy order
+  std::vector<double> rho_curve;                             // [L] ρ after each greedy step
+  int n_star = 0;                                            // attribute of /signature
+  SignatureFeatures features = SignatureFeatures::kPrefill;  // attribute of /signature
 
   // /calibration
   std::vector<float> signatures;         // [N, D], D = signature.dim()

@@ -24,6 +24,7 @@ struct CalibrateArgs {
   std::string variant = "count_idf";
   std::string layers = "auto";
   std::string report;
+  std::string features = "prefill";
   CalibrateOptions options;
   bool unbalanced = false;
   bool tau_given = false;
@@ -69,6 +70,7 @@ Status RunCalibrate(const CalibrateArgs& a) {
       return Status::InvalidArgument("--tau must be a finite value >= 0");
   } else {
     ELDR_ASSIGN_OR_RETURN(o.variant, ParseSignatureVariant(a.variant));
+    ELDR_ASSIGN_OR_RETURN(o.features, ParseSignatureFeatures(a.features));
     if (a.layers == "auto") {
       o.num_layers = 0;
     } else {
@@ -100,6 +102,7 @@ Status RunCalibrate(const CalibrateArgs& a) {
   j["K"] = calib.num_clusters;
   j["tau"] = calib.tau;
   j["variant"] = SignatureVariantName(calib.signature.variant);
+  j["features"] = SignatureFeaturesName(calib.features);
   if (report_out) ELDR_RETURN_IF_ERROR(report_out->Write(DumpJson(j) + "\n"));
   ELDR_RETURN_IF_ERROR(outputs.CommitAll());
   if (!a.quiet) PrintResult(a.as_json, report.ToText() + "wrote " + a.out + "\n", DumpJson(j));
@@ -119,6 +122,11 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--decoders,-K", a->options.num_decoders, "number of decode workers K")->required();
   cmd->add_option("--out,-o", a->out, "calibration.h5 to write")->required();
   cmd->add_option("--signature", a->variant, "signature variant: count_idf, count, sqrt, binary, gate_prob")
+      ->capture_default_str();
+  cmd->add_option("--features", a->features,
+                  "evaluation option: prefill (default: the prompt's expert counts, what the router sees online) or "
+                  "decode (IDF, layer selection, signatures and clusters from each request's decode tokens: the "
+                  "clairvoyant ceiling of any signature; only 'eldr simulate --route-on decode' can route with it)")
       ->capture_default_str();
   cmd->add_option("--layers", a->layers, "layers in the mask: auto (N*, where rho peaks) or N (greedy prefix)")
       ->capture_default_str();
@@ -149,7 +157,7 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
   cmd->callback([=] {
     a->fit_only_given.clear();
-    for (const char* fit_only : {"--signature", "--layers"}) {
+    for (const char* fit_only : {"--signature", "--layers", "--features"}) {
       if (cmd->count(fit_only) > 0) a->fit_only_given.push_back(fit_only);
     }
     *action = [=] { return RunCalibrate(*a); };

@@ -28,6 +28,7 @@ struct SimulateArgs {
   std::string config, calib, trace, policy, cost_model, output_dir, model;
   std::vector<std::string> fit;
   std::string derive, out;
+  std::string route_on = "prefill";
   // The overrides: unset (the config's value) or a value checked against the key's range (job_limits).
   std::optional<int> decoders, prefill, max_batch, decode_blocks;
   std::optional<int64_t> num_requests, output_len, max_concurrency, admission_cap;
@@ -126,6 +127,10 @@ Status RunSimulation(const SimulateArgs& a) {
   c.admission_cap = a.admission_cap.value_or(c.admission_cap);
   c.workload_seed = a.seed.value_or(c.workload_seed);
   if (!a.output_dir.empty()) c.output_dir = a.output_dir;
+  if (a.route_on != "prefill" && a.route_on != "decode") {
+    return Status::InvalidArgument("--route-on '" + a.route_on + "' must be prefill or decode");
+  }
+  c.route_on_decode = a.route_on == "decode";
   if (UsesSignature(c.policy) && c.calibration.empty()) {
     return Status::InvalidArgument(std::string("policy ") + RoutingPolicyName(c.policy) +
                                    " needs a calibration (routing.calibration or --calib)");
@@ -165,6 +170,7 @@ Status RunSimulation(const SimulateArgs& a) {
   j["events"] = r.events;
   j["wall_seconds"] = wall;
   j["max_batch"] = c.max_batch;
+  j["route_on"] = c.route_on_decode ? "decode" : "prefill";
   j["cost_model"] = CostModelJson(cost);
   if (!a.no_output) ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, c.output_replace, j, r.records, false));
   if (a.json) {
@@ -219,6 +225,11 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   set("--admission-cap", &a->admission_cap, job_limits::kCount, "override routing.admission_cap");
   cmd->add_option_function<uint64_t>(
       "--seed", [a](const uint64_t& s) { a->seed = s; }, "override workload.seed");
+  cmd->add_option("--route-on", a->route_on,
+                  "evaluation option: prefill (default: the prompt's expert counts, as serve) or decode (the router "
+                  "is handed each request's decode-token counts, with a calibration from 'eldr calibrate --features "
+                  "decode': the ceiling of any signature)")
+      ->capture_default_str();
   cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)");
   cmd->add_option("--output-dir", a->output_dir, "override output.dir");
   cmd->add_flag("--no-output", a->no_output, "write no files (print only)");

@@ -59,4 +59,49 @@ void TokenExpertSet(const uint16_t* topk, int num_layers, int num_experts, int t
   SetBits(topk, num_layers, WordsFor(num_experts), top_k, out);
 }
 
+void DistinctByBatch::Add(int64_t batch, int64_t distinct_experts) {
+  if (batch <= 0) return;
+  auto& [steps, sum] = by_batch_[batch];
+  ++steps;
+  sum += static_cast<double>(distinct_experts);
+}
+
+void DistinctByBatch::Merge(const DistinctByBatch& other) {
+  for (const auto& [batch, v] : other.by_batch_) {
+    auto& [steps, sum] = by_batch_[batch];
+    steps += v.first;
+    sum += v.second;
+  }
+}
+
+std::vector<BatchDistinctRow> DistinctByBatch::Rows() const {
+  std::vector<BatchDistinctRow> rows;
+  for (const auto& [batch, v] : by_batch_) rows.push_back({batch, v.first, v.second / static_cast<double>(v.first)});
+  return rows;
+}
+
+int64_t DistinctByBatch::steps() const {
+  int64_t n = 0;
+  for (const auto& [batch, v] : by_batch_) n += v.first;
+  return n;
+}
+
+double MatchedBatchRatio(const std::vector<BatchDistinctRow>& policy, const std::vector<BatchDistinctRow>& reference,
+                         double* covered) {
+  std::map<int64_t, double> ref;
+  for (const BatchDistinctRow& r : reference) {
+    if (r.steps > 0 && r.mean_distinct_experts > 0) ref[r.batch] = r.mean_distinct_experts;
+  }
+  double weighted = 0, matched = 0, all = 0;
+  for (const BatchDistinctRow& p : policy) {
+    all += static_cast<double>(p.steps);
+    auto it = ref.find(p.batch);
+    if (it == ref.end() || p.steps <= 0) continue;
+    weighted += static_cast<double>(p.steps) * p.mean_distinct_experts / it->second;
+    matched += static_cast<double>(p.steps);
+  }
+  if (covered) *covered = all > 0 ? matched / all : 0.0;
+  return matched > 0 ? weighted / matched : 0.0;
+}
+
 }  // namespace eldr

@@ -11,6 +11,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <vector>
 
 namespace eldr {
@@ -45,5 +46,31 @@ class ExpertUnion {
 // One token's sets for ExpertUnion::AddTokenSet: sets the bits of topk [L, top_k] in out [L, ⌈E/64⌉], which the
 // caller zeroes first. REQUIRES: ids in [0, num_experts).
 void TokenExpertSet(const uint16_t* topk, int num_layers, int num_experts, int top_k, uint64_t* out);
+
+// Distinct experts per step at matched batch: the figure grows with the batch (more tokens touch more experts), so
+// two policies whose decoders run different batches are compared batch size by batch size. Add() records one decode
+// step (batch > 0); Rows() gives, per batch size seen, its steps and mean distinct experts, ascending in batch.
+struct BatchDistinctRow {
+  int64_t batch = 0;
+  int64_t steps = 0;
+  double mean_distinct_experts = 0;
+};
+class DistinctByBatch {
+ public:
+  // Steps with batch <= 0 are ignored (nothing ran).
+  void Add(int64_t batch, int64_t distinct_experts);
+  void Merge(const DistinctByBatch& other);
+  std::vector<BatchDistinctRow> Rows() const;
+  int64_t steps() const;
+
+ private:
+  std::map<int64_t, std::pair<int64_t, double>> by_batch_;  // batch -> (steps, Σ distinct)
+};
+
+// The matched-batch ratio of `policy` against `reference`: Σ_b w_b · mean_p(b) / mean_ref(b) / Σ_b w_b over the
+// batch sizes b both ran, with w_b = the policy's steps at b. covered (optional) receives the share of the policy's
+// steps at those batch sizes (1: every step matched). 0 when no batch size is shared (covered = 0).
+double MatchedBatchRatio(const std::vector<BatchDistinctRow>& policy, const std::vector<BatchDistinctRow>& reference,
+                         double* covered = nullptr);
 
 }  // namespace eldr

@@ -5,6 +5,7 @@
 #include <deque>
 #include <map>
 #include <random>
+#include <set>
 #include <sstream>
 
 #include "runtime/common/distinct_experts.h"
@@ -38,6 +39,11 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
   if (!trace.shape.SameAs(calib.shape)) {
     return Status::FailedPrecondition(trace_name + ": model shape " + trace.shape.ToString() + " differs from " +
                                       calib_name + " (" + calib.shape.ToString() + ")");
+  }
+  if (calib.features == SignatureFeatures::kDecode) {
+    return Status::FailedPrecondition(calib_name +
+                                      ": fitted on decode tokens (eldr calibrate --features decode); eldr route "
+                                      "routes on prompt counts, use 'eldr simulate --route-on decode' for the ceiling");
   }
   if (!(o.rate >= 0)) return Status::InvalidArgument("--rate must be >= 0 or inf (0 and inf: all at once)");
   if (!(o.step_ms > 0) || !std::isfinite(o.step_ms)) return Status::InvalidArgument("--step-ms must be > 0");
@@ -114,6 +120,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     int64_t in_flight = 0;
     double total_distinct = 0;
     int64_t total_steps = 0;
+    DistinctByBatch by_batch;
     double total_batch = 0;
     std::deque<int> waiting;  // arrived, but every decoder was at its cap
     for (int64_t step = 0; next < order.size() || in_flight > 0 || !waiting.empty(); ++step) {
@@ -158,6 +165,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
           experts.AddToken(trace.token_ids(req.offset + req.prompt_len + a.progress), k);
         }
         const int64_t distinct = experts.Total();
+        by_batch.Add(static_cast<int64_t>(batch.size()), distinct);
         distinct_sum[dec] += static_cast<double>(distinct);
         batch_sum[dec] += static_cast<double>(batch.size());
         ++ps.decoders[dec].steps;
@@ -196,12 +204,54 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     ps.mean_purity = ps.requests ? purity_weighted / ps.requests : 0;
     ps.mean_distinct_experts_per_step = total_steps ? total_distinct / total_steps : 0;
     ps.mean_batch = total_steps ? total_batch / total_steps : 0;
-    ps.distinct_experts_per_token = total_batch > 0 ? total_distinct / total_batch : 0;
+    ps.distinct_by_batch = by_batch.Rows();
     ps.mean_band_size = band_n ? static_cast<double>(band_sum) / band_n : 0;
     report.policies.push_back(std::move(ps));
   }
   return report;
 }
+
+std::optional<double> RouteReplayReport::MatchedVsJsq(const PolicyReplayStats& p, double* covered) const {
+  for (const auto& q : policies) {
+    if (q.policy == "jsq") return MatchedBatchRatio(p.distinct_by_batch, q.distinct_by_batch, covered);
+  }
+  return std::nullopt;
+}
+
+namespace {
+
+// Mean distinct experts per step by batch size, one column per policy, for the batch sizes that hold at least 1 %
+// of some policy's steps (all of them are in --json).
+std::string ByBatchTable(const std::vector<PolicyReplayStats>& policies) {
+  std::set<int64_t> batches;
+  for (const auto& p : policies) {
+    int64_t steps = 0;
+    for (const BatchDistinctRow& r : p.distinct_by_batch) steps += r.steps;
+    for (const BatchDistinctRow& r : p.distinct_by_batch) {
+      if (100 * r.steps >= steps) batches.insert(r.batch);
+    }
+  }
+  std::vector<std::string> header = {"batch"};
+  for (const auto& p : policies) header.push_back(p.policy);
+  std::vector<std::vector<std::string>> rows;
+  for (int64_t batch : batches) {
+    std::vector<std::string> r = {std::to_string(batch)};
+    for (const auto& p : policies) {
+      std::string cell = "-";
+      for (const BatchDistinctRow& b : p.distinct_by_batch) {
+        if (b.batch == batch) cell = Fmt(b.mean_distinct_experts, 1) + " (" + std::to_string(b.steps) + ")";
+      }
+      r.push_back(cell);
+    }
+    rows.push_back(r);
+  }
+  if (rows.empty()) return "";
+  return "\nmean distinct experts per step at each batch size (steps); batch sizes under 1 % of every policy's steps "
+         "omitted (--json has all)\n" +
+         FormatTable(header, rows);
+}
+
+}  // namespace
 
 nlohmann::json RouteReplayReport::ToJson() const {
   nlohmann::json j;
@@ -214,12 +264,21 @@ nlohmann::json RouteReplayReport::ToJson() const {
                          {"requests", p.requests},
                          {"mean_distinct_experts_per_step", p.mean_distinct_experts_per_step},
                          {"mean_batch", p.mean_batch},
-                         {"distinct_experts_per_token", p.distinct_experts_per_token},
                          {"mean_purity", p.mean_purity},
                          {"mean_band_size", p.mean_band_size},
                          {"fallbacks", p.fallbacks},
                          {"held_at_router", p.held_at_router},
                          {"max_in_flight", p.max_in_flight}};
+    pj["distinct_by_batch"] = nlohmann::json::array();
+    for (const BatchDistinctRow& r : p.distinct_by_batch) {
+      pj["distinct_by_batch"].push_back(
+          {{"batch", r.batch}, {"steps", r.steps}, {"mean_distinct_experts", r.mean_distinct_experts}});
+    }
+    double covered = 0;
+    if (const auto ratio = MatchedVsJsq(p, &covered)) {
+      pj["matched_batch_distinct_vs_jsq"] = *ratio;
+      pj["matched_batch_coverage"] = covered;
+    }
     pj["decoders"] = nlohmann::json::array();
     for (const auto& d : p.decoders) {
       pj["decoders"].push_back({{"requests", d.requests},
@@ -237,28 +296,28 @@ nlohmann::json RouteReplayReport::ToJson() const {
 std::string RouteReplayReport::ToText() const {
   std::ostringstream os;
   os << num_requests << " requests routed to " << num_decoders << " decoders\n\n";
-  double jsq = 0, jsq_token = 0;
+  double jsq = 0;
   for (const auto& p : policies) {
-    if (p.policy == "jsq") {
-      jsq = p.mean_distinct_experts_per_step;
-      jsq_token = p.distinct_experts_per_token;
-    }
+    if (p.policy == "jsq") jsq = p.mean_distinct_experts_per_step;
   }
   std::vector<std::vector<std::string>> rows;
   for (const auto& p : policies) {
     std::string per;
     for (const auto& d : p.decoders) per += (per.empty() ? "" : "/") + std::to_string(d.requests);
+    double covered = 0;
+    const auto matched = MatchedVsJsq(p, &covered);
     rows.push_back({p.policy, Fmt(p.mean_distinct_experts_per_step, 1),
                     jsq > 0 ? Fmt(100.0 * (p.mean_distinct_experts_per_step / jsq - 1.0), 1) : "-",
-                    Fmt(p.distinct_experts_per_token, 1),
-                    jsq_token > 0 ? Fmt(100.0 * (p.distinct_experts_per_token / jsq_token - 1.0), 1) : "-",
+                    matched && *matched > 0 ? Fmt(100.0 * (*matched - 1.0), 1) : "-", matched ? Fmt(covered, 2) : "-",
                     Fmt(p.mean_batch, 2), Fmt(p.mean_purity, 3), p.mean_band_size > 0 ? Fmt(p.mean_band_size, 2) : "-",
                     std::to_string(p.fallbacks), per});
   }
-  os << "distinct = Σ over MoE layers of the experts a decode step loads; per token = Σ distinct / Σ batch tokens\n";
-  os << FormatTable({"policy", "distinct/step", "vs jsq %", "distinct/token", "vs jsq %", "batch", "purity", "band",
+  os << "distinct = Σ over MoE layers of the experts a decode step loads; matched = at the same batch size as jsq,\n"
+        "weighted by the policy's steps at each batch (covered: share of its steps at batch sizes jsq ran)\n";
+  os << FormatTable({"policy", "distinct/step", "vs jsq %", "matched vs jsq %", "covered", "batch", "purity", "band",
                      "fallbacks", "requests per decoder"},
                     rows);
+  os << ByBatchTable(policies);
   os << "\nper decoder: top domain and its share of the decoder's requests | mean distinct experts per step\n";
   rows.clear();
   std::vector<std::string> header = {"policy"};

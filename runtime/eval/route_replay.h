@@ -3,7 +3,11 @@
 // routed request stays in flight for its decode length × `step_ms`; every step, each decoder's batch is
 // its in-flight requests, each contributing its current decode token. Distinct experts per step is
 // Σ over MoE layers of |∪ over the batch's tokens of top-k(ℓ)| (DESIGN.md §3), from the trace's decode
-// routing.
+// routing. The figure grows with the batch, and policies run different batches (a policy that piles requests
+// onto a few decoders runs larger ones, which this load model does not slow down), so policies are compared at
+// matched batch: distinct experts per step per batch size, and their steps-weighted ratio to jsq's
+// (MatchedBatchRatio, common/distinct_experts.h). Distinct experts per token (Σ distinct / Σ batch) is not
+// reported: it falls as the batch grows, which overstated the locality of policies with larger batches.
 #pragma once
 
 #include <cstdint>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "runtime/calib/calibration.h"
+#include "runtime/common/distinct_experts.h"
 #include "runtime/router/router.h"
 #include "runtime/trace/trace.h"
 
@@ -49,9 +54,9 @@ struct PolicyReplayStats {
   int64_t requests = 0;
   double mean_distinct_experts_per_step = 0;  // over all decoder-steps with a non-empty batch
   double mean_batch = 0;
-  double distinct_experts_per_token = 0;  // Σ distinct / Σ batch tokens: locality independent of batch size
-  double mean_purity = 0;                 // request-weighted
-  double mean_band_size = 0;              // signature policies
+  std::vector<BatchDistinctRow> distinct_by_batch;  // every decoder's steps by batch size (ascending)
+  double mean_purity = 0;                           // request-weighted
+  double mean_band_size = 0;                        // signature policies
   int64_t fallbacks = 0;
   int64_t held_at_router = 0;  // steps a request waited because every decoder was at its cap
   int64_t max_in_flight = 0;
@@ -62,11 +67,15 @@ struct RouteReplayReport {
   int num_decoders = 0;
   int num_requests = 0;
   std::vector<PolicyReplayStats> policies;
+  // MatchedBatchRatio of `p`'s distinct_by_batch against jsq's, and the share of p's steps at batch sizes jsq ran
+  // (covered); nullopt when jsq was not replayed.
+  std::optional<double> MatchedVsJsq(const PolicyReplayStats& p, double* covered) const;
   nlohmann::json ToJson() const;
   std::string ToText() const;
 };
 
-// FailedPrecondition when the trace's model shape differs from the calibration's (names both files).
+// FailedPrecondition when the trace's model shape differs from the calibration's (names both files), or when the
+// calibration was fitted on decode tokens (Calibration::features: the replay routes on prompt counts).
 Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& calib, const RouteReplayOptions& options,
                                        const std::string& trace_name, const std::string& calib_name);
 

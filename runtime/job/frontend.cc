@@ -7,6 +7,20 @@ namespace eldr {
 Result<Frontend> Frontend::Create(const JobConfig& c, const JobRequests& in, const TraceShape& model_shape,
                                   const Calibration* calib, FrontendActions actions,
                                   const CostModel* simulated_cost) {
+  if (calib && UsesSignature(c.policy)) {
+    const bool decode_calib = calib->features == SignatureFeatures::kDecode;
+    if (decode_calib && !c.route_on_decode) {
+      return Status::FailedPrecondition(
+          c.calibration +
+          ": fitted on decode tokens (eldr calibrate --features decode), an evaluation ceiling that "
+          "routes on counts no router has online; use it only with 'eldr simulate --route-on decode'");
+    }
+    if (!decode_calib && c.route_on_decode) {
+      return Status::FailedPrecondition(c.calibration +
+                                        ": fitted on prefill tokens; --route-on decode needs a calibration from "
+                                        "'eldr calibrate --features decode'");
+    }
+  }
   RouterConfig rc = JobRouterConfig(c, model_shape, in.trace);
   if (calib) {  // without one, Router::Create names what is missing
     ELDR_ASSIGN_OR_RETURN(rc.step_cost, JobStepCost(c, simulated_cost));
@@ -80,6 +94,7 @@ void Frontend::OnDecodeStep(int decoder, int64_t batch, int64_t distinct_experts
   ++d.steps;
   d.batch_sum += static_cast<double>(batch);
   d.distinct_sum += static_cast<double>(distinct_experts);
+  d.by_batch.Add(batch, distinct_experts);
   if (rank_load.empty()) return;
   for (size_t r = 0; r < rank_load.size() && r < d.rank_load_sum.size(); ++r) {
     d.rank_load_sum[r] += static_cast<double>(rank_load[r]);
@@ -144,6 +159,7 @@ std::vector<DecoderStats> Frontend::DecoderStatistics() const {
     s.steps = d.steps;
     s.batch_sum = d.batch_sum;
     s.distinct_sum = d.distinct_sum;
+    s.by_batch = d.by_batch;
     s.ep_size = config_->ep_size;
     if (config_->ep_size <= 1) continue;
     const double steps = static_cast<double>(d.balancedness.size());

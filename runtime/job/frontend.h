@@ -49,6 +49,7 @@ struct DecoderRecord {
   int64_t steps = 0;                  // decode steps with batch > 0
   double batch_sum = 0;               // Σ batch over those steps
   double distinct_sum = 0;            // Σ distinct experts over those steps
+  DistinctByBatch by_batch;           // the same steps by batch size (matched-batch comparisons)
   std::vector<double> rank_load_sum;  // [ep_size] Σ over the steps reporting EP loads of each EP rank's load
   std::vector<double> balancedness;   // one per step reporting EP loads
 };

@@ -97,6 +97,10 @@ struct JobConfig {
   bool output_tokens = false;   // write each request's generated token ids to requests.jsonl
   bool output_replace = false;  // replace an output.dir that holds an earlier run (job/metrics.h CommitRunDirectory)
   double watchdog_s = 120;
+  // Evaluation only, not a YAML key (`eldr simulate --route-on decode`): the router is handed each request's
+  // decode-token expert counts instead of its prompt's, with a calibration fitted on decode tokens
+  // (Calibration::features); the clairvoyant ceiling of any signature. Serve never sets it.
+  bool route_on_decode = false;
 
   int world_size() const { return 1 + prefill_ranks + decode_ranks * ep_size; }
   // Rank r's role: 0 router, [1, 1 + P) prefill, then decoder k's group [1 + P + k·G, 1 + P + (k+1)·G):

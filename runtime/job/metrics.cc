@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <utility>
 
@@ -113,6 +114,40 @@ nlohmann::json SummarizeServing(const std::vector<RequestRecord>& records, const
   return j;
 }
 
+nlohmann::json PerDomainSummary(const std::vector<RequestRecord>& records) {
+  struct Domain {
+    int64_t requests = 0, completed = 0;
+    std::vector<double> tpot_ms, ttft_ms;
+  };
+  std::map<std::string, Domain> domains;
+  for (const RequestRecord& r : records) {
+    Domain& d = domains[r.domain.empty() ? "unlabelled" : r.domain];
+    ++d.requests;
+    if (!r.success || r.token_times.empty()) continue;
+    ++d.completed;
+    d.ttft_ms.push_back(r.ttft() * 1000.0);
+    if (r.output_len > 1) {
+      d.tpot_ms.push_back((r.latency() - r.ttft()) / static_cast<double>(r.output_len - 1) * 1000.0);
+    }
+  }
+  nlohmann::json j = nlohmann::json::object();
+  for (auto& [name, d] : domains) {
+    const Distribution tpot = Summarize(d.tpot_ms, {99});
+    j[name] = {{"requests", d.requests},        {"completed", d.completed},
+               {"median_tpot_ms", tpot.median}, {"p99_tpot_ms", tpot.percentiles[0].second},
+               {"mean_tpot_ms", tpot.mean},     {"median_ttft_ms", Summarize(d.ttft_ms, {}).median}};
+  }
+  return j;
+}
+
+nlohmann::json DistinctByBatchJson(const DistinctByBatch& by_batch) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const BatchDistinctRow& r : by_batch.Rows()) {
+    j.push_back({{"batch", r.batch}, {"steps", r.steps}, {"mean_distinct_experts", r.mean_distinct_experts}});
+  }
+  return j;
+}
+
 nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens) {
   nlohmann::json j = {{"id", r.id},
                       {"domain", r.domain},
@@ -180,8 +215,10 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   j["burstiness"] = c.burstiness;
   j["max_concurrency"] = c.max_concurrency;
   double steps = 0, distinct = 0, batch = 0;
+  DistinctByBatch by_batch;
   nlohmann::json dec = nlohmann::json::array();
   for (const DecoderStats& d : decoders) {
+    by_batch.Merge(d.by_batch);
     steps += static_cast<double>(d.steps);
     distinct += d.distinct_sum;
     batch += d.batch_sum;
@@ -200,6 +237,8 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   }
   j["mean_distinct_experts_per_step"] = steps > 0 ? distinct / steps : 0.0;
   j["distinct_experts_per_token"] = batch > 0 ? distinct / batch : 0.0;
+  j["distinct_by_batch"] = DistinctByBatchJson(by_batch);
+  j["per_domain"] = PerDomainSummary(records);
   j["mean_band_size"] =
       routing.band_n ? static_cast<double>(routing.band_sum) / static_cast<double>(routing.band_n) : 0.0;
   j["fallbacks"] = routing.fallbacks;

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "runtime/common/distinct_experts.h"
 #include "runtime/common/status.h"
 #include "runtime/job/job_config.h"
 
@@ -50,17 +51,27 @@ nlohmann::json SummarizeServing(const std::vector<RequestRecord>& records, const
 // A one-screen summary of a metrics JSON (vLLM's benchmark printout plus eldr's figures).
 std::string FormatServingSummary(const nlohmann::json& metrics);
 
+// Per domain of the records (a missing domain is "unlabelled"): {domain: {requests, completed, median_tpot_ms,
+// p99_tpot_ms, mean_tpot_ms, median_ttft_ms}}, with TPOT and TTFT as SummarizeServing defines them (completed
+// requests; TPOT of those with > 1 output token; 0 where there are none).
+nlohmann::json PerDomainSummary(const std::vector<RequestRecord>& records);
+
+// Distinct experts per step at matched batch (DistinctByBatch) as JSON: [{batch, steps, mean_distinct_experts}],
+// ascending in batch.
+nlohmann::json DistinctByBatchJson(const DistinctByBatch& by_batch);
+
 // One line of the per-request JSONL; with_tokens adds the generated token ids.
 nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens = false);
 
 // What a job observed per decoder and at the router, beyond the per-request records.
 struct DecoderStats {
-  int decoder = -1;         // the decoder index k
-  int leader_rank = -1;     // the rank of its leader, 1 + P + k·ep_size (JobConfig::DecoderLeaderRank)
-  int64_t requests = 0;     // routed to it
-  int64_t steps = 0;        // decode steps that ran (batch > 0)
-  double batch_sum = 0;     // Σ batch over those steps
-  double distinct_sum = 0;  // Σ distinct experts (over MoE layers) over those steps
+  int decoder = -1;          // the decoder index k
+  int leader_rank = -1;      // the rank of its leader, 1 + P + k·ep_size (JobConfig::DecoderLeaderRank)
+  int64_t requests = 0;      // routed to it
+  int64_t steps = 0;         // decode steps that ran (batch > 0)
+  double batch_sum = 0;      // Σ batch over those steps
+  double distinct_sum = 0;   // Σ distinct experts (over MoE layers) over those steps
+  DistinctByBatch by_batch;  // the same steps by batch size
   // Expert parallelism (decode.ep_size). 0: not recorded, nothing printed; 1: only "ep_size" is printed. The
   // load of EP rank i in a step is the number of token·expert activations computed on it, summed over the MoE
   // layers; a step's balancedness is DESIGN.md §3's Σ_layers mean-over-ranks ÷ Σ_layers max-over-ranks.
@@ -76,7 +87,8 @@ struct RoutingStats {
 };
 
 // The job's metrics JSON: SummarizeServing's vLLM keys plus policy, tau, workload parameters, topology,
-// mean_distinct_experts_per_step, distinct_experts_per_token, mean_band_size, fallbacks and per-decoder
+// mean_distinct_experts_per_step, distinct_experts_per_token, distinct_by_batch (every decoder's steps merged,
+// DistinctByBatchJson), per_domain (PerDomainSummary), mean_band_size, fallbacks and per-decoder
 // {decoder, leader_rank, requests, steps, mean_batch, mean_distinct_experts_per_step, and with ep_size set: ep_size,
 // and when it is > 1 mean_rank_load, mean_balancedness, p1_balancedness}. `eldr serve` and `eldr simulate` both write
 // it, so every table and plot works on either. It carries its provenance: eldr_version, git_sha, build_type,

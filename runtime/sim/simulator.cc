@@ -85,6 +85,20 @@ struct DecodeMasks {
   }
 };
 
+// The [L, E] expert counts of a trace request's recorded decode tokens: what the router is handed instead of the
+// prompt's counts under --route-on decode (JobConfig::route_on_decode).
+std::vector<float> DecodeCounts(const Trace& t, const TraceRequest& r) {
+  const int L = t.shape.num_layers, E = t.shape.num_experts, k = t.shape.top_k;
+  std::vector<float> counts(static_cast<size_t>(L) * E, 0.f);
+  for (int64_t row = r.prompt_len; row < r.num_tokens; ++row) {
+    const uint16_t* ids = t.token_ids(r.offset + row);
+    for (int l = 0; l < L; ++l) {
+      for (int j = 0; j < k; ++j) counts[static_cast<size_t>(l) * E + ids[l * k + j]] += 1.f;
+    }
+  }
+  return counts;
+}
+
 struct Sequence {
   int64_t request;
   std::vector<BlockId> blocks;
@@ -281,7 +295,7 @@ class Simulation {
     const int cached = alloc->allocation.num_cached_tokens();
     const int64_t from = std::min<int64_t>(cached, r.prompt_len - 1);  // a full hit recomputes the last token
     allocations_[i] = std::move(alloc->allocation.blocks);
-    counts_[i] = std::move(alloc->counts);
+    counts_[i] = c_.route_on_decode ? DecodeCounts(in_.trace, r) : std::move(alloc->counts);
     pr.busy = true;
     BeginWork(cost_.Prefill(static_cast<double>(r.prompt_len - from)), EventKind::kPrefillDone, p, i);
     return Status::Ok();

@@ -12,7 +12,8 @@
 //     cache (PromptTokens: repeated requests hit), writes the signature rows of the computed blocks from
 //     the trace's prompt routing, and spends Prefill(computed tokens) (a full hit recomputes one token);
 //     a prompt that does not fit waits, head of line, until shipped requests free blocks;
-//  3. the counts (summed from the block rows) and the first token reach the router; it routes with the
+//  3. the counts (summed from the block rows; with route_on_decode, the request's recorded decode-token counts
+//     instead: the clairvoyant ceiling) and the first token reach the router; it routes with the
 //     job's policy, or holds the request while every decoder is at its admission cap;
 //  4. the prefill rank ships the KV (KvTransfer(prompt KV bytes)) and frees its blocks (cached blocks stay
 //     in the prefix cache);

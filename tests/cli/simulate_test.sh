@@ -53,7 +53,7 @@ PY
 $PY -c "
 import json
 a, b = json.load(open('a.json')), json.load(open('b.json'))
-for m in (a, b): m.pop('wall_seconds')
+for m in (a, b): m.pop('wall_seconds'); m.pop('date')  # provenance: the second it ran
 assert a == b
 " && ok "same config, same metrics" || bad "same config, same metrics"
 for p in random round_robin jsq p2c domain locality_top1; do
@@ -61,6 +61,34 @@ for p in random round_robin jsq p2c domain locality_top1; do
     $PY -c "import json; m = json.load(open('p.json')); assert m['completed'] == 300 and m['policy'] == '$p'" &&
     ok "policy $p" || bad "policy $p" "$(cat err.txt)"
 done
+
+# metrics.json's per_domain and distinct_by_batch account for every request and every decode step.
+$PY - <<'PY' && ok "metrics.json: per_domain and distinct_by_batch" || bad "metrics.json: per_domain and distinct_by_batch"
+import json
+m = json.load(open("run/metrics.json"))
+assert sum(d["requests"] for d in m["per_domain"].values()) == 300, m["per_domain"]
+assert sum(d["completed"] for d in m["per_domain"].values()) == 300
+rows = m["distinct_by_batch"]
+assert [r["batch"] for r in rows] == sorted(r["batch"] for r in rows) and all(r["batch"] >= 1 for r in rows)
+assert sum(r["steps"] for r in rows) == sum(d["steps"] for d in m["decoders"])
+mean = sum(r["steps"] * r["mean_distinct_experts"] for r in rows) / sum(r["steps"] for r in rows)
+assert abs(mean - m["mean_distinct_experts_per_step"]) < 1e-9 * mean
+assert m["route_on"] == "prefill"
+PY
+
+# The clairvoyant ceiling: a decode-token calibration only with --route-on decode, and the other way round.
+run_ok "calibrate --features decode" "$ELDR" calibrate --trace trace.h5 -K 3 --features decode --out cal3d.h5 --quiet
+run_ok "simulate --route-on decode" "$ELDR" simulate -c job.yaml --calib cal3d.h5 --route-on decode --no-output --quiet
+expect_error "a decode calibration without --route-on decode" "cal3d.h5: fitted on decode tokens .*--route-on decode" - \
+  "$ELDR" simulate -c job.yaml --calib cal3d.h5 --no-output --quiet
+expect_error "--route-on decode with a prefill calibration" "cal3.h5: fitted on prefill tokens; .*--features decode" - \
+  "$ELDR" simulate -c job.yaml --route-on decode --no-output --quiet
+expect_error "--route-on bogus" "--route-on 'bogus' must be prefill or decode" - \
+  "$ELDR" simulate -c job.yaml --route-on bogus --no-output --quiet
+expect_error "--features bogus" "signature features 'bogus' must be prefill or decode" cal3x.h5 \
+  "$ELDR" calibrate --trace trace.h5 -K 3 --features bogus --out cal3x.h5 --quiet
+"$ELDR" inspect cal3d.h5 --json | $PY -c "import json, sys; assert json.load(sys.stdin)['features'] == 'decode'" &&
+  ok "inspect shows the decode features" || bad "inspect shows the decode features"
 
 # --fit from a serve step log with known coefficients (the tiny model: 2 MoE layers).
 $PY - <<'PY'

@@ -145,6 +145,61 @@ TEST_F(CalibrationTest, FileRoundTripAndSchema) {
   EXPECT_TRUE(o->mean_decode_len.empty());
 }
 
+TEST_F(CalibrationTest, DecodeFeatureSignaturesByHand) {
+  // L = 1, E = 4, k = 1; prompts and decodes differ. Decode counts: r0 {0,2,1,0}, r1 {1,0,0,1}, r2 {0,1,0,2}.
+  // IDF over the decode counts: df = {1, 2, 1, 2}, w = log(4/2), log(4/3), log(4/2), log(4/3).
+  // Signatures (count·idf, L2): r0 ∝ (0, 2·log(4/3), log 2, 0); r1 ∝ (log 2, 0, 0, log(4/3)); r2 ∝ (0, 1, 0, 2).
+  Trace t;
+  t.shape = {"test", 1, 4, 1};
+  const std::vector<std::pair<int, std::vector<uint16_t>>> reqs = {
+      {2, {3, 3, 1, 1, 2}}, {1, {2, 0, 3}}, {1, {0, 1, 3, 3}}};
+  int64_t offset = 0;
+  for (size_t i = 0; i < reqs.size(); ++i) {
+    TraceRequest r;
+    r.id = "r" + std::to_string(i);
+    r.prompt_len = reqs[i].first;
+    r.num_tokens = static_cast<int64_t>(reqs[i].second.size());
+    r.offset = offset;
+    offset += r.num_tokens;
+    t.requests.push_back(r);
+    t.topk_ids.insert(t.topk_ids.end(), reqs[i].second.begin(), reqs[i].second.end());
+  }
+  ASSERT_TRUE(ValidateTrace(t, "t").ok());
+  CalibrateOptions o = Quiet(1);
+  o.num_layers = 1;
+  o.features = SignatureFeatures::kDecode;
+  auto c = Calibrate(t, o, nullptr);
+  ASSERT_TRUE(c.ok()) << c.status().ToString();
+  const double l2 = std::log(2.0), l43 = std::log(4.0 / 3.0);
+  const std::vector<std::vector<double>> raw = {{0, 2 * l43, l2, 0}, {l2, 0, 0, l43}, {0, 1, 0, 2}};
+  ASSERT_EQ(c->dim(), 4);
+  for (int i = 0; i < 3; ++i) {
+    double norm = 0;
+    for (double v : raw[i]) norm += v * v;
+    norm = std::sqrt(norm);
+    for (int x = 0; x < 4; ++x) EXPECT_NEAR(c->signatures[i * 4 + x], raw[i][x] / norm, 1e-6) << i << "," << x;
+  }
+  EXPECT_NEAR(c->signature.idf[0], l2, 1e-6);
+  EXPECT_NEAR(c->signature.idf[1], l43, 1e-6);
+  // The prompt's counts (r0 {0,0,0,2}) give another signature: the option changes what is computed.
+  o.features = SignatureFeatures::kPrefill;
+  auto p = Calibrate(t, o, nullptr);
+  ASSERT_TRUE(p.ok());
+  EXPECT_NEAR(p->signatures[3], 1.0, 1e-6);
+  // The features round-trip through the file; a file from before the attribute reads as prefill.
+  ASSERT_TRUE(WriteCalibration(c.value(), Path("d.h5")).ok());
+  auto back = ReadCalibration(Path("d.h5"));
+  ASSERT_TRUE(back.ok()) << back.status().ToString();
+  EXPECT_EQ(back->features, SignatureFeatures::kDecode);
+  EXPECT_EQ(SignatureFeaturesName(back->features), std::string("decode"));
+  // gate_prob has no decode counterpart here: a clear error.
+  o.features = SignatureFeatures::kDecode;
+  o.variant = SignatureVariant::kGateProb;
+  auto g = Calibrate(t, o, nullptr);
+  ASSERT_FALSE(g.ok());
+  EXPECT_NE(g.status().message().find("--features decode"), std::string::npos);
+}
+
 TEST_F(CalibrationTest, RefitFromStoredSignatures) {
   Trace t = SmallSynth(4, 80, 3);
   auto c = Calibrate(t, Quiet(4), nullptr);

@@ -69,5 +69,41 @@ TEST(ExpertUnion, ExpertsBeyondOneWord) {
   EXPECT_EQ(s[2], uint64_t{1} << 1);  // expert 129 = bit 1 of word 2
 }
 
+TEST(DistinctByBatch, RowsPerBatchAscendingWithMeans) {
+  DistinctByBatch d;
+  d.Add(4, 10);
+  d.Add(1, 3);
+  d.Add(4, 14);
+  d.Add(0, 99);  // nothing ran: ignored
+  DistinctByBatch other;
+  other.Add(1, 5);
+  d.Merge(other);
+  const std::vector<BatchDistinctRow> rows = d.Rows();
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].batch, 1);
+  EXPECT_EQ(rows[0].steps, 2);
+  EXPECT_DOUBLE_EQ(rows[0].mean_distinct_experts, 4.0);  // (3 + 5) / 2
+  EXPECT_EQ(rows[1].batch, 4);
+  EXPECT_EQ(rows[1].steps, 2);
+  EXPECT_DOUBLE_EQ(rows[1].mean_distinct_experts, 12.0);  // (10 + 14) / 2
+  EXPECT_EQ(d.steps(), 4);
+}
+
+TEST(DistinctByBatch, MatchedBatchRatioWeighsThePolicysStepsAtSharedBatches) {
+  // Policy: 3 steps at batch 2 (mean 8), 1 at batch 4 (mean 12), 1 at batch 8 (the reference never ran 8).
+  // Reference: batch 2 mean 10, batch 4 mean 16. Ratio = (3·0.8 + 1·0.75) / 4 = 0.7875; covered 4/5.
+  const std::vector<BatchDistinctRow> policy = {{2, 3, 8.0}, {4, 1, 12.0}, {8, 1, 20.0}};
+  const std::vector<BatchDistinctRow> reference = {{1, 7, 3.0}, {2, 5, 10.0}, {4, 2, 16.0}};
+  double covered = -1;
+  EXPECT_NEAR(MatchedBatchRatio(policy, reference, &covered), 0.7875, 1e-12);
+  EXPECT_NEAR(covered, 0.8, 1e-12);
+  // Against itself: exactly 1, fully covered.
+  EXPECT_DOUBLE_EQ(MatchedBatchRatio(reference, reference, &covered), 1.0);
+  EXPECT_DOUBLE_EQ(covered, 1.0);
+  // Nothing shared: 0, nothing covered.
+  EXPECT_EQ(MatchedBatchRatio({{3, 2, 5.0}}, reference, &covered), 0.0);
+  EXPECT_EQ(covered, 0.0);
+}
+
 }  // namespace
 }  // namespace eldr

@@ -218,7 +218,15 @@ TEST(Frontend, DecoderStatisticsWithEpGroups) {
   EXPECT_EQ(s[0].mean_rank_load, (std::vector<double>{3, 2}));
   EXPECT_DOUBLE_EQ(s[0].mean_balancedness, 0.8);
   EXPECT_NEAR(s[0].p1_balancedness, 0.508, 1e-12);
+  // By batch: one step each at batch 1 (4 experts), 2 (5) and 3 (6); the empty step is not a row.
+  const std::vector<BatchDistinctRow> rows = s[0].by_batch.Rows();
+  ASSERT_EQ(rows.size(), 3u);
+  EXPECT_EQ(rows[0].batch, 1);
+  EXPECT_DOUBLE_EQ(rows[0].mean_distinct_experts, 4);
+  EXPECT_EQ(rows[2].batch, 3);
+  EXPECT_DOUBLE_EQ(rows[2].mean_distinct_experts, 6);
   EXPECT_EQ(s[1].steps, 0);
+  EXPECT_TRUE(s[1].by_batch.Rows().empty());
   EXPECT_EQ(s[1].mean_rank_load, (std::vector<double>{0, 0}));
 }
 

@@ -48,6 +48,57 @@ TEST(Metrics, ServingSummaryByHand) {
   EXPECT_FALSE(r.contains("ttft_ms"));
 }
 
+TEST(Metrics, PerDomainByHand) {
+  // Domain x: a (TTFT 500 ms, TPOT 250 ms) and d (arrives 2, tokens 2.1, 2.2, 2.3, 2.4 → TTFT 100, TPOT 100 ms).
+  //   median TPOT 175, mean 175, p99 = 100 + 0.99·150 = 248.5; median TTFT 300.
+  // Domain y: b (TTFT 200, TPOT 100) and c (failed): 2 requests, 1 completed.
+  // Unlabelled: e, one output token (TTFT 50 ms, no TPOT: 0).
+  RequestRecord a{"a", "x", 0, 10, 3, 0.0, {0.5, 0.7, 1.0}, {}, true, ""};
+  RequestRecord b{"b", "y", 1, 20, 2, 1.0, {1.2, 1.3}, {}, true, ""};
+  RequestRecord c{"c", "y", -1, 5, 0, 0.5, {}, {}, false, "rank 3 died"};
+  RequestRecord d{"d", "x", 1, 5, 4, 2.0, {2.1, 2.2, 2.3, 2.4}, {}, true, ""};
+  RequestRecord e{"e", "", 0, 5, 1, 3.0, {3.05}, {}, true, ""};
+  const nlohmann::json j = PerDomainSummary({a, b, c, d, e});
+  ASSERT_EQ(j.size(), 3u);
+  EXPECT_EQ(j["x"]["requests"], 2);
+  EXPECT_EQ(j["x"]["completed"], 2);
+  EXPECT_NEAR(j["x"]["median_tpot_ms"].get<double>(), 175, 1e-9);
+  EXPECT_NEAR(j["x"]["mean_tpot_ms"].get<double>(), 175, 1e-9);
+  EXPECT_NEAR(j["x"]["p99_tpot_ms"].get<double>(), 248.5, 1e-9);
+  EXPECT_NEAR(j["x"]["median_ttft_ms"].get<double>(), 300, 1e-9);
+  EXPECT_EQ(j["y"]["requests"], 2);
+  EXPECT_EQ(j["y"]["completed"], 1);
+  EXPECT_NEAR(j["y"]["median_tpot_ms"].get<double>(), 100, 1e-9);
+  EXPECT_NEAR(j["y"]["median_ttft_ms"].get<double>(), 200, 1e-9);
+  EXPECT_EQ(j["unlabelled"]["completed"], 1);
+  EXPECT_EQ(j["unlabelled"]["median_tpot_ms"].get<double>(), 0.0);
+  EXPECT_NEAR(j["unlabelled"]["median_ttft_ms"].get<double>(), 50, 1e-9);
+}
+
+TEST(Metrics, JobMetricsMergeEveryDecodersStepsByBatch) {
+  // Decoder 0 ran batch 1 (3 experts) and batch 2 (5); decoder 1 ran batch 2 (7) and batch 2 (9).
+  // Merged: batch 1: 1 step, mean 3; batch 2: 3 steps, mean (5 + 7 + 9) / 3 = 7.
+  DecoderStats d0, d1;
+  d0.decoder = 0;
+  d1.decoder = 1;
+  d0.by_batch.Add(1, 3);
+  d0.by_batch.Add(2, 5);
+  d1.by_batch.Add(2, 7);
+  d1.by_batch.Add(2, 9);
+  JobConfig c;
+  RequestRecord a{"a", "x", 0, 10, 3, 0.0, {0.5, 0.7, 1.0}, {}, true, ""};
+  const nlohmann::json j = JobMetrics(c, "tiny", {a}, {d0, d1}, {});
+  const nlohmann::json& rows = j["distinct_by_batch"];
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0]["batch"], 1);
+  EXPECT_EQ(rows[0]["steps"], 1);
+  EXPECT_DOUBLE_EQ(rows[0]["mean_distinct_experts"].get<double>(), 3.0);
+  EXPECT_EQ(rows[1]["batch"], 2);
+  EXPECT_EQ(rows[1]["steps"], 3);
+  EXPECT_DOUBLE_EQ(rows[1]["mean_distinct_experts"].get<double>(), 7.0);
+  EXPECT_EQ(j["per_domain"]["x"]["requests"], 1);
+}
+
 TEST(Workload, ArrivalsFollowRateAndBurstiness) {
   for (double burst : {1.0, 0.25}) {
     auto t = ArrivalTimes({20000, 50.0, burst, 7}).value();

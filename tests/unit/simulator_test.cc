@@ -269,6 +269,92 @@ TEST(Simulator, LocalityRoutingEqualsNearestCentroidOfTheFullPromptCounts) {
   }
 }
 
+// argmin_k (1 − s·μ_k) of the signature of `counts` [L, E] under `calib` (the first k on ties).
+int NearestCentroid(const Calibration& calib, const std::vector<float>& counts) {
+  const int D = calib.signature.dim();
+  std::vector<float> sig(D);
+  ComputeSignature(calib.signature, counts.data(), nullptr, sig.data());
+  int best = 0;
+  double best_d = 1e300;
+  for (int k = 0; k < calib.num_clusters; ++k) {
+    double dot = 0;
+    for (int x = 0; x < D; ++x) dot += static_cast<double>(sig[x]) * calib.centroids[static_cast<size_t>(k) * D + x];
+    if (1 - dot < best_d - 1e-9) {
+      best_d = 1 - dot;
+      best = k;
+    }
+  }
+  return best;
+}
+
+// The [L, E] expert counts of rows [from, to) of trace request `tr` (tiny shape: L = 2, E = 8, k = 2).
+std::vector<float> RowCounts(const Trace& t, const TraceRequest& tr, int64_t from, int64_t to) {
+  std::vector<float> counts(2 * 8, 0.f);
+  for (int64_t row = from; row < to; ++row) {
+    const uint16_t* ids = t.token_ids(tr.offset + row);
+    for (int l = 0; l < 2; ++l) {
+      for (int k = 0; k < 2; ++k) counts[l * 8 + ids[l * 2 + k]] += 1;
+    }
+  }
+  return counts;
+}
+
+TEST(Simulator, RouteOnDecodeRoutesByTheDecodeTokensCounts) {
+  // A calibration fitted on decode tokens (--features decode) and --route-on decode: with τ = 0 each request goes
+  // to the nearest centroid of its decode tokens' counts, computed here from the trace rows; the prompt's counts
+  // would send some requests elsewhere (so the test tells the two apart).
+  Synth s = MakeSynth(3);
+  CalibrateOptions co;
+  co.num_decoders = 3;
+  co.seed = 1;
+  co.progress = false;
+  co.features = SignatureFeatures::kDecode;
+  const Calibration decode_calib = Calibrate(s.trace, co, nullptr).value();
+  ASSERT_EQ(decode_calib.features, SignatureFeatures::kDecode);
+  CostModel m;
+  m.decode_a = 1e-3;
+  JobConfig c = Job(RoutingPolicy::kLocalityTop1, 3);
+  c.request_rate = 100;
+  c.route_on_decode = true;
+  JobRequests in = InOrder(s.trace, std::vector<int64_t>(s.trace.requests.size(), 4));
+  auto r = Simulate(c, in, Tiny(), &decode_calib, m, false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  int differs = 0;
+  for (int64_t i = 0; i < in.size(); ++i) {
+    const TraceRequest& tr = in.request(i);
+    const int by_decode = NearestCentroid(decode_calib, RowCounts(s.trace, tr, tr.prompt_len, tr.num_tokens));
+    const int by_prompt = NearestCentroid(decode_calib, RowCounts(s.trace, tr, 0, tr.prompt_len));
+    ASSERT_EQ(r->records[i].decoder, by_decode) << "request " << i;
+    differs += by_decode != by_prompt ? 1 : 0;
+  }
+  EXPECT_GT(differs, 0);
+}
+
+TEST(Simulator, DecodeFeatureCalibrationAndRouteOnMustMatch) {
+  // A decode-token calibration with prefill routing (what serve does) is refused, and so is --route-on decode
+  // with a prefill calibration; load policies ignore both.
+  Synth s = MakeSynth(2);
+  CalibrateOptions co;
+  co.num_decoders = 2;
+  co.progress = false;
+  co.features = SignatureFeatures::kDecode;
+  const Calibration decode_calib = Calibrate(s.trace, co, nullptr).value();
+  CostModel m;
+  m.decode_a = 1e-3;
+  JobRequests in = InOrder(s.trace, std::vector<int64_t>(10, 2));
+  JobConfig c = Job(RoutingPolicy::kEldr, 2);
+  auto r = Simulate(c, in, Tiny(), &decode_calib, m, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--route-on decode"), std::string::npos) << r.status().message();
+  c.route_on_decode = true;
+  r = Simulate(c, in, Tiny(), &s.calib, m, false);
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("--features decode"), std::string::npos) << r.status().message();
+  EXPECT_TRUE(Simulate(c, in, Tiny(), &decode_calib, m, false).ok());
+  c.policy = RoutingPolicy::kJsq;
+  EXPECT_TRUE(Simulate(c, in, Tiny(), &s.calib, m, false).ok());
+}
+
 TEST(Simulator, RoundRobinAndTheDecoderCount) {
   const Synth s = MakeSynth(3);
   CostModel m;

@@ -1,0 +1,140 @@
+"""Pure pieces of bench/eval (no eldr runs), kept apart so tests/bench/eval_lib_test.py can check them quickly.
+
+- stratified_split: the seeded 2-fold split of a trace's requests, stratified by domain;
+- saturation_scan: jsq's saturation rate by a scan (the rule of bench/tables, with K and the run as arguments);
+- best_balancer / ratio_stats / seed_ratios: "the best of jsq, p2c and round_robin per cell" and the per-seed
+  ratios to it, reported as the median over seeds with the min-max spread;
+- matched_batch_ratio: distinct experts per step at matched batch (the definition of MatchedBatchRatio in
+  runtime/common/distinct_experts.h, a second implementation over the metrics.json rows);
+- clairvoyant_fraction: the share of the clairvoyant router's median reduction a policy reaches.
+"""
+import math
+import random
+import statistics
+
+BALANCERS = ["jsq", "p2c", "round_robin"]
+
+
+def stratified_split(domains, seed):
+    """Two folds of request indices: per domain (sorted by name), the indices in a seeded shuffle, the first
+    ceil(n/2) to fold A, the rest to fold B. Returns (A, B), each sorted ascending."""
+    rng = random.Random(seed)
+    a = []
+    for d in sorted(set(domains)):
+        idx = [i for i, x in enumerate(domains) if x == d]
+        rng.shuffle(idx)
+        a += idx[: (len(idx) + 1) // 2]
+    a = sorted(a)
+    taken = set(a)
+    return a, [i for i in range(len(domains)) if i not in taken]
+
+
+def sig2(x):
+    """x rounded to 2 significant digits (request rates that read well)."""
+    if x <= 0:
+        return x
+    p = 10 ** (math.floor(math.log10(x)) - 1)
+    return round(x / p) * p
+
+
+def is_saturated(s):
+    """bench/tables' rule: a run is saturated when the last third of the arrivals has a median or p95 TPOT more than
+    1.2x the middle third's (a queue that grows during the run), when any request fails, or when it completes
+    under half the offered rate. s: {failed, request_throughput, rate, tpot_by_third: {middle, last}}."""
+    t = s["tpot_by_third"]
+    growth = max(t["last"][k] / t["middle"][k] for k in ("median_tpot_ms", "p95_tpot_ms"))
+    s["queue_growth"] = growth
+    return bool(s["failed"]) or s["request_throughput"] < 0.5 * s["rate"] or growth > 1.2
+
+
+def saturation_scan(run, base_rate, max_steps=40):
+    """The highest rate at which the runs are not saturated (is_saturated): halves base_rate until a run is not
+    saturated, then up by 1.25x to the first saturated rate, then two bisections (geometric). run(rate) -> the
+    summary of one run with its "rate". Returns (rate, steps) or raises RuntimeError when it never saturates."""
+    steps = []
+    r = base_rate
+    s = run(sig2(r))
+    steps.append(s)
+    while is_saturated(s) and r > 1:
+        r /= 2
+        s = run(sig2(r))
+        steps.append(s)
+    ok, bad = s, None
+    for _ in range(max_steps):
+        s = run(sig2(ok["rate"] * 1.25))
+        steps.append(s)
+        if is_saturated(s):
+            bad = s
+            break
+        ok = s
+    if bad is None:
+        raise RuntimeError(f"never saturated up to {ok['rate']} req/s")
+    for _ in range(2):
+        mid = run(sig2(math.sqrt(ok["rate"] * bad["rate"])))
+        steps.append(mid)
+        if mid["rate"] in (ok["rate"], bad["rate"]):
+            break
+        if is_saturated(mid):
+            bad = mid
+        else:
+            ok = mid
+    return ok["rate"], steps
+
+
+def best_balancer(per_policy, key):
+    """per_policy: {policy: [summary per seed]}. The balancer (of BALANCERS present) with the lowest median over
+    seeds of `key`; ties go to the earlier of BALANCERS. Returns its name."""
+    best = None
+    for p in BALANCERS:
+        if p not in per_policy:
+            continue
+        v = statistics.median(s[key] for s in per_policy[p])
+        if best is None or v < best[0]:
+            best = (v, p)
+    if best is None:
+        raise ValueError("no load balancer among the policies")
+    return best[1]
+
+
+def ratio_stats(values):
+    """{median, min, max, n} of the non-None values (None when there are none)."""
+    v = [x for x in values if x is not None]
+    if not v:
+        return None
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+
+
+def seed_ratios(runs, reference, value):
+    """Per-seed ratios value(run) / value(reference run of the same seed). runs, reference: [summary] with a
+    "sample" key each (the seed, or fold and seed) that pairs them. A missing or zero reference gives None."""
+    ref = {r["sample"]: r for r in reference}
+    out = []
+    for r in runs:
+        q = ref.get(r["sample"])
+        a, b = (value(r), value(q)) if q is not None else (None, None)
+        out.append(a / b if a is not None and b else None)
+    return out
+
+
+def matched_batch_ratio(policy_rows, reference_rows):
+    """sum_b w_b * mean_p(b) / mean_ref(b) / sum_b w_b over batch sizes b both ran, w_b = the policy's steps at b.
+    Rows: [{batch, steps, mean_distinct_experts}]. Returns (ratio, covered): covered = the share of the policy's
+    steps at shared batch sizes; (None, 0.0) when none is shared."""
+    ref = {r["batch"]: r["mean_distinct_experts"] for r in reference_rows
+           if r["steps"] > 0 and r["mean_distinct_experts"] > 0}
+    weighted = matched = total = 0.0
+    for r in policy_rows:
+        total += r["steps"]
+        if r["batch"] in ref and r["steps"] > 0:
+            weighted += r["steps"] * r["mean_distinct_experts"] / ref[r["batch"]]
+            matched += r["steps"]
+    return (weighted / matched if matched else None), (matched / total if total else 0.0)
+
+
+def clairvoyant_fraction(policy_ratio, clairvoyant_ratio):
+    """(1 - policy_ratio) / (1 - clairvoyant_ratio): the share of the clairvoyant router's median reduction
+    against the best balancer that the policy reaches. None when the ceiling shows no reduction (ratio >= 0.995:
+    nothing to reach) or a ratio is missing."""
+    if policy_ratio is None or clairvoyant_ratio is None or clairvoyant_ratio >= 0.995:
+        return None
+    return (1 - policy_ratio) / (1 - clairvoyant_ratio)

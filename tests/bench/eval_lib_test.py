@@ -1,0 +1,86 @@
+#!/usr/bin/python3
+"""The pure pieces of bench/eval (bench/eval_lib.py) against hand-computed cases; runs no simulation."""
+import os
+import sys
+import unittest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
+import eval_lib as lib  # noqa: E402
+
+
+class StratifiedSplit(unittest.TestCase):
+    def test_each_domain_splits_in_halves_and_the_folds_partition_the_requests(self):
+        domains = ["a"] * 5 + ["b"] * 4 + ["c"] * 1 + ["a", "b"]  # a: 6, b: 5, c: 1
+        for seed in range(5):
+            A, B = lib.stratified_split(domains, seed)
+            self.assertEqual(sorted(A + B), list(range(len(domains))))
+            self.assertFalse(set(A) & set(B))
+            self.assertEqual(A, sorted(A))
+            count = lambda idx, d: sum(1 for i in idx if domains[i] == d)
+            self.assertEqual((count(A, "a"), count(B, "a")), (3, 3))
+            self.assertEqual((count(A, "b"), count(B, "b")), (3, 2))  # ceil(5/2) to A
+            self.assertEqual((count(A, "c"), count(B, "c")), (1, 0))
+
+    def test_seeded(self):
+        domains = ["x"] * 20
+        self.assertEqual(lib.stratified_split(domains, 3), lib.stratified_split(domains, 3))
+        self.assertNotEqual(lib.stratified_split(domains, 3), lib.stratified_split(domains, 4))
+
+
+class BestAndRatios(unittest.TestCase):
+    def test_best_balancer_is_the_lowest_median_over_seeds_per_metric(self):
+        runs = {"jsq": [{"m": 2.0, "p": 5.0}, {"m": 2.2, "p": 5.0}, {"m": 9.0, "p": 5.0}],  # median m 2.2
+                "p2c": [{"m": 2.1, "p": 4.0}, {"m": 2.3, "p": 4.0}, {"m": 2.3, "p": 4.0}],  # median m 2.3
+                "round_robin": [{"m": 3.0, "p": 3.0}] * 3,
+                "eldr": [{"m": 1.0, "p": 1.0}] * 3}  # not a balancer
+        self.assertEqual(lib.best_balancer(runs, "m"), "jsq")
+        self.assertEqual(lib.best_balancer(runs, "p"), "round_robin")
+        with self.assertRaises(ValueError):
+            lib.best_balancer({"eldr": runs["eldr"]}, "m")
+
+    def test_seed_ratios_pair_by_sample(self):
+        ref = [{"sample": "s0", "v": 2.0}, {"sample": "s1", "v": 4.0}, {"sample": "s2", "v": 0.0}]
+        runs = [{"sample": "s1", "v": 3.0}, {"sample": "s0", "v": 1.0}, {"sample": "s2", "v": 1.0},
+                {"sample": "s9", "v": 1.0}]
+        self.assertEqual(lib.seed_ratios(runs, ref, lambda r: r["v"]), [0.75, 0.5, None, None])
+        st = lib.ratio_stats([0.75, 0.5, None, 1.5])
+        self.assertEqual(st, {"median": 0.75, "min": 0.5, "max": 1.5, "n": 3})
+        self.assertIsNone(lib.ratio_stats([None]))
+
+    def test_clairvoyant_fraction(self):
+        self.assertAlmostEqual(lib.clairvoyant_fraction(0.9, 0.8), 0.5)
+        self.assertAlmostEqual(lib.clairvoyant_fraction(1.1, 0.8), -0.5)  # worse than the balancer
+        self.assertIsNone(lib.clairvoyant_fraction(0.9, 1.0))  # the ceiling shows no gain
+        self.assertIsNone(lib.clairvoyant_fraction(None, 0.8))
+
+
+class MatchedBatch(unittest.TestCase):
+    def test_the_hand_case_of_distinct_experts_test(self):
+        # The case of tests/unit/distinct_experts_test.cc: (3·0.8 + 1·0.75) / 4 = 0.7875, covered 4/5.
+        row = lambda b, s, m: {"batch": b, "steps": s, "mean_distinct_experts": m}
+        policy = [row(2, 3, 8.0), row(4, 1, 12.0), row(8, 1, 20.0)]
+        reference = [row(1, 7, 3.0), row(2, 5, 10.0), row(4, 2, 16.0)]
+        ratio, covered = lib.matched_batch_ratio(policy, reference)
+        self.assertAlmostEqual(ratio, 0.7875)
+        self.assertAlmostEqual(covered, 0.8)
+        self.assertEqual(lib.matched_batch_ratio([row(3, 2, 5.0)], reference), (None, 0.0))
+
+
+class Saturation(unittest.TestCase):
+    def test_scan_finds_the_knee_of_a_queue_that_grows_above_100_per_s(self):
+        def run(rate):
+            growth = 1.0 if rate <= 100 else 1.5
+            return {"rate": rate, "failed": 0, "request_throughput": rate,
+                    "tpot_by_third": {"middle": {"median_tpot_ms": 1.0, "p95_tpot_ms": 1.0},
+                                      "last": {"median_tpot_ms": growth, "p95_tpot_ms": growth}}}
+        rate, steps = lib.saturation_scan(run, 160)
+        self.assertLessEqual(rate, 100)
+        self.assertGreater(rate, 100 / 1.25)  # within one 1.25x step below the knee
+        self.assertTrue(lib.is_saturated(run(160)))
+        self.assertFalse(lib.is_saturated(run(100)))
+        self.assertTrue(lib.is_saturated(dict(run(50), failed=1)))
+        self.assertTrue(lib.is_saturated(dict(run(50), request_throughput=20)))
+
+
+if __name__ == "__main__":
+    unittest.main()
