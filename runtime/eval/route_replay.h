@@ -31,8 +31,8 @@ struct RouteReplayOptions {
   int64_t admission_cap = 0;            // per decoder; 0 = none
   int repeat = 1;                       // replay the trace this many times
   uint64_t seed = 0;
-  std::optional<CostModel> step_cost;   // eldr's cost model (unset: DistinctExpertsCost)
-  int64_t max_batch = 64;               // eldr's decoder batch limit
+  std::optional<CostModel> step_cost;  // eldr's cost model (unset: DistinctExpertsCost)
+  int64_t max_batch = 64;              // eldr's decoder batch limit
 };
 
 // The cost model eldr prices in when the replay is given none: a decode step costs its distinct experts (b = 1,

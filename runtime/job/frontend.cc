@@ -5,8 +5,7 @@
 namespace eldr {
 
 Result<Frontend> Frontend::Create(const JobConfig& c, const JobRequests& in, const TraceShape& model_shape,
-                                  const Calibration* calib, FrontendActions actions,
-                                  const CostModel* simulated_cost) {
+                                  const Calibration* calib, FrontendActions actions, const CostModel* simulated_cost) {
   if (calib && UsesSignature(c.policy)) {
     const bool decode_calib = calib->features == SignatureFeatures::kDecode;
     if (decode_calib && !c.route_on_decode) {

@@ -76,7 +76,7 @@ struct JobConfig {
   double load_bound = 0;      // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
   std::string calibration;
   double harm_weight = kHarmWeight;  // routing.harm_weight: eldr's λ (router.h)
-  std::string routing_cost_model;  // routing.cost_model: eldr's decode cost model YAML (empty: see JobStepCost)
+  std::string routing_cost_model;    // routing.cost_model: eldr's decode cost model YAML (empty: see JobStepCost)
   int64_t admission_cap = 0;
   uint64_t routing_seed = 0;
   int block_size = 16;

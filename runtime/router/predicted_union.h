@@ -48,12 +48,12 @@ class PredictedUnion {
 
   int num_profiles_ = 0, row_ = 0;  // row_ = |S| · E
   double scale_ = 1;
-  std::vector<float> q_;            // [P, row_]
-  std::vector<double> log1m_q_;     // [P, row_] log(1 − q)
-  std::vector<double> log_keep_;    // [K, row_] Σ_{r ∈ R_k} log(1 − q_{p_r})
-  std::vector<float> keep_;         // [K, row_] exp(log_keep_): P(expert not yet touched)
-  std::vector<double> union_;       // [K] U_k
-  std::vector<int64_t> count_;      // [K] |R_k|
+  std::vector<float> q_;          // [P, row_]
+  std::vector<double> log1m_q_;   // [P, row_] log(1 − q)
+  std::vector<double> log_keep_;  // [K, row_] Σ_{r ∈ R_k} log(1 − q_{p_r})
+  std::vector<float> keep_;       // [K, row_] exp(log_keep_): P(expert not yet touched)
+  std::vector<double> union_;     // [K] U_k
+  std::vector<int64_t> count_;    // [K] |R_k|
 };
 
 }  // namespace eldr

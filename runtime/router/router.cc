@@ -284,8 +284,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     r.prior_ = calib->mean_decode_len;
     if (config.policy == RoutingPolicy::kEldr) {
       if (!config.step_cost) {
-        return Status::InvalidArgument(
-            "routing policy eldr needs a decode cost model (routing.cost_model)");
+        return Status::InvalidArgument("routing policy eldr needs a decode cost model (routing.cost_model)");
       }
       if (config.max_batch < 1) return Status::InvalidArgument("eldr routing needs max_batch >= 1");
       if (!(config.harm_weight >= 0 && config.harm_weight <= 1)) {
@@ -409,8 +408,7 @@ double Router::MarginalCost(int k, int profile, double context, double tokens) c
   const double growth = profile >= 0 ? union_.Growth(k, profile) : 0.0;
   const double own_context = context + tokens / 2;  // its mean context over its decode
   // The request's own step time there, and what it adds to every running request's step.
-  const double step =
-      m.DecodeStep(union_.Union(k) + growth, running + 1, context_[k] + own_context);
+  const double step = m.DecodeStep(union_.Union(k) + growth, running + 1, context_[k] + own_context);
   const double harm = running * (m.decode_b * growth + m.decode_c + m.decode_d * own_context);
   return step + config_.harm_weight * harm;
 }

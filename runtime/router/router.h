@@ -1,5 +1,5 @@
-// Decode routing (DESIGN.md §3 "Marginal-cost routing", "Band routing", "Baselines"). After prefill, the router picks the decode
-// worker (decoder) of each request.
+// Decode routing (DESIGN.md §3 "Marginal-cost routing", "Band routing", "Baselines"). After prefill, the router picks
+// the decode worker (decoder) of each request.
 //
 // Two layers:
 //  - Decide(): a pure function of a snapshot of decoder states and the request's routing inputs;
@@ -25,17 +25,7 @@
 
 namespace eldr {
 
-enum class RoutingPolicy {
-  kRandom,
-  kRoundRobin,
-  kJsq,
-  kP2c,
-  kDomain,
-  kLocalityTop1,
-  kEldr,
-  kEldrPaper,
-  kEldrTail
-};
+enum class RoutingPolicy { kRandom, kRoundRobin, kJsq, kP2c, kDomain, kLocalityTop1, kEldr, kEldrPaper, kEldrTail };
 
 const char* RoutingPolicyName(RoutingPolicy p);  // "random", "round_robin", "jsq", "p2c", "domain", "locality_top1",
                                                  // "eldr", "eldr_paper", "eldr_tail"
@@ -83,7 +73,8 @@ struct DecisionInputs {
 };
 
 // The pure decision. Rules (DESIGN.md §3):
-//  eldr_paper (the published band): B = {k : d_k ≤ min_j d_j + τ}; argmin load over eligible k in B, tie → smaller d_k, then lower k;
+//  eldr_paper (the published band): B = {k : d_k ≤ min_j d_j + τ}; argmin load over eligible k in B, tie → smaller d_k,
+//  then lower k;
 //        if B has no eligible decoder, the globally least-loaded eligible decoder (fallback = true).
 //        With load_bound ε > 0 (an extension, off by default): band members holding at least
 //        ceil((1+ε)·(Σ_k in_flight_k + 1)/K) requests are not candidates ("consistent hashing with bounded
@@ -190,9 +181,9 @@ class Router {
   std::vector<float> dots_;       // scratch [K]
   std::vector<float> signature_;  // scratch [D]
   std::map<std::string, std::vector<int>> domain_groups_;
-  PredictedUnion union_;          // eldr: the predicted expert union of each decoder's in-flight requests
-  std::vector<double> context_;   // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens
-  std::vector<double> costs_;     // scratch [K]
+  PredictedUnion union_;         // eldr: the predicted expert union of each decoder's in-flight requests
+  std::vector<double> context_;  // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens
+  std::vector<double> costs_;    // scratch [K]
   std::mt19937_64 rng_;
   int64_t round_robin_next_ = 0;
 };

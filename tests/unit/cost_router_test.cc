@@ -1,5 +1,5 @@
-// eldr, the marginal-cost rule (DESIGN.md §3 "Marginal-cost routing"): the predicted expert union against hand-computed products and a
-// brute-force recomputation, the marginal cost against hand-computed prices, and the decision rule.
+// eldr, the marginal-cost rule (DESIGN.md §3 "Marginal-cost routing"): the predicted expert union against hand-computed
+// products and a brute-force recomputation, the marginal cost against hand-computed prices, and the decision rule.
 #include <gtest/gtest.h>
 
 #include <cmath>
