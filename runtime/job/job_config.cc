@@ -132,11 +132,11 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
 
 Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated) {
   if (c.policy != RoutingPolicy::kEldr) return std::optional<CostModel>();
+  if (simulated) return std::optional<CostModel>(*simulated);  // a simulation prices in the hardware it simulates
   if (!c.routing_cost_model.empty()) {
     ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(c.routing_cost_model));
     return std::optional<CostModel>(m);
   }
-  if (simulated) return std::optional<CostModel>(*simulated);
   auto m = LoadJobCostModel(c.path);
   if (m.ok()) return std::optional<CostModel>(m.value());
   if (m.status().code() != StatusCode::kNotFound) return m.status();

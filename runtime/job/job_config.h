@@ -5,7 +5,7 @@
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
 //               load_bound: 0,       # ε of the bounded-load band (router.h); 0 = off (eldr_tail: 0 → 0.25)
-//               cost_model: FILE,    # eldr's decode cost model (default: simulate's, else derived; JobStepCost)
+//               cost_model: FILE,    # eldr serve: its decode cost model (default: simulate: section, else derived)
 //               harm_weight: 0.75}   # eldr's λ: weight of the slowdown a request causes the running batch
 //              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert
 //              union, batch and context), eldr_paper (the published band: τ, in-flight counts), eldr_tail (the
@@ -117,10 +117,10 @@ Result<JobConfig> LoadJobConfig(const std::string& path);
 // The router of a job (serve's rank 0 and the simulator): its policy, decoders, τ, load bound, admission cap
 // and seed, the model's routing shape, and the trace's domain labels (domain policy groups).
 RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, const Trace& trace);
-// The decode cost model eldr prices its routing in (nullopt for other policies): routing.cost_model when set, else
-// `simulated` (the model `eldr simulate` simulates with; null in serve), else the job config's `simulate:` section,
-// else one derived from the model config for the reference GPU (DeriveCostModel, bandwidth-bound). Errors name the
-// file.
+// The decode cost model eldr prices its routing in (nullopt for other policies): in `eldr simulate`, `simulated`
+// (the model it simulates with: a simulation prices in the hardware it simulates); in serve (simulated null),
+// routing.cost_model when set, else the job config's `simulate:` section, else one derived from the model config
+// for the reference GPU (DeriveCostModel, bandwidth-bound). Errors name the file.
 Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated);
 // The topology against the world size, with the numbers in the message.
 Status CheckWorldSize(const JobConfig& c, int world_size);
