@@ -113,6 +113,56 @@ void BM_RouteDecision(benchmark::State& state) {
 }
 BENCHMARK(BM_RouteDecision)->ArgsProduct({{40}, {16, 48}})->ArgNames({"K", "layers"})->Unit(benchmark::kMicrosecond);
 
+// The default eldr (marginal cost): the decision with K decoders each holding `in_flight` requests (prices from the
+// predicted unions over the masked layers), and the bookkeeping of one dispatch + one completion (two union
+// refreshes). Cluster profiles: random per-token activation probabilities with top_k mass per layer.
+void BM_RouteDecisionEldr(benchmark::State& state) {
+  const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
+  Calibration calib = RandomCalibration(K, S, 5);
+  std::mt19937_64 rng(6);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  calib.expert_load.resize(static_cast<size_t>(K) * kL * kE);
+  for (auto& q : calib.expert_load) q = std::min(1.f, 2.f * kTopK / kE * u(rng));
+  RouterConfig rc;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = K;
+  rc.job_shape = calib.shape;
+  rc.step_cost = CostModel{"bench", "", 5e-4, 3.6e-6, 1.3e-5, 4.6e-8};
+  Router router = Router::Create(rc, &calib).value();
+  std::vector<float> s(calib.signature.dim());
+  for (auto& x : s) x = u(rng);
+  for (int k = 0; k < K; ++k) {
+    RoutingDecision d;
+    d.decoder = k;
+    d.predicted_tokens = 100;
+    for (int i = 0; i < 24; ++i) {
+      d.nearest = static_cast<int>(rng() % K);
+      router.Dispatch(d);
+    }
+  }
+  std::vector<double> ns, book;
+  ns.reserve(1 << 16);
+  book.reserve(1 << 16);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    const RoutingDecision d = router.RouteSignature(s.data(), "", 200);
+    const auto t1 = std::chrono::steady_clock::now();
+    router.Dispatch(d);
+    router.Complete(d, 1);
+    const auto t2 = std::chrono::steady_clock::now();
+    benchmark::DoNotOptimize(d);
+    ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());
+    book.push_back(std::chrono::duration<double, std::nano>(t2 - t1).count());
+  }
+  ReportPercentiles(state, ns);
+  std::sort(book.begin(), book.end());
+  if (!book.empty()) state.counters["dispatch_complete_p50_us"] = book[book.size() / 2] / 1000.0;
+}
+BENCHMARK(BM_RouteDecisionEldr)
+    ->ArgsProduct({{8, 16, 40}, {16, 48}})
+    ->ArgNames({"K", "layers"})
+    ->Unit(benchmark::kMicrosecond);
+
 // Not a timing: the memory footprint of the signature cache for Qwen3-30B-A3B (48 layers, 128 experts,
 // 4 KV heads x head dim 128, bf16, block 16), as counters.
 void BM_SignatureCacheFootprint(benchmark::State& state) {

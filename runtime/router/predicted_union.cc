@@ -27,32 +27,30 @@ PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profi
   row_ = static_cast<int>(layers.size()) * num_experts;
   scale_ = static_cast<double>(num_layers) / static_cast<double>(layers.size());
   q_.resize(static_cast<size_t>(num_profiles) * row_);
-  log1m_q_.resize(q_.size());
+  keep_factor_.resize(q_.size());
   for (int p = 0; p < num_profiles; ++p) {
     for (size_t i = 0; i < layers.size(); ++i) {
       const float* src = profiles.data() + (static_cast<size_t>(p) * num_layers + layers[i]) * num_experts;
       for (int e = 0; e < num_experts; ++e) {
         const size_t j = static_cast<size_t>(p) * row_ + i * num_experts + e;
         q_[j] = std::clamp(src[e], 0.0f, kMaxProbability);
-        log1m_q_[j] = std::log1p(-static_cast<double>(q_[j]));
+        keep_factor_[j] = 1.0 - static_cast<double>(q_[j]);
       }
     }
   }
-  log_keep_.assign(static_cast<size_t>(num_decoders) * row_, 0.0);
-  keep_.assign(log_keep_.size(), 1.0f);
+  keep_exact_.assign(static_cast<size_t>(num_decoders) * row_, 1.0);
+  keep_.assign(keep_exact_.size(), 1.0f);
   union_.assign(num_decoders, 0.0);
   count_.assign(num_decoders, 0);
 }
 
 void PredictedUnion::Refresh(int k) {
-  double* lk = log_keep_.data() + static_cast<size_t>(k) * row_;
+  const double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
   float* kp = keep_.data() + static_cast<size_t>(k) * row_;
-  if (count_[k] == 0) std::fill(lk, lk + row_, 0.0);  // drop the rounding residue of the additions
   double untouched = 0;
   for (int j = 0; j < row_; ++j) {
-    const double v = std::exp(lk[j]);
-    kp[j] = static_cast<float>(v);
-    untouched += v;
+    kp[j] = static_cast<float>(kd[j]);
+    untouched += kd[j];
   }
   union_[k] = scale_ * (static_cast<double>(row_) - untouched);
 }
@@ -60,9 +58,9 @@ void PredictedUnion::Refresh(int k) {
 void PredictedUnion::Add(int k, int p) {
   ELDR_CHECK(k >= 0 && k < static_cast<int>(count_.size()) && p >= 0 && p < num_profiles_,
              "PredictedUnion::Add(" << k << ", " << p << ")");
-  double* lk = log_keep_.data() + static_cast<size_t>(k) * row_;
-  const double* lq = log1m_q_.data() + static_cast<size_t>(p) * row_;
-  for (int j = 0; j < row_; ++j) lk[j] += lq[j];
+  double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
+  const double* m = keep_factor_.data() + static_cast<size_t>(p) * row_;
+  for (int j = 0; j < row_; ++j) kd[j] *= m[j];
   ++count_[k];
   Refresh(k);
 }
@@ -70,10 +68,14 @@ void PredictedUnion::Add(int k, int p) {
 void PredictedUnion::Remove(int k, int p) {
   ELDR_CHECK(k >= 0 && k < static_cast<int>(count_.size()) && p >= 0 && p < num_profiles_ && count_[k] > 0,
              "PredictedUnion::Remove(" << k << ", " << p << ")");
-  double* lk = log_keep_.data() + static_cast<size_t>(k) * row_;
-  const double* lq = log1m_q_.data() + static_cast<size_t>(p) * row_;
-  for (int j = 0; j < row_; ++j) lk[j] = std::min(0.0, lk[j] - lq[j]);
+  double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
   --count_[k];
+  if (count_[k] == 0) {
+    std::fill(kd, kd + row_, 1.0);  // drop the rounding residue of the products
+  } else {
+    const double* m = keep_factor_.data() + static_cast<size_t>(p) * row_;
+    for (int j = 0; j < row_; ++j) kd[j] = std::min(1.0, kd[j] / m[j]);
+  }
   Refresh(k);
 }
 

@@ -14,9 +14,11 @@
 //
 // where S is the signature's layer mask and scale = L / |S| extrapolates the masked layers to all L (the
 // masked layers are the ones whose routing the signature predicts; restricting to them keeps a decision at
-// K · |S| · E multiply-adds). q is clamped to [0, 1 − 1e-6] so every factor stays invertible.
+// K · |S| · E multiply-adds). q is clamped to [0, 1 − 1e-6] so every factor stays invertible (a removal
+// divides its factors out; an emptied decoder's row is reset to exactly 1).
 //
-// Cost: Add / Remove O(|S|·E) (one decoder's product row and its union); Growth O(|S|·E); Union O(1).
+// Cost: Add / Remove O(|S|·E) multiplies or divides, no transcendental (one decoder's product row and its union);
+// Growth O(|S|·E); Union O(1).
 // Not thread-safe (owned by one Router).
 #pragma once
 
@@ -44,16 +46,16 @@ class PredictedUnion {
   int64_t requests(int decoder) const { return count_[decoder]; }
 
  private:
-  void Refresh(int decoder);  // keep_ and union_ of `decoder` from log_keep_
+  void Refresh(int decoder);  // keep_ and union_ of `decoder` from keep_exact_
 
   int num_profiles_ = 0, row_ = 0;  // row_ = |S| · E
   double scale_ = 1;
-  std::vector<float> q_;          // [P, row_]
-  std::vector<double> log1m_q_;   // [P, row_] log(1 − q)
-  std::vector<double> log_keep_;  // [K, row_] Σ_{r ∈ R_k} log(1 − q_{p_r})
-  std::vector<float> keep_;       // [K, row_] exp(log_keep_): P(expert not yet touched)
-  std::vector<double> union_;     // [K] U_k
-  std::vector<int64_t> count_;    // [K] |R_k|
+  std::vector<float> q_;             // [P, row_]
+  std::vector<double> keep_factor_;  // [P, row_] 1 − q (≥ 1e-6)
+  std::vector<double> keep_exact_;   // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}), multiplied in and divided out
+  std::vector<float> keep_;          // [K, row_] keep_exact_ in float (Growth's dot product)
+  std::vector<double> union_;        // [K] U_k
+  std::vector<int64_t> count_;       // [K] |R_k|
 };
 
 }  // namespace eldr
