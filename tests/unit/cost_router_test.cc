@@ -107,6 +107,15 @@ Router CostRouter(const Calibration& calib, double b, double c, double d, int64_
   return std::move(r).value();
 }
 
+// A hand-built decision: a request of cluster `cluster` (4 predicted tokens, no context) held by `decoder`.
+RoutingDecision Held(int decoder, int cluster) {
+  RoutingDecision d;
+  d.decoder = decoder;
+  d.nearest = cluster;
+  d.predicted_tokens = 4;
+  return d;
+}
+
 TEST(MarginalCost, HandComputedPrices) {
   const Calibration calib = CostCalibration();
   Router r = CostRouter(calib, 1e-5, 1e-4, 1e-6, 64);
@@ -148,13 +157,7 @@ TEST(MarginalCost, AFullDecoderIsTheSecondChoiceWhateverItsPrice) {
   const Calibration calib = CostCalibration();
   const double b = 1e-3;
   Router r = CostRouter(calib, b, 0, 0, 2);
-  RoutingDecision d0;
-  d0.decoder = 0;
-  d0.nearest = 0;
-  d0.predicted_tokens = 4;
-  RoutingDecision d1 = d0;
-  d1.decoder = 1;
-  d1.nearest = 1;
+  const RoutingDecision d0 = Held(0, 0), d1 = Held(1, 1);
   r.Dispatch(d0);
   r.Dispatch(d0);
   r.Dispatch(d1);
@@ -177,13 +180,7 @@ TEST(MarginalCost, LocalityWinsOnlyWhileItPays) {
     Router r = experts_dear ? CostRouter(calib, 1e-4, 1e-7, 0, 64) : CostRouter(calib, 1e-7, 1e-4, 0, 64);
     const std::vector<float> c0 = {3, 0, 0, 0}, c1 = {0, 0, 2, 0};
     // Decoder 0: three cluster-0 requests; decoder 1: one cluster-1 request (routed by hand-built decisions).
-    RoutingDecision d0;
-    d0.decoder = 0;
-    d0.nearest = 0;
-    d0.predicted_tokens = 4;
-    RoutingDecision d1 = d0;
-    d1.decoder = 1;
-    d1.nearest = 1;
+    const RoutingDecision d0 = Held(0, 0), d1 = Held(1, 1);
     for (int i = 0; i < 3; ++i) r.Dispatch(d0);
     r.Dispatch(d1);
     EXPECT_EQ(r.Route(c0.data(), nullptr, "").decoder, experts_dear ? 0 : 1);
