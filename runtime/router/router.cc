@@ -72,40 +72,13 @@ int LeastLoaded(const std::vector<DecoderState>& d, const std::vector<int>* cand
   return best;
 }
 
-// The rules below read the distances only through an accessor `dist`:
-//   dist.Nearest()        argmin_k d_k, tie → lower k
-//   dist.Min()            min_k d_k
-//   dist.Value(k)         d_k
-//   dist.Less(a, b)       d_a < d_b
-//   dist.AtMost(k, x)     d_k <= x (false for a NaN d_k)
-// PlainDistances reads an array (Decide); the Router's filtered distances (DistanceFilter) answer from bounds
-// where they settle the question and compute the exact d_k otherwise, so both give the same decisions.
-struct PlainDistances {
-  const double* d;
-  int K;
-  int Nearest() const {
-    int best = 0;
-    for (int k = 1; k < K; ++k) {
-      if (d[k] < d[best]) best = k;
-    }
-    return best;
-  }
-  double Min() const {  // min_j d_j (a NaN d_j is passed over)
-    double m = std::numeric_limits<double>::infinity();
-    for (int k = 0; k < K; ++k) m = std::min(m, d[k]);
-    return m;
-  }
-  double Value(int k) const { return d[k]; }
-  bool Less(int a, int b) const { return d[a] < d[b]; }
-  bool AtMost(int k, double x) const { return d[k] <= x; }
-};
-
-template <typename Dist>
-RoutingDecision BandRule(const DecisionInputs& in, double tau, Dist& dist) {
+RoutingDecision Band(const DecisionInputs& in, double tau) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
+  double dmin = std::numeric_limits<double>::infinity();
+  for (int k = 0; k < K; ++k) dmin = std::min(dmin, in.distances[k]);
   RoutingDecision out;
-  const double bound = dist.Min() + tau;
+  const double bound = dmin + tau;
   // Bounded load (off when load_bound <= 0): a band member already holding ceil((1+ε)·(Σ in_flight + 1)/K)
   // requests is passed over, so a band of one decoder cannot pile up work while the others idle.
   int64_t load_cap = std::numeric_limits<int64_t>::max();
@@ -116,10 +89,11 @@ RoutingDecision BandRule(const DecisionInputs& in, double tau, Dist& dist) {
   }
   int best = -1;
   for (int k = 0; k < K; ++k) {
-    if (!dist.AtMost(k, bound)) continue;
+    if (!(in.distances[k] <= bound)) continue;
     ++out.band_size;
     if (!d[k].eligible() || d[k].in_flight >= load_cap) continue;
-    if (best < 0 || d[k].in_flight < d[best].in_flight || (d[k].in_flight == d[best].in_flight && dist.Less(k, best))) {
+    if (best < 0 || d[k].in_flight < d[best].in_flight ||
+        (d[k].in_flight == d[best].in_flight && in.distances[k] < in.distances[best])) {
       best = k;  // equal load and equal distance keeps the lower index (scan order)
     }
   }
@@ -128,13 +102,20 @@ RoutingDecision BandRule(const DecisionInputs& in, double tau, Dist& dist) {
     best = LeastLoaded(d, nullptr, true);  // -1 when every decoder is at its cap
   }
   out.decoder = best;
-  out.distance = best >= 0 ? dist.Value(best) : 0.0;
+  out.distance = best >= 0 ? in.distances[best] : 0.0;
   return out;
 }
 
+int Nearest(const double* distances, int K) {
+  int best = 0;
+  for (int k = 1; k < K; ++k) {
+    if (distances[k] < distances[best]) best = k;
+  }
+  return best;
+}
+
 // eldr_tail (see Decide in router.h).
-template <typename Dist>
-RoutingDecision TailBandRule(const DecisionInputs& in, Dist& dist) {
+RoutingDecision TailBand(const DecisionInputs& in) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
   const double eps = in.load_bound > 0 ? in.load_bound : kTailLoadBound;
@@ -143,15 +124,15 @@ RoutingDecision TailBandRule(const DecisionInputs& in, Dist& dist) {
   const double cap = (1.0 + eps) * total / K;
   auto ok = [&](int k) { return d[k].eligible() && d[k].work < cap; };
   RoutingDecision out;
-  out.nearest = dist.Nearest();
+  out.nearest = Nearest(in.distances, K);
   out.predicted_tokens = in.request_work;
-  const double bound = dist.Value(out.nearest) + in.tau;
+  const double bound = in.distances[out.nearest] + in.tau;
   int best = -1;
   for (int k = 0; k < K; ++k) {
-    if (!dist.AtMost(k, bound)) continue;
+    if (!(in.distances[k] <= bound)) continue;
     ++out.band_size;
     if (!ok(k)) continue;
-    if (best < 0 || d[k].work < d[best].work || (d[k].work == d[best].work && dist.Less(k, best))) {
+    if (best < 0 || d[k].work < d[best].work || (d[k].work == d[best].work && in.distances[k] < in.distances[best])) {
       best = k;
     }
   }
@@ -160,7 +141,7 @@ RoutingDecision TailBandRule(const DecisionInputs& in, Dist& dist) {
     out.fallback = true;
     for (int k = 0; k < K; ++k) {
       if (!ok(k)) continue;
-      if (best < 0 || dist.Less(k, best)) best = k;
+      if (best < 0 || in.distances[k] < in.distances[best]) best = k;
     }
     out.overflow = best >= 0;
   }
@@ -170,18 +151,16 @@ RoutingDecision TailBandRule(const DecisionInputs& in, Dist& dist) {
     }
   }
   out.decoder = best;
-  out.distance = best >= 0 ? dist.Value(best) : 0.0;
+  out.distance = best >= 0 ? in.distances[best] : 0.0;
   return out;
 }
 
-// eldr, the marginal-cost rule (see Decide in router.h). `nearest`: dist.Nearest(), computed by the caller (the
-// prices depend on it).
-template <typename Dist>
-RoutingDecision CheapestDecoderRule(const DecisionInputs& in, int nearest, Dist& dist) {
+// eldr, the marginal-cost rule (see Decide in router.h).
+RoutingDecision CheapestDecoder(const DecisionInputs& in) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
   RoutingDecision out;
-  out.nearest = nearest;
+  out.nearest = Nearest(in.distances, K);
   out.predicted_tokens = in.request_work;
   // A full decoder (in_flight >= max_batch) would queue the request: second choice, whatever its price; among
   // full ones the shortest queue first.
@@ -190,7 +169,7 @@ RoutingDecision CheapestDecoderRule(const DecisionInputs& in, int nearest, Dist&
     if (full(k) != full(b)) return full(b);
     if (full(k) && d[k].in_flight != d[b].in_flight) return d[k].in_flight < d[b].in_flight;
     const double c = in.marginal_cost[k], cb = in.marginal_cost[b];
-    return c < cb || (c == cb && dist.Less(k, b));
+    return c < cb || (c == cb && in.distances[k] < in.distances[b]);
   };
   int best = -1;
   for (int k = 0; k < K; ++k) {
@@ -198,32 +177,9 @@ RoutingDecision CheapestDecoderRule(const DecisionInputs& in, int nearest, Dist&
   }
   out.decoder = best;
   out.fallback = best < 0;
-  out.distance = best >= 0 ? dist.Value(best) : 0.0;
+  out.distance = best >= 0 ? in.distances[best] : 0.0;
   out.predicted_cost = best >= 0 ? in.marginal_cost[best] : 0.0;
   return out;
-}
-
-// The signature policies' decision (see Decide in router.h); `nearest` = dist.Nearest().
-template <typename Dist>
-RoutingDecision SignatureRule(const DecisionInputs& in, int nearest, Dist& dist) {
-  switch (in.policy) {
-    case RoutingPolicy::kEldrPaper: {
-      RoutingDecision b = BandRule(in, in.tau, dist);
-      b.nearest = nearest;
-      return b;
-    }
-    case RoutingPolicy::kEldrTail:
-      ELDR_CHECK(in.request_work > 0, "eldr_tail needs a request work > 0");
-      return TailBandRule(in, dist);
-    case RoutingPolicy::kEldr:
-      ELDR_CHECK(in.marginal_cost, "eldr routing needs marginal costs");
-      return CheapestDecoderRule(in, nearest, dist);
-    case RoutingPolicy::kLocalityTop1:
-      return BandRule(in, 0.0, dist);
-    default:
-      ELDR_CHECK(false, RoutingPolicyName(in.policy) << " is not a signature policy");
-  }
-  return {};
 }
 
 }  // namespace
@@ -235,14 +191,22 @@ RoutingDecision Decide(const DecisionInputs& in) {
   RoutingDecision out;
   std::vector<int> eligible;
   switch (in.policy) {
-    case RoutingPolicy::kEldrPaper:
-    case RoutingPolicy::kEldrTail:
-    case RoutingPolicy::kEldr:
-    case RoutingPolicy::kLocalityTop1: {
-      ELDR_CHECK(in.distances, RoutingPolicyName(in.policy) << " routing needs distances");
-      PlainDistances dist{in.distances, K};
-      return SignatureRule(in, dist.Nearest(), dist);
+    case RoutingPolicy::kEldrPaper: {
+      ELDR_CHECK(in.distances, "eldr_paper routing needs distances");
+      RoutingDecision b = Band(in, in.tau);
+      b.nearest = Nearest(in.distances, K);
+      return b;
     }
+    case RoutingPolicy::kEldrTail:
+      ELDR_CHECK(in.distances, "eldr_tail routing needs distances");
+      ELDR_CHECK(in.request_work > 0, "eldr_tail needs a request work > 0");
+      return TailBand(in);
+    case RoutingPolicy::kEldr:
+      ELDR_CHECK(in.distances && in.marginal_cost, "eldr routing needs distances and marginal costs");
+      return CheapestDecoder(in);
+    case RoutingPolicy::kLocalityTop1:
+      ELDR_CHECK(in.distances, "locality_top1 routing needs distances");
+      return Band(in, 0.0);
     case RoutingPolicy::kJsq:
       out.decoder = LeastLoaded(d, nullptr, true);
       break;
@@ -370,10 +334,6 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
   r.distances_.assign(K, 0.0);
   r.dots_.assign(K, 0.f);
   r.signature_.assign(r.params_.dim(), 0.f);
-  if (calib && UsesSignature(config.policy)) {
-    r.filter_ = DistanceFilter(r.centroids_, K, r.params_.dim());
-    if (r.filter_.enabled()) r.last_signature_.assign(r.params_.dim(), 0.f);
-  }
   return r;
 }
 
@@ -383,16 +343,10 @@ const std::vector<int>* Router::DomainGroup(const std::string& domain) const {
 }
 
 RoutingDecision Router::DecideNow(const double* distances, const std::string& domain, double context) {
-  if (!distances) return DecideWith<PlainDistances>(nullptr, domain, context);
-  PlainDistances dist{distances, config_.num_decoders};
-  return DecideWith(&dist, domain, context);
-}
-
-template <typename Dist>
-RoutingDecision Router::DecideWith(Dist* dist, const std::string& domain, double context) {
   DecisionInputs in;
   in.policy = config_.policy;
   in.decoders = &decoders_;
+  in.distances = distances;
   in.tau = *config_.tau;
   in.load_bound = config_.load_bound;
   in.domain_group = config_.policy == RoutingPolicy::kDomain ? DomainGroup(domain) : nullptr;
@@ -401,8 +355,8 @@ RoutingDecision Router::DecideWith(Dist* dist, const std::string& domain, double
     in.random_b = rng_();
   }
   in.round_robin_next = round_robin_next_;
-  const int nearest = dist ? dist->Nearest() : -1;
-  if (dist) in.request_work = PriorDecodeTokens(nearest);
+  const int nearest = distances ? Nearest(distances, config_.num_decoders) : -1;
+  if (distances) in.request_work = PriorDecodeTokens(nearest);
   if (config_.policy == RoutingPolicy::kEldr) {
     // The request's profile is its cluster's, so the growths come from the per-(cluster, decoder) cache: the same
     // values as MarginalCost's, recomputed only for the decoders changed since this cluster's last decision.
@@ -412,7 +366,7 @@ RoutingDecision Router::DecideWith(Dist* dist, const std::string& domain, double
     in.marginal_cost = costs_.data();
     in.max_batch = config_.max_batch;
   }
-  RoutingDecision out = dist ? SignatureRule(in, nearest, *dist) : Decide(in);
+  RoutingDecision out = Decide(in);
   out.context = context;
   if (config_.policy == RoutingPolicy::kRoundRobin && out.decoder >= 0) round_robin_next_ = out.decoder + 1;
   return out;
@@ -424,24 +378,6 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
 
 RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain, double context) {
   if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);
-  if (filter_.enabled() && filter_.Prepare(signature, centroids_.data())) {
-    // The decision reads the distances it needs from the filter (exact where they matter, the same decisions);
-    // the signature is kept so that last_distances() can give all of them.
-    const RoutingDecision out = DecideWith(&filter_, domain, context);
-    last_exact_rows_ = filter_.exact_rows();
-    // Route()'s own scratch stays until the next request; a caller's signature is copied.
-    if (signature != signature_.data()) std::copy(signature, signature + params_.dim(), last_signature_.data());
-    last_signature_in_scratch_ = signature == signature_.data();
-    distances_stale_ = true;
-    return out;
-  }
-  FullDistances(signature, distances_.data());
-  distances_stale_ = false;
-  last_exact_rows_ = config_.num_decoders;
-  return DecideNow(distances_.data(), domain, context);
-}
-
-void Router::FullDistances(const float* signature, double* out) const {
   const int K = config_.num_decoders, D = params_.dim();
   // d = 1 − M s with M the [K, D] centroid matrix: one vectorised matrix-vector product.
   using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
@@ -449,15 +385,8 @@ void Router::FullDistances(const float* signature, double* out) const {
   Eigen::Map<const Eigen::VectorXf> s(signature, D);
   Eigen::Map<Eigen::VectorXf> dots(dots_.data(), K);
   dots.noalias() = M * s;
-  for (int k = 0; k < K; ++k) out[k] = 1.0 - static_cast<double>(dots_[k]);
-}
-
-const std::vector<double>& Router::last_distances() const {
-  if (distances_stale_) {
-    FullDistances(last_signature_in_scratch_ ? signature_.data() : last_signature_.data(), distances_.data());
-    distances_stale_ = false;
-  }
-  return distances_;
+  for (int k = 0; k < K; ++k) distances_[k] = 1.0 - static_cast<double>(dots_[k]);
+  return DecideNow(distances_.data(), domain, context);
 }
 
 RoutingDecision Router::Route(const float* counts, const float* gate_sums, const std::string& domain) {
@@ -478,9 +407,7 @@ double Router::MarginalCost(int k, int profile, double context, double tokens) c
   return Price(k, profile >= 0 ? union_.Growth(k, profile) : 0.0, context, tokens);
 }
 
-// One out-of-line copy: GCC contracts a·b + c into FMAs per copy, so MarginalCost and the decision share this one
-// and price alike, bit for bit (as MarginalCost did when the decision called it).
-__attribute__((noinline)) double Router::Price(int k, double growth, double context, double tokens) const {
+double Router::Price(int k, double growth, double context, double tokens) const {
   const CostModel& m = *config_.step_cost;
   const DecoderState& s = decoders_[k];
   const double max_batch = static_cast<double>(config_.max_batch);

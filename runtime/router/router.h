@@ -20,7 +20,6 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/common/status.h"
 #include "runtime/cost/cost_model.h"
-#include "runtime/router/distance_filter.h"
 #include "runtime/router/predicted_union.h"
 #include "runtime/signature/signature.h"
 
@@ -167,19 +166,13 @@ class Router {
   int signature_dim() const { return params_.dim(); }
   RoutingPolicy policy() const { return config_.policy; }
   double tau() const { return *config_.tau; }  // resolved by Create: always set
-  // d_k of the last signature routed ([K]; computed here in full when the decision read only some of them).
-  const std::vector<double>& last_distances() const;
-  // Centroid rows the last signature decision computed exactly (K with the full product; tests, benchmarks).
-  int last_exact_rows() const { return last_exact_rows_; }
+  // d_k of the last signature routed ([K]).
+  const std::vector<double>& last_distances() const { return distances_; }
 
  private:
   Router() = default;
   const std::vector<int>* DomainGroup(const std::string& domain) const;
   RoutingDecision DecideNow(const double* distances, const std::string& domain, double context);
-  // The decision with the distances read through `dist` (router.cc's accessor interface); null: no signature.
-  template <typename Dist>
-  RoutingDecision DecideWith(Dist* dist, const std::string& domain, double context);
-  void FullDistances(const float* signature, double* out) const;  // out [K] = 1 − M s, the float product
   // MarginalCost with the request's union growth ΔU_k given.
   double Price(int decoder, double growth, double context, double tokens) const;
 
@@ -188,16 +181,9 @@ class Router {
   std::vector<float> centroids_;  // [K, D]
   std::vector<double> prior_;     // [K] mean decode tokens per cluster (empty: 1)
   std::vector<DecoderState> decoders_;
-  mutable std::vector<double> distances_;  // [K] of the last signature; filled on demand after a filtered decision
-  mutable std::vector<float> dots_;        // scratch [K]
-  std::vector<float> signature_;           // scratch [D]
-  // Signature policies: the quantised filter over the centroids (off where it cannot be exact); after a filtered
-  // decision last_signature_ holds the signature so that last_distances() can still give every d_k.
-  DistanceFilter filter_;
-  std::vector<float> last_signature_;
-  mutable bool distances_stale_ = false;
-  bool last_signature_in_scratch_ = false;  // the last signature is signature_ (Route), not last_signature_
-  int last_exact_rows_ = 0;
+  std::vector<double> distances_;
+  std::vector<float> dots_;       // scratch [K]
+  std::vector<float> signature_;  // scratch [D]
   std::map<std::string, std::vector<int>> domain_groups_;
   PredictedUnion union_;         // eldr: the predicted expert union of each decoder's in-flight requests
   std::vector<double> context_;  // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens
