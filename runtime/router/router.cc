@@ -407,7 +407,9 @@ double Router::MarginalCost(int k, int profile, double context, double tokens) c
   return Price(k, profile >= 0 ? union_.Growth(k, profile) : 0.0, context, tokens);
 }
 
-double Router::Price(int k, double growth, double context, double tokens) const {
+// One out-of-line copy: GCC contracts a·b + c into FMAs per inlined copy, so MarginalCost and the decision share
+// this one and price alike, bit for bit (as when the decision called MarginalCost out of line).
+__attribute__((noinline)) double Router::Price(int k, double growth, double context, double tokens) const {
   const CostModel& m = *config_.step_cost;
   const DecoderState& s = decoders_[k];
   const double max_batch = static_cast<double>(config_.max_batch);

@@ -8,6 +8,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <iomanip>
 #include <random>
 
 #include "runtime/router/predicted_union.h"
@@ -120,7 +121,8 @@ void ExpectSameDecision(const RoutingDecision& fast, const RoutingDecision& plai
   ASSERT_EQ(fast.fallback, plain.fallback) << "step " << step;
   ASSERT_EQ(fast.overflow, plain.overflow) << "step " << step;
   ASSERT_EQ(fast.distance, plain.distance) << "step " << step;
-  ASSERT_EQ(fast.predicted_cost, plain.predicted_cost) << "step " << step;
+  ASSERT_EQ(fast.predicted_cost, plain.predicted_cost)
+      << "step " << step << std::setprecision(17) << " " << fast.predicted_cost << " " << plain.predicted_cost;
   ASSERT_EQ(fast.predicted_tokens, plain.predicted_tokens) << "step " << step;
 }
 
@@ -136,8 +138,8 @@ void RunRandomSequence(const RouterConfig& rc, const Calibration& calib, uint64_
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(0.f, 1.f);
   std::vector<InFlight> in_flight;
-  const int D = calib.signature.dim();
-  std::vector<float> counts(kL * kE), s(D);
+  const int D = calib.signature.dim(), L = calib.shape.num_layers, E = calib.shape.num_experts;
+  std::vector<float> counts(static_cast<size_t>(L) * E), s(D);
   for (int step = 0; step < steps; ++step) {
     if (!in_flight.empty() && rng() % 5 < 2) {
       const size_t i = rng() % in_flight.size();
@@ -148,11 +150,11 @@ void RunRandomSequence(const RouterConfig& rc, const Calibration& calib, uint64_
     // A prompt of 1..40 tokens whose experts lean towards a random centroid's.
     const int tokens = 1 + static_cast<int>(rng() % 40);
     std::fill(counts.begin(), counts.end(), 0.f);
-    for (int l = 0; l < kL; ++l) {
+    for (int l = 0; l < L; ++l) {
       for (int t = 0; t < tokens; ++t) {
-        const int first = static_cast<int>(rng() % (kE - 1));
-        counts[l * kE + first] += 1;
-        counts[l * kE + first + 1] += 1;
+        const int first = static_cast<int>(rng() % (E - 1));
+        counts[l * E + first] += 1;
+        counts[l * E + first + 1] += 1;
       }
     }
     ComputeSignature(calib.signature, counts.data(), nullptr, s.data());
@@ -161,7 +163,7 @@ void RunRandomSequence(const RouterConfig& rc, const Calibration& calib, uint64_
     const std::vector<DecoderState> decoders = router.decoders();
     int nearest = 0;
     for (int k = 1; k < calib.num_clusters; ++k) nearest = dist[k] < dist[nearest] ? k : nearest;
-    const double context = static_cast<double>(tokens);  // each prompt token adds top_k to layer 0
+    const double context = 2.0 * tokens / calib.shape.top_k;  // each prompt token adds top_k to layer 0
     DecisionInputs in;
     in.policy = rc.policy;
     in.decoders = &decoders;
@@ -179,7 +181,14 @@ void RunRandomSequence(const RouterConfig& rc, const Calibration& calib, uint64_
     const RoutingDecision fast = router.Route(counts.data(), nullptr, "");
     ExpectSameDecision(fast, plain, step);
     if (::testing::Test::HasFatalFailure()) return;
-    ASSERT_DOUBLE_EQ(fast.context, context);
+    EXPECT_DOUBLE_EQ(fast.context, context);
+    const std::vector<double>& all = router.last_distances();  // every d_k, bit for bit the plain product's
+    for (int k = 0; k < calib.num_clusters; ++k) {
+      if (all[k] != dist[k]) {
+        ADD_FAILURE() << "step " << step << ": d_" << k << " = " << all[k] << ", plain " << dist[k];
+        return;
+      }
+    }
     if (fast.decoder < 0) continue;  // every decoder at its cap: the request waits (dropped here)
     router.Dispatch(fast);
     in_flight.push_back({fast, fast.predicted_tokens});
@@ -217,7 +226,8 @@ TEST(RouterFastPath, EldrDecisionsEqualThePlainRecomputation) {
 TEST(RouterFastPath, BandDecisionsEqualThePlainRecomputation) {
   for (const int K : {2, 5, 8, 40}) {
     const Calibration calib = RandomCalibration(K, 30 + K);
-    for (const RoutingPolicy policy : {RoutingPolicy::kEldrPaper, RoutingPolicy::kEldrTail, RoutingPolicy::kLocalityTop1}) {
+    for (const RoutingPolicy policy :
+         {RoutingPolicy::kEldrPaper, RoutingPolicy::kEldrTail, RoutingPolicy::kLocalityTop1}) {
       for (const double tau : {0.0, 0.02, 0.1, 2.0}) {
         RouterConfig rc;
         rc.policy = policy;
@@ -229,6 +239,46 @@ TEST(RouterFastPath, BandDecisionsEqualThePlainRecomputation) {
         RunRandomSequence(rc, calib, 1000 * K + static_cast<int>(tau * 100), 1500);
         if (HasFatalFailure()) return;
       }
+    }
+  }
+}
+
+// The benchmark's shape (L = 48, E = 128, all layers masked: D = 6144; K = 40) with uniform random centroids (all
+// distances within ~0.02 of each other), and a 16-layer mask.
+TEST(RouterFastPath, BenchmarkShapeDecisionsEqualThePlainRecomputation) {
+  for (const int layers : {48, 16}) {
+    const int L = 48, E = 128, K = 40;
+    std::mt19937_64 rng(layers);
+    std::uniform_real_distribution<float> u(0.f, 1.f);
+    Calibration c;
+    c.shape = {"bench", L, E, 8};
+    c.signature.variant = SignatureVariant::kCountIdf;
+    c.signature.num_layers = L;
+    c.signature.num_experts = E;
+    c.signature.idf.resize(L * E);
+    for (auto& w : c.signature.idf) w = 3.f * u(rng);
+    c.signature.layer_mask.assign(L, 0);
+    for (int l = 0; l < layers; ++l) c.signature.layer_mask[(l * 7) % L] = 1;
+    const int D = c.signature.dim();
+    c.num_clusters = K;
+    c.tau = 0.1;
+    c.centroids.resize(static_cast<size_t>(K) * D);
+    for (int k = 0; k < K; ++k) {
+      double n2 = 0;
+      for (int x = 0; x < D; ++x) n2 += std::pow(c.centroids[k * D + x] = u(rng), 2);
+      for (int x = 0; x < D; ++x) c.centroids[k * D + x] /= static_cast<float>(std::sqrt(n2));
+    }
+    c.expert_load.resize(static_cast<size_t>(K) * L * E);
+    for (auto& q : c.expert_load) q = std::min(1.f, 2.f * 8 / E * u(rng));
+    for (const RoutingPolicy policy : {RoutingPolicy::kEldr, RoutingPolicy::kEldrPaper}) {
+      RouterConfig rc;
+      rc.policy = policy;
+      rc.num_decoders = K;
+      rc.tau = policy == RoutingPolicy::kEldr ? 0.1 : 0.004;  // a band edge among the distances
+      rc.job_shape = c.shape;
+      rc.step_cost = CostModel{"test", "", 5e-4, 3.6e-6, 1.3e-5, 4.6e-8};
+      RunRandomSequence(rc, c, 5 + layers, 300);
+      if (HasFatalFailure()) return;
     }
   }
 }
