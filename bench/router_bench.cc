@@ -1,5 +1,6 @@
 // Online routing cost (bench/README.md): per-request routing overhead end to end (assemble counts from the
-// block rows of a 2048-token prompt, IDF + mask + L2, band decision) and the decision alone. Per-iteration
+// block rows of a 2048-token prompt, IDF + mask + L2, the band or the default eldr decision, dispatch and
+// completion) and the decision alone. Per-iteration
 // latencies are timed individually so that p50/p99 can be reported (counters p50_us, p99_us).
 #include <benchmark/benchmark.h>
 
@@ -47,9 +48,36 @@ void ReportPercentiles(benchmark::State& state, std::vector<double>& ns) {
   state.counters["p99_us"] = ns[std::min(ns.size() - 1, ns.size() * 99 / 100)] / 1000.0;
 }
 
-// Args: K, selected layers.
+// An eldr router over RandomCalibration(K, S, seed) with random cluster profiles, each decoder holding 24 in-flight
+// requests of random clusters.
+Router LoadedEldrRouter(Calibration& calib, int K, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<float> u(0.f, 1.f);
+  calib.expert_load.resize(static_cast<size_t>(K) * kL * kE);
+  for (auto& q : calib.expert_load) q = std::min(1.f, 2.f * kTopK / kE * u(rng));
+  RouterConfig rc;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = K;
+  rc.job_shape = calib.shape;
+  rc.step_cost = CostModel{"bench", "", 5e-4, 3.6e-6, 1.3e-5, 4.6e-8};
+  Router router = Router::Create(rc, &calib).value();
+  for (int k = 0; k < K; ++k) {
+    RoutingDecision d;
+    d.decoder = k;
+    d.predicted_tokens = 100;
+    for (int i = 0; i < 24; ++i) {
+      d.nearest = static_cast<int>(rng() % K);
+      router.Dispatch(d);
+    }
+  }
+  return router;
+}
+
+// Args: K, selected layers, policy (0: eldr_paper, the band; 1: eldr, the default marginal cost, each decoder
+// holding 24 in-flight requests, the request's dispatch and completion updating the predicted unions).
 void BM_RouteEndToEnd(benchmark::State& state) {
   const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
+  const bool eldr = state.range(2) == 1;
   const int num_blocks = kPromptTokens / kBlockSize;
   SignatureCache cache(num_blocks, kL, kE, kBlockSize);
   std::mt19937_64 rng(1);
@@ -69,7 +97,7 @@ void BM_RouteEndToEnd(benchmark::State& state) {
   rc.num_decoders = K;
   rc.tau = 0.1;
   rc.job_shape = calib.shape;
-  Router router = Router::Create(rc, &calib).value();
+  Router router = eldr ? LoadedEldrRouter(calib, K, 6) : Router::Create(rc, &calib).value();
   std::vector<float> counts(static_cast<size_t>(kL) * kE);
   std::vector<double> ns;
   ns.reserve(1 << 16);
@@ -77,8 +105,8 @@ void BM_RouteEndToEnd(benchmark::State& state) {
     const auto t0 = std::chrono::steady_clock::now();
     cache.SumCounts(blocks, &calib.signature.layer_mask, counts.data());
     const RoutingDecision d = router.Route(counts.data(), nullptr, "");
-    router.Dispatch(d.decoder);
-    router.Complete(d.decoder);
+    router.Dispatch(d);
+    router.Complete(d, 1);
     benchmark::DoNotOptimize(d);
     ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -86,8 +114,8 @@ void BM_RouteEndToEnd(benchmark::State& state) {
   state.counters["D"] = calib.signature.dim();
 }
 BENCHMARK(BM_RouteEndToEnd)
-    ->ArgsProduct({{8, 16, 40}, {16, 48}})
-    ->ArgNames({"K", "layers"})
+    ->ArgsProduct({{8, 16, 40}, {16, 48}, {0, 1}})
+    ->ArgNames({"K", "layers", "eldr"})
     ->Unit(benchmark::kMicrosecond);
 
 void BM_RouteDecision(benchmark::State& state) {
@@ -116,34 +144,26 @@ BENCHMARK(BM_RouteDecision)->ArgsProduct({{40}, {16, 48}})->ArgNames({"K", "laye
 // The default eldr (marginal cost): the decision with K decoders each holding `in_flight` requests (prices from the
 // predicted unions over the masked layers), and the bookkeeping of one dispatch + one completion (two union
 // refreshes). Cluster profiles: random per-token activation probabilities with top_k mass per layer.
+// Args: K, selected layers, signatures cycled (1: the same request every time, so its cluster's cached growths
+// stay valid but for the decoder last changed; 64: 64 random signatures in turn, whose nearest clusters vary).
 void BM_RouteDecisionEldr(benchmark::State& state) {
   const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
+  const int num_signatures = static_cast<int>(state.range(2));
   Calibration calib = RandomCalibration(K, S, 5);
-  std::mt19937_64 rng(6);
+  Router router = LoadedEldrRouter(calib, K, 6);
+  std::mt19937_64 rng(7);
   std::uniform_real_distribution<float> u(0.f, 1.f);
-  calib.expert_load.resize(static_cast<size_t>(K) * kL * kE);
-  for (auto& q : calib.expert_load) q = std::min(1.f, 2.f * kTopK / kE * u(rng));
-  RouterConfig rc;
-  rc.policy = RoutingPolicy::kEldr;
-  rc.num_decoders = K;
-  rc.job_shape = calib.shape;
-  rc.step_cost = CostModel{"bench", "", 5e-4, 3.6e-6, 1.3e-5, 4.6e-8};
-  Router router = Router::Create(rc, &calib).value();
-  std::vector<float> s(calib.signature.dim());
-  for (auto& x : s) x = u(rng);
-  for (int k = 0; k < K; ++k) {
-    RoutingDecision d;
-    d.decoder = k;
-    d.predicted_tokens = 100;
-    for (int i = 0; i < 24; ++i) {
-      d.nearest = static_cast<int>(rng() % K);
-      router.Dispatch(d);
-    }
+  std::vector<std::vector<float>> sigs(num_signatures, std::vector<float>(calib.signature.dim()));
+  for (auto& s : sigs) {
+    for (auto& x : s) x = u(rng);
   }
   std::vector<double> ns, book;
   ns.reserve(1 << 16);
   book.reserve(1 << 16);
+  size_t next = 0;
   for (auto _ : state) {
+    const std::vector<float>& s = sigs[next];
+    next = next + 1 == sigs.size() ? 0 : next + 1;
     const auto t0 = std::chrono::steady_clock::now();
     const RoutingDecision d = router.RouteSignature(s.data(), "", 200);
     const auto t1 = std::chrono::steady_clock::now();
@@ -159,8 +179,8 @@ void BM_RouteDecisionEldr(benchmark::State& state) {
   if (!book.empty()) state.counters["dispatch_complete_p50_us"] = book[book.size() / 2] / 1000.0;
 }
 BENCHMARK(BM_RouteDecisionEldr)
-    ->ArgsProduct({{8, 16, 40}, {16, 48}})
-    ->ArgNames({"K", "layers"})
+    ->ArgsProduct({{8, 16, 40}, {16, 48}, {1, 64}})
+    ->ArgNames({"K", "layers", "sigs"})
     ->Unit(benchmark::kMicrosecond);
 
 // Not a timing: the memory footprint of the signature cache for Qwen3-30B-A3B (48 layers, 128 experts,

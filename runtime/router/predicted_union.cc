@@ -10,7 +10,8 @@ namespace eldr {
 
 namespace {
 constexpr float kMaxProbability = 1.0f - 1e-6f;
-}
+constexpr uint64_t kStale = ~uint64_t{0};  // a growth_version_ no decoder reaches
+}  // namespace
 
 PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profiles,
                                const std::vector<uint8_t>& layer_mask, int num_layers, int num_experts,
@@ -42,6 +43,9 @@ PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profi
   keep_.assign(keep_exact_.size(), 1.0f);
   union_.assign(num_decoders, 0.0);
   count_.assign(num_decoders, 0);
+  version_.assign(num_decoders, 0);
+  growth_.assign(static_cast<size_t>(num_profiles) * num_decoders, 0.0);
+  growth_version_.assign(growth_.size(), kStale);
 }
 
 void PredictedUnion::Refresh(int k) {
@@ -53,6 +57,7 @@ void PredictedUnion::Refresh(int k) {
     untouched += kd[j];
   }
   union_[k] = scale_ * (static_cast<double>(row_) - untouched);
+  ++version_[k];
 }
 
 void PredictedUnion::Add(int k, int p) {
@@ -77,6 +82,20 @@ void PredictedUnion::Remove(int k, int p) {
     for (int j = 0; j < row_; ++j) kd[j] = std::min(1.0, kd[j] / m[j]);
   }
   Refresh(k);
+}
+
+const double* PredictedUnion::Growths(int p) {
+  ELDR_CHECK(p >= 0 && p < num_profiles_, "PredictedUnion::Growths(" << p << ")");
+  const int K = static_cast<int>(count_.size());
+  double* g = growth_.data() + static_cast<size_t>(p) * K;
+  uint64_t* v = growth_version_.data() + static_cast<size_t>(p) * K;
+  for (int k = 0; k < K; ++k) {
+    if (v[k] == version_[k]) continue;
+    g[k] = Growth(k, p);
+    v[k] = version_[k];
+    ++growth_evaluations_;
+  }
+  return g;
 }
 
 double PredictedUnion::Growth(int k, int p) const {

@@ -18,7 +18,10 @@
 // divides its factors out; an emptied decoder's row is reset to exactly 1).
 //
 // Cost: Add / Remove O(|S|·E) multiplies or divides, no transcendental (one decoder's product row and its union);
-// Growth O(|S|·E); Union O(1).
+// Growth O(|S|·E); Union O(1). Growths(p), what a decision reads, caches ΔU_k(p) per (profile, decoder): a request's
+// profile is one of the P cluster profiles, so ΔU_k(p) changes only when decoder k's row does (each Add / Remove
+// bumps the decoder's version), and a call recomputes only the decoders changed since the last call for p —
+// O(#changed · |S|·E), the same values bit for bit as Growth (the same dot product on the same rows).
 // Not thread-safe (owned by one Router).
 #pragma once
 
@@ -43,19 +46,29 @@ class PredictedUnion {
   // U_k and ΔU_k(p) as above (distinct experts per step over all L layers).
   double Union(int decoder) const { return union_[decoder]; }
   double Growth(int decoder, int profile) const;
+  // ΔU_k(profile) for every decoder k ([K]; valid until the next Add, Remove or Growths call), equal bit for bit to
+  // Growth(k, profile). REQUIRES: 0 <= profile < num_profiles().
+  const double* Growths(int profile);
   int64_t requests(int decoder) const { return count_[decoder]; }
+  // Dot products Growths has computed since construction (for tests and benchmarks: K per profile at first, then
+  // one per decoder changed since the profile's last call).
+  int64_t growth_evaluations() const { return growth_evaluations_; }
 
  private:
   void Refresh(int decoder);  // keep_ and union_ of `decoder` from keep_exact_
 
   int num_profiles_ = 0, row_ = 0;  // row_ = |S| · E
   double scale_ = 1;
-  std::vector<float> q_;             // [P, row_]
-  std::vector<double> keep_factor_;  // [P, row_] 1 − q (≥ 1e-6)
-  std::vector<double> keep_exact_;   // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}), multiplied in and divided out
-  std::vector<float> keep_;          // [K, row_] keep_exact_ in float (Growth's dot product)
-  std::vector<double> union_;        // [K] U_k
-  std::vector<int64_t> count_;       // [K] |R_k|
+  std::vector<float> q_;                  // [P, row_]
+  std::vector<double> keep_factor_;       // [P, row_] 1 − q (≥ 1e-6)
+  std::vector<double> keep_exact_;        // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}), multiplied in and divided out
+  std::vector<float> keep_;               // [K, row_] keep_exact_ in float (Growth's dot product)
+  std::vector<double> union_;             // [K] U_k
+  std::vector<int64_t> count_;            // [K] |R_k|
+  std::vector<uint64_t> version_;         // [K] bumped by every Add / Remove of the decoder
+  std::vector<double> growth_;            // [P, K] ΔU_k(p) as of growth_version_
+  std::vector<uint64_t> growth_version_;  // [P, K] version_[k] when growth_ was computed; kStale = never
+  int64_t growth_evaluations_ = 0;
 };
 
 }  // namespace eldr

@@ -358,8 +358,11 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
   const int nearest = distances ? Nearest(distances, config_.num_decoders) : -1;
   if (distances) in.request_work = PriorDecodeTokens(nearest);
   if (config_.policy == RoutingPolicy::kEldr) {
+    // The request's profile is its cluster's, so the growths come from the per-(cluster, decoder) cache: the same
+    // values as MarginalCost's, recomputed only for the decoders changed since this cluster's last decision.
     costs_.resize(config_.num_decoders);
-    for (int k = 0; k < config_.num_decoders; ++k) costs_[k] = MarginalCost(k, nearest, context, in.request_work);
+    const double* growth = union_.Growths(nearest);
+    for (int k = 0; k < config_.num_decoders; ++k) costs_[k] = Price(k, growth[k], context, in.request_work);
     in.marginal_cost = costs_.data();
     in.max_batch = config_.max_batch;
   }
@@ -401,12 +404,17 @@ RoutingDecision Router::Route(const float* counts, const float* gate_sums, const
 
 double Router::MarginalCost(int k, int profile, double context, double tokens) const {
   ELDR_CHECK(config_.policy == RoutingPolicy::kEldr && config_.step_cost, "MarginalCost needs policy eldr");
+  return Price(k, profile >= 0 ? union_.Growth(k, profile) : 0.0, context, tokens);
+}
+
+// One out-of-line copy: GCC contracts a·b + c into FMAs per inlined copy, so MarginalCost and the decision share
+// this one and price alike, bit for bit (as when the decision called MarginalCost out of line).
+__attribute__((noinline)) double Router::Price(int k, double growth, double context, double tokens) const {
   const CostModel& m = *config_.step_cost;
   const DecoderState& s = decoders_[k];
   const double max_batch = static_cast<double>(config_.max_batch);
   const double running = std::min(static_cast<double>(s.in_flight), max_batch);  // the sequences of its next step
-  const double growth = profile >= 0 ? union_.Growth(k, profile) : 0.0;
-  const double own_context = context + tokens / 2;  // its mean context over its decode
+  const double own_context = context + tokens / 2;                               // its mean context over its decode
   // The request's own step time there, and what it adds to every running request's step.
   const double step = m.DecodeStep(union_.Union(k) + growth, running + 1, context_[k] + own_context);
   const double harm = running * (m.decode_b * growth + m.decode_c + m.decode_d * own_context);

@@ -156,6 +156,8 @@ class Router {
   // and `tokens` predicted decode tokens to `decoder`, in seconds of decode-step time (DESIGN.md §3). Exposed
   // for tests. REQUIRES: policy eldr.
   double MarginalCost(int decoder, int profile, double context, double tokens) const;
+  // eldr: the predicted expert unions (exposed for tests and benchmarks).
+  const PredictedUnion& predicted_union() const { return union_; }
   // The prior decode length of cluster k: calibration /clusters/mean_decode_len[k], or 1 without it.
   double PriorDecodeTokens(int cluster) const;
 
@@ -171,6 +173,8 @@ class Router {
   Router() = default;
   const std::vector<int>* DomainGroup(const std::string& domain) const;
   RoutingDecision DecideNow(const double* distances, const std::string& domain, double context);
+  // MarginalCost with the request's union growth ΔU_k given.
+  double Price(int decoder, double growth, double context, double tokens) const;
 
   RouterConfig config_;
   SignatureParams params_;
