@@ -94,6 +94,8 @@ class EldrLayerPlacer {
     swap_wq_.resize(spr_);
     candidates_.resize(spr_);
     bucket_w_.resize(P_);
+    bucket_r_.resize(P_);
+    bucket_e_.resize(P_);
     swap_jq_.resize(spr_);
     swap_ia_.resize(spr_);
     swap_a_.resize(spr_);
@@ -257,14 +259,34 @@ class EldrLayerPlacer {
   }
   void SetOpenKey(int r, int64_t key) { open_key_[r] = key; }
   // The lightest rank with room (lower rank on ties), or -1.
+  // One pass over four lanes (GCC/Clang vector extensions; plain code on any target), each lane keeping its
+  // lowest (key, rank): a lane sees its ranks in ascending order, so a strict < keeps the lowest rank on ties.
   int LightestOpen() const {
+    typedef int64_t V4 __attribute__((vector_size(32)));
     const int64_t* key = open_key_.data();
-    int64_t m = kClosed;
-    for (int r = 0; r < R_; ++r) m = std::min(m, key[r]);
-    if (m == kClosed) return -1;
-    int64_t best = R_;
-    for (int r = 0; r < R_; ++r) best = std::min(best, key[r] == m ? static_cast<int64_t>(r) : int64_t{R_});
-    return static_cast<int>(best);
+    V4 lane_min = {kClosed, kClosed, kClosed, kClosed}, lane_rank = {-1, -1, -1, -1}, rank = {0, 1, 2, 3};
+    const V4 step = {4, 4, 4, 4};
+    int r = 0;
+    for (; r + 4 <= R_; r += 4) {
+      V4 k;
+      std::memcpy(&k, key + r, sizeof k);
+      const V4 lt = k < lane_min;  // -1 where the lane takes rank
+      lane_min = (k & lt) | (lane_min & ~lt);
+      lane_rank = (rank & lt) | (lane_rank & ~lt);
+      rank += step;
+    }
+    int64_t m = kClosed, best = -1;
+    for (int lane = 0; lane < 4; ++lane) {
+      const bool take = lane_min[lane] < m || (lane_min[lane] == m && lane_rank[lane] < best);
+      m = take ? lane_min[lane] : m;
+      best = take ? lane_rank[lane] : best;
+    }
+    for (; r < R_; ++r) {  // the last R % 4 ranks, above every lane's
+      const bool take = key[r] < m;
+      m = take ? key[r] : m;
+      best = take ? r : best;
+    }
+    return m < kClosed ? static_cast<int>(best) : -1;
   }
 
   // `copies` replicas of e, each onto the lightest rank with a free slot that lacks e; ties: the lower rank.
@@ -285,8 +307,7 @@ class EldrLayerPlacer {
       // Is the lightest rank with room (set-aside ranks included) one that holds e?
       for (int k = 0; k < num_aside && !skipped_; ++k) {
         const int x = aside_[k];
-        if (fill_[x] < spr_ &&
-            (r < 0 || KeyIndexLess()(LoadRank{rank_load_[x], x}, LoadRank{rank_load_[r], r}))) {
+        if (fill_[x] < spr_ && (r < 0 || KeyIndexLess()(LoadRank{rank_load_[x], x}, LoadRank{rank_load_[r], r}))) {
           skipped_ = true;
         }
       }
@@ -528,9 +549,29 @@ class EldrLayerPlacer {
   }
 
   // by_load_ = (load, rank) ascending; the last entry is the most loaded rank.
+  // Each rank's place is the number of (load, rank) pairs below its own, counted four at a time without
+  // branches (R² comparisons, which cost less than the mispredicted ones of a comparison sort of R entries).
   void SortRanksByLoad() {
-    for (int r = 0; r < R_; ++r) by_load_[r] = {rank_load_[r], r};
-    std::sort(by_load_.begin(), by_load_.end(), KeyIndexLess());
+    typedef double V4d __attribute__((vector_size(32)));
+    typedef int64_t V4 __attribute__((vector_size(32)));
+    const double* load = rank_load_.data();
+    const int full = R_ - R_ % 4;
+    for (int r = 0; r < R_; ++r) {
+      const double lr = load[r];
+      const V4d lr4 = {lr, lr, lr, lr};
+      const V4 r4 = {r, r, r, r};
+      V4 below = {0, 0, 0, 0}, j4 = {0, 1, 2, 3};
+      const V4 step = {4, 4, 4, 4};
+      for (int j = 0; j < full; j += 4) {
+        V4d l;
+        std::memcpy(&l, load + j, sizeof l);
+        below += (l < lr4) | ((l == lr4) & (j4 < r4));  // -1 per pair below
+        j4 += step;
+      }
+      int64_t pos = -(below[0] + below[1] + below[2] + below[3]);
+      for (int j = full; j < R_; ++j) pos += (load[j] < lr) | ((load[j] == lr) & (j < r));
+      by_load_[pos] = {lr, r};
+    }
   }
   // After a swap between the most loaded rank `rmax` and the rank at entry `i`: moves both entries to their
   // new places (the order is total, so the result does not depend on which moves first).
@@ -794,28 +835,41 @@ class EldrLayerPlacer {
         const size_t b1 = static_cast<size_t>(n1) * N_ + n2, b2 = static_cast<size_t>(n2) * N_ + n1;
         int32_t* there = buckets_.data() + b2 * P_;  // on n2, homed at n1
         int num_there = bucket_size_[b2];
-        // Their loads, which no swap changes, side by side for the scan.
+        // Their loads, which no swap changes, ranks and experts side by side for the scan.
         double* there_w = bucket_w_.data();
-        for (int j = 0; j < num_there; ++j) there_w[j] = per_replica_[slot_[there[j]]];
+        int32_t* there_r = bucket_r_.data();
+        int32_t* there_e = bucket_e_.data();
+        for (int j = 0; j < num_there; ++j) {
+          there_e[j] = slot_[there[j]];
+          there_w[j] = per_replica_[there_e[j]];
+          there_r[j] = there[j] / spr_;
+        }
         for (int i = 0; i < bucket_size_[b1] && num_there > 0; ++i) {
           const int pos_a = buckets_[b1 * P_ + i], r1 = pos_a / spr_;
           const int a = slot_[pos_a];
           const double wa = per_replica_[a], wb_max = cap - rank_load_[r1] + wa;
+          const uint8_t* has_a = has_.data() + static_cast<size_t>(a) * R_;
+          // The first of the heaviest b that fit (the scan keeps the first strictly heavier one), without
+          // branches on the data.
           int best = -1;
           double best_wb = -1;
           for (int j = 0; j < num_there; ++j) {
             const double wb = there_w[j];
-            if (wb > wb_max || wb <= best_wb) continue;
-            const int pos_b = there[j], r2 = pos_b / spr_;
-            if (rank_load_[r2] + wa - wb > cap || Has(r2, a) || Has(r1, slot_[pos_b])) continue;
-            best = j;
-            best_wb = wb;
+            const int r2 = there_r[j];
+            const bool fits = (wb <= wb_max) & (rank_load_[r2] + wa - wb <= cap) & !has_a[r2] &
+                              !has_[static_cast<size_t>(there_e[j]) * R_ + r1];
+            const bool take = fits & (wb > best_wb);
+            best = take ? j : best;
+            best_wb = take ? wb : best_wb;
           }
           if (best < 0) continue;
           const int pos_b = there[best];
-          Swap(r1, pos_a % spr_, pos_b / spr_, pos_b % spr_);
-          there[best] = there[--num_there];  // both are home now
+          Swap(r1, pos_a % spr_, there_r[best], pos_b % spr_);
+          --num_there;  // both are home now
+          there[best] = there[num_there];
           there_w[best] = there_w[num_there];
+          there_r[best] = there_r[num_there];
+          there_e[best] = there_e[num_there];
         }
       }
     }
@@ -1043,6 +1097,8 @@ class EldrLayerPlacer {
   std::vector<int32_t> buckets_;      // [N, N, P] slots (r * P/R + k) on node n homed at node h
   std::vector<int32_t> bucket_size_;  // [N, N]
   std::vector<double> bucket_w_;      // [P] loads of one bucket's replicas during HomeSwaps
+  std::vector<int32_t> bucket_r_;     // [P] their ranks
+  std::vector<int32_t> bucket_e_;     // [P] their experts
   // Previous placement.
   std::vector<int32_t> prev_cnt_;      // [R, E] replicas on each rank before
   std::vector<int32_t> kept_;          // [E] previous replicas kept
