@@ -72,6 +72,7 @@ class EldrLayerPlacer {
     slot_.resize(static_cast<size_t>(R_) * spr_);
     fill_.resize(R_);
     by_load_.resize(R_);
+    rank_key_.resize(R_);
     open_key_.resize(R_);
     aside_.resize(R_);
     rank_load_.resize(R_);
@@ -549,28 +550,29 @@ class EldrLayerPlacer {
   }
 
   // by_load_ = (load, rank) ascending; the last entry is the most loaded rank.
-  // Each rank's place is the number of (load, rank) pairs below its own, counted four at a time without
-  // branches (R² comparisons, which cost less than the mispredicted ones of a comparison sort of R entries).
-  void SortRanksByLoad() {
+  void SortRanksByLoad() { SortRanksByKey(rank_load_.data()); }
+  // by_load_ = (key[r], r) for every rank, ascending by KeyIndexLess. key: [R], not NaN. Each rank's place is
+  // the number of pairs below its own, counted four at a time without branches (R² comparisons, which cost
+  // less than the mispredicted ones of a comparison sort of R entries).
+  void SortRanksByKey(const double* key) {
     typedef double V4d __attribute__((vector_size(32)));
     typedef int64_t V4 __attribute__((vector_size(32)));
-    const double* load = rank_load_.data();
     const int full = R_ - R_ % 4;
     for (int r = 0; r < R_; ++r) {
-      const double lr = load[r];
-      const V4d lr4 = {lr, lr, lr, lr};
+      const double kr = key[r];
+      const V4d kr4 = {kr, kr, kr, kr};
       const V4 r4 = {r, r, r, r};
       V4 below = {0, 0, 0, 0}, j4 = {0, 1, 2, 3};
       const V4 step = {4, 4, 4, 4};
       for (int j = 0; j < full; j += 4) {
-        V4d l;
-        std::memcpy(&l, load + j, sizeof l);
-        below += (l < lr4) | ((l == lr4) & (j4 < r4));  // -1 per pair below
+        V4d k;
+        std::memcpy(&k, key + j, sizeof k);
+        below += (k < kr4) | ((k == kr4) & (j4 < r4));  // -1 per pair below
         j4 += step;
       }
       int64_t pos = -(below[0] + below[1] + below[2] + below[3]);
-      for (int j = full; j < R_; ++j) pos += (load[j] < lr) | ((load[j] == lr) & (j < r));
-      by_load_[pos] = {lr, r};
+      for (int j = full; j < R_; ++j) pos += (key[j] < kr) | ((key[j] == kr) & (j < r));
+      by_load_[pos] = {kr, r};
     }
   }
   // After a swap between the most loaded rank `rmax` and the rank at entry `i`: moves both entries to their
@@ -889,9 +891,9 @@ class EldrLayerPlacer {
     // Contents with the largest best value choose first; each takes its best node with a free position.
     for (int r = 0; r < R_; ++r) {
       const double* v = home_load_.data() + static_cast<size_t>(r) * N_;
-      by_load_[r] = {-*std::max_element(v, v + N_), r};
+      rank_key_[r] = -*std::max_element(v, v + N_);
     }
-    std::sort(by_load_.begin(), by_load_.end(), KeyIndexLess());
+    SortRanksByKey(rank_key_.data());
     std::fill(node_groups_.begin(), node_groups_.end(), 0);  // contents given to each node so far
     for (const auto& [neg_best, r] : by_load_) {
       const double* v = home_load_.data() + static_cast<size_t>(r) * N_;
@@ -1075,6 +1077,7 @@ class EldrLayerPlacer {
   std::vector<int32_t> slot_;             // [R, P/R] expert in each slot
   std::vector<int32_t> fill_;             // [R] slots used while packing
   std::vector<LoadRank> by_load_;         // [R] (load, rank) sorted for the swap search
+  std::vector<double> rank_key_;          // [R] keys of the ranks' order when relabelling them
   std::vector<int64_t> open_key_;         // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
   std::vector<int32_t> aside_;            // [R] ranks set aside while one expert is placed
   std::vector<double> rank_load_;         // [R]
