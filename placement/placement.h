@@ -96,7 +96,7 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // runtime/common/parallel.h), one per 16 layers or more; the result does not depend on the number of threads.
 // Measured (bench/placement_bench, BM_Place: 94 layers x 128 experts into 160 slots on 32 ranks in 4 nodes):
 // DeepSeek variants about 1-2 ms; kEldr 2.74 ms single-threaded on a quiet 2-core VM before three rounds of
-// bit-identical speed-ups, projected about 1.8-2.2 ms after the first two and about 0.85x of that after the third
+// bit-identical speed-ups, projected about 1.8-2.2 ms after the first two and 0.88x of that CPU time after the third
 // (bench/README.md, "Expert placement"; the <= 1 ms target of issue 15 is not met on one thread).
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
