@@ -72,7 +72,9 @@ class EldrLayerPlacer {
     slot_.resize(static_cast<size_t>(R_) * spr_);
     fill_.resize(R_);
     by_load_.resize(R_);
-    free_.resize(R_);
+    rank_key_.resize(R_);
+    open_key_.resize(R_);
+    aside_.resize(R_);
     rank_load_.resize(R_);
     has_.resize(static_cast<size_t>(R_) * E_);
     ranks_of_.resize(static_cast<size_t>(E_) * R_);
@@ -93,10 +95,12 @@ class EldrLayerPlacer {
     swap_wq_.resize(spr_);
     candidates_.resize(spr_);
     bucket_w_.resize(P_);
+    bucket_r_.resize(P_);
+    bucket_e_.resize(P_);
     swap_jq_.resize(spr_);
     swap_ia_.resize(spr_);
     swap_a_.resize(spr_);
-    swap_wa_.resize(spr_);
+    swap_wa_.resize(spr_ + 1);
   }
 
   // Places one layer. load: [E]; previous: the previous phy2log row [P] or null.
@@ -237,57 +241,94 @@ class EldrLayerPlacer {
     std::memset(has_.data(), 0, has_.size());  // std::fill with an int 0 would loop byte by byte
   }
 
-  // free_ = the ranks with a free slot by ascending (load, rank), after the slots were filled some way.
-  void BuildFreeRanks() {
-    num_free_ = 0;
-    for (int r = 0; r < R_; ++r) {
-      if (fill_[r] < spr_) free_[num_free_++] = {rank_load_[r], r};
-    }
-    if (!std::is_sorted(free_.begin(), free_.begin() + num_free_, KeyIndexLess())) {
-      std::sort(free_.begin(), free_.begin() + num_free_, KeyIndexLess());
-    }
+  // The ranks with room while packing: open_key_ [R] holds a rank's load as an integer of the same order
+  // (OrderedBits) if it has a free slot and is not set aside, else kClosed. Taking a replica writes one entry;
+  // the lightest rank is two branch-free reductions over R entries (the minimum, then its lowest rank), which
+  // vectorize, instead of moving the rank in a sorted list (O(R) moves) or up a tree (a dependent load per
+  // level).
+  static constexpr int64_t kClosed = std::numeric_limits<int64_t>::max();
+  // A signed integer with the order of the double (== for equal doubles, -0.0 included). REQUIRES: not NaN.
+  static int64_t OrderedBits(double x) {
+    int64_t i = 0;
+    if (x != 0) std::memcpy(&i, &x, sizeof i);
+    return i ^ ((i >> 63) & std::numeric_limits<int64_t>::max());
   }
-  // Rank free_[i] took a replica (its load grew or stayed): drops it if full, else moves it to its new place,
-  // found by a branch-free binary search (a heap would mispredict at every level of a pop and a push, a
-  // linear scan at its exit after many steps) and a block move.
-  void UpdateFreeRank(int i) {
-    const int r = free_[i].second;
-    if (fill_[r] == spr_) {
-      std::copy(free_.begin() + i + 1, free_.begin() + num_free_, free_.begin() + i);
-      --num_free_;
-      return;
+  int64_t OpenKey(int r) const { return fill_[r] < spr_ ? OrderedBits(rank_load_[r]) : kClosed; }
+  // Every rank with a free slot takes part, after the slots were filled some way.
+  void BuildOpenRanks() {
+    for (int r = 0; r < R_; ++r) open_key_[r] = OpenKey(r);
+  }
+  void SetOpenKey(int r, int64_t key) { open_key_[r] = key; }
+  // The lightest rank with room (lower rank on ties), or -1.
+  // One pass over four lanes (GCC/Clang vector extensions; plain code on any target), each lane keeping its
+  // lowest (key, rank): a lane sees its ranks in ascending order, so a strict < keeps the lowest rank on ties.
+  int LightestOpen() const {
+    typedef int64_t V4 __attribute__((vector_size(32)));
+    const int64_t* key = open_key_.data();
+    V4 lane_min = {kClosed, kClosed, kClosed, kClosed}, lane_rank = {-1, -1, -1, -1}, rank = {0, 1, 2, 3};
+    const V4 step = {4, 4, 4, 4};
+    int r = 0;
+    for (; r + 4 <= R_; r += 4) {
+      V4 k;
+      std::memcpy(&k, key + r, sizeof k);
+      const V4 lt = k < lane_min;  // -1 where the lane takes rank
+      lane_min = (k & lt) | (lane_min & ~lt);
+      lane_rank = (rank & lt) | (lane_rank & ~lt);
+      rank += step;
     }
-    const LoadRank entry{rank_load_[r], r};
-    if (i + 1 < num_free_ && KeyIndexLess()(free_[i + 1], entry)) {
-      // The first entry after i that is not less than `entry` (lower bound over [i + 2, num_free_)).
-      const LoadRank* base = free_.data() + i + 1;
-      int n = num_free_ - i - 1;
-      while (n > 1) {
-        const int half = n / 2;
-        base = KeyIndexLess()(base[half], entry) ? base + half : base;
-        n -= half;
-      }
-      const int end = static_cast<int>(base - free_.data()) + (KeyIndexLess()(*base, entry) ? 1 : 0);
-      std::copy(free_.begin() + i + 1, free_.begin() + end, free_.begin() + i);
-      i = end - 1;
+    int64_t m = kClosed, best = -1;
+    for (int lane = 0; lane < 4; ++lane) {
+      const bool take = lane_min[lane] < m || (lane_min[lane] == m && lane_rank[lane] < best);
+      m = take ? lane_min[lane] : m;
+      best = take ? lane_rank[lane] : best;
     }
-    free_[i] = entry;
+    for (; r < R_; ++r) {  // the last R % 4 ranks, above every lane's
+      const bool take = key[r] < m;
+      m = take ? key[r] : m;
+      best = take ? r : best;
+    }
+    return m < kClosed ? static_cast<int>(best) : -1;
   }
 
-  // One replica of e onto the lightest rank with a free slot that lacks e; ties: the lower rank.
-  // REQUIRES: free_ current (BuildFreeRanks).
-  void PlaceItem(int e) {
-    int i = 0;
-    while (i < num_free_ && Has(free_[i].second, e)) ++i;
-    if (i > 0) skipped_ = true;  // the lightest rank with room holds e already
-    if (i < num_free_) {
-      const int r = free_[i].second;
-      Put(e, r, fill_[r]++);
-      UpdateFreeRank(i);
-    } else {
-      Repair(e, 0, R_);  // every rank with room holds e
-      BuildFreeRanks();
+  // `copies` replicas of e, each onto the lightest rank with a free slot that lacks e; ties: the lower rank.
+  // The ranks with room that hold e (`holds`: whether any might, else none does) are set aside while e is
+  // placed. REQUIRES: the open ranks current (BuildOpenRanks).
+  void PlaceCopies(int e, int copies, bool holds) {
+    int num_aside = 0;
+    if (holds) {
+      for (int r = 0; r < R_; ++r) {
+        if (fill_[r] < spr_ && Has(r, e)) {
+          aside_[num_aside++] = r;
+          SetOpenKey(r, kClosed);
+        }
+      }
     }
+    for (int c = 0; c < copies; ++c) {
+      const int r = LightestOpen();
+      // Is the lightest rank with room (set-aside ranks included) one that holds e?
+      for (int k = 0; k < num_aside && !skipped_; ++k) {
+        const int x = aside_[k];
+        if (fill_[x] < spr_ && (r < 0 || KeyIndexLess()(LoadRank{rank_load_[x], x}, LoadRank{rank_load_[r], r}))) {
+          skipped_ = true;
+        }
+      }
+      if (r >= 0) {
+        Put(e, r, fill_[r]++);
+        aside_[num_aside++] = r;
+        SetOpenKey(r, kClosed);
+      } else {
+        Repair(e, 0, R_);  // every rank with room holds e
+        num_aside = 0;
+        for (int q = 0; q < R_; ++q) {
+          open_key_[q] = OpenKey(q);
+          if (open_key_[q] < kClosed && Has(q, e)) {
+            aside_[num_aside++] = q;
+            open_key_[q] = kClosed;
+          }
+        }
+      }
+    }
+    for (int k = 0; k < num_aside; ++k) SetOpenKey(aside_[k], OpenKey(aside_[k]));
   }
 
   // Step 2: heaviest first over all ranks.
@@ -295,10 +336,8 @@ class EldrLayerPlacer {
     SortByPerReplicaLoad();
     skipped_ = false;
     ClearRanks();
-    BuildFreeRanks();
-    for (int e : order_) {
-      for (int c = 0; c < cnt_[e]; ++c) PlaceItem(e);
-    }
+    BuildOpenRanks();
+    for (int e : order_) PlaceCopies(e, cnt_[e], false);  // each expert comes once: no rank holds it yet
   }
 
   // Among ranks [first, last): every rank with a free slot holds e already. Some full rank r lacks e (e has
@@ -352,12 +391,12 @@ class EldrLayerPlacer {
     for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
     // order_ still holds the heaviest-first order of the greedy replicas (Pack sorted it).
     ClearRanks();
-    BuildFreeRanks();
+    BuildOpenRanks();
     bool duplicate = false;
     for (int e : order_) {
       const int copies = cnt_[e];
       for (int c = 0; c < copies; ++c) {
-        const int best = free_[0].second;
+        const int best = LightestOpen();
         if (Has(best, e)) {
           duplicate = true;
           --cnt_[e];  // merged: the copy's slot stays free (-1) and its share goes back to the others
@@ -366,7 +405,7 @@ class EldrLayerPlacer {
         } else {
           Put(e, best, fill_[best]++);
         }
-        UpdateFreeRank(0);
+        SetOpenKey(best, OpenKey(best));
       }
     }
     if (!duplicate) {
@@ -491,6 +530,7 @@ class EldrLayerPlacer {
       s.a_expert[k] = a;
       s.a_load[k] = wa;
     }
+    s.a_load[s.num_a] = std::numeric_limits<double>::infinity();  // sentinel of MayImprove
     // Ranks from the lightest up. Without a previous placement, stop at the first rank that offers an
     // improving swap; with one, look a little further for a swap that copies fewer weights, and stop at the
     // first that copies none.
@@ -499,7 +539,7 @@ class EldrLayerPlacer {
       const auto& [load, q] = by_load_[idx];
       if (load >= s.limit) break;
       const int before = s.bq;
-      if (!SearchSwapsWith(q, s)) continue;
+      if (!MayImprove(q, s) || !SearchSwapsWith(q, s)) continue;
       if (s.bq != before) bq_index = idx;
       if (!stay_aware_ || s.best_cost <= 0 || ++ranks_with_swaps == kStayAwareRanks) break;
     }
@@ -510,9 +550,30 @@ class EldrLayerPlacer {
   }
 
   // by_load_ = (load, rank) ascending; the last entry is the most loaded rank.
-  void SortRanksByLoad() {
-    for (int r = 0; r < R_; ++r) by_load_[r] = {rank_load_[r], r};
-    std::sort(by_load_.begin(), by_load_.end(), KeyIndexLess());
+  void SortRanksByLoad() { SortRanksByKey(rank_load_.data()); }
+  // by_load_ = (key[r], r) for every rank, ascending by KeyIndexLess. key: [R], not NaN. Each rank's place is
+  // the number of pairs below its own, counted four at a time without branches (R² comparisons, which cost
+  // less than the mispredicted ones of a comparison sort of R entries).
+  void SortRanksByKey(const double* key) {
+    typedef double V4d __attribute__((vector_size(32)));
+    typedef int64_t V4 __attribute__((vector_size(32)));
+    const int full = R_ - R_ % 4;
+    for (int r = 0; r < R_; ++r) {
+      const double kr = key[r];
+      const V4d kr4 = {kr, kr, kr, kr};
+      const V4 r4 = {r, r, r, r};
+      V4 below = {0, 0, 0, 0}, j4 = {0, 1, 2, 3};
+      const V4 step = {4, 4, 4, 4};
+      for (int j = 0; j < full; j += 4) {
+        V4d k;
+        std::memcpy(&k, key + j, sizeof k);
+        below += (k < kr4) | ((k == kr4) & (j4 < r4));  // -1 per pair below
+        j4 += step;
+      }
+      int64_t pos = -(below[0] + below[1] + below[2] + below[3]);
+      for (int j = full; j < R_; ++j) pos += (key[j] < kr) | ((key[j] == kr) & (j < r));
+      by_load_[pos] = {kr, r};
+    }
   }
   // After a swap between the most loaded rank `rmax` and the rank at entry `i`: moves both entries to their
   // new places (the order is total, so the result does not depend on which moves first).
@@ -546,6 +607,24 @@ class EldrLayerPlacer {
     int *a_slot = nullptr, *a_expert = nullptr;
     double* a_load = nullptr;
   };
+
+  // A necessary condition for SearchSwapsWith(q, s) to find a swap, without branches on the data: some replica
+  // b of q, with the lightest replica a of the maximum that is heavier (s.a_load ascending, +inf after the
+  // last), keeps q below the limit. SearchSwapsWith tries exactly those a for b, from that one up, and q's new
+  // load lq + wa − wb only grows with wa; it also skips pairs for reasons this test ignores, so a true here
+  // may still find nothing. Most ranks of a search that ends without a swap fail here.
+  bool MayImprove(int q, const SwapSearch& s) const {
+    const double lq = rank_load_[q];
+    const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
+    bool may = false;
+    for (int j = 0; j < spr_; ++j) {
+      const double wb = per_replica_[q_slots[j]];
+      int c = 0;
+      for (int ia = 0; ia < s.num_a; ++ia) c += s.a_load[ia] <= wb;
+      may |= lq + s.a_load[c] - wb < s.limit;
+    }
+    return may;
+  }
 
   // Updates s with the swaps between s.rmax and q; returns whether q offers any improving swap.
   bool SearchSwapsWith(int q, SwapSearch& s) {
@@ -758,28 +837,41 @@ class EldrLayerPlacer {
         const size_t b1 = static_cast<size_t>(n1) * N_ + n2, b2 = static_cast<size_t>(n2) * N_ + n1;
         int32_t* there = buckets_.data() + b2 * P_;  // on n2, homed at n1
         int num_there = bucket_size_[b2];
-        // Their loads, which no swap changes, side by side for the scan.
+        // Their loads, which no swap changes, ranks and experts side by side for the scan.
         double* there_w = bucket_w_.data();
-        for (int j = 0; j < num_there; ++j) there_w[j] = per_replica_[slot_[there[j]]];
+        int32_t* there_r = bucket_r_.data();
+        int32_t* there_e = bucket_e_.data();
+        for (int j = 0; j < num_there; ++j) {
+          there_e[j] = slot_[there[j]];
+          there_w[j] = per_replica_[there_e[j]];
+          there_r[j] = there[j] / spr_;
+        }
         for (int i = 0; i < bucket_size_[b1] && num_there > 0; ++i) {
           const int pos_a = buckets_[b1 * P_ + i], r1 = pos_a / spr_;
           const int a = slot_[pos_a];
           const double wa = per_replica_[a], wb_max = cap - rank_load_[r1] + wa;
+          const uint8_t* has_a = has_.data() + static_cast<size_t>(a) * R_;
+          // The first of the heaviest b that fit (the scan keeps the first strictly heavier one), without
+          // branches on the data.
           int best = -1;
           double best_wb = -1;
           for (int j = 0; j < num_there; ++j) {
             const double wb = there_w[j];
-            if (wb > wb_max || wb <= best_wb) continue;
-            const int pos_b = there[j], r2 = pos_b / spr_;
-            if (rank_load_[r2] + wa - wb > cap || Has(r2, a) || Has(r1, slot_[pos_b])) continue;
-            best = j;
-            best_wb = wb;
+            const int r2 = there_r[j];
+            const bool fits = (wb <= wb_max) & (rank_load_[r2] + wa - wb <= cap) & !has_a[r2] &
+                              !has_[static_cast<size_t>(there_e[j]) * R_ + r1];
+            const bool take = fits & (wb > best_wb);
+            best = take ? j : best;
+            best_wb = take ? wb : best_wb;
           }
           if (best < 0) continue;
           const int pos_b = there[best];
-          Swap(r1, pos_a % spr_, pos_b / spr_, pos_b % spr_);
-          there[best] = there[--num_there];  // both are home now
+          Swap(r1, pos_a % spr_, there_r[best], pos_b % spr_);
+          --num_there;  // both are home now
+          there[best] = there[num_there];
           there_w[best] = there_w[num_there];
+          there_r[best] = there_r[num_there];
+          there_e[best] = there_e[num_there];
         }
       }
     }
@@ -799,9 +891,9 @@ class EldrLayerPlacer {
     // Contents with the largest best value choose first; each takes its best node with a free position.
     for (int r = 0; r < R_; ++r) {
       const double* v = home_load_.data() + static_cast<size_t>(r) * N_;
-      by_load_[r] = {-*std::max_element(v, v + N_), r};
+      rank_key_[r] = -*std::max_element(v, v + N_);
     }
-    std::sort(by_load_.begin(), by_load_.end(), KeyIndexLess());
+    SortRanksByKey(rank_key_.data());
     std::fill(node_groups_.begin(), node_groups_.end(), 0);  // contents given to each node so far
     for (const auto& [neg_best, r] : by_load_) {
       const double* v = home_load_.data() + static_cast<size_t>(r) * N_;
@@ -869,9 +961,9 @@ class EldrLayerPlacer {
       }
     }
     SortByPerReplicaLoad();
-    BuildFreeRanks();
+    BuildOpenRanks();
     for (int e : order_) {
-      for (int c = kept_[e]; c < cnt_[e]; ++c) PlaceItem(e);
+      if (kept_[e] < cnt_[e]) PlaceCopies(e, cnt_[e] - kept_[e], kept_[e] > 0);
     }
   }
 
@@ -985,8 +1077,9 @@ class EldrLayerPlacer {
   std::vector<int32_t> slot_;             // [R, P/R] expert in each slot
   std::vector<int32_t> fill_;             // [R] slots used while packing
   std::vector<LoadRank> by_load_;         // [R] (load, rank) sorted for the swap search
-  std::vector<LoadRank> free_;            // [R] (load, rank) of the ranks with room while packing
-  int num_free_ = 0;                      // entries of free_
+  std::vector<double> rank_key_;          // [R] keys of the ranks' order when relabelling them
+  std::vector<int64_t> open_key_;         // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
+  std::vector<int32_t> aside_;            // [R] ranks set aside while one expert is placed
   std::vector<double> rank_load_;         // [R]
   std::vector<uint8_t> has_;              // [E, R] the rank holds the expert
   std::vector<int32_t> ranks_of_;         // [E, R] ranks holding each expert (first cnt_ entries)
@@ -1007,6 +1100,8 @@ class EldrLayerPlacer {
   std::vector<int32_t> buckets_;      // [N, N, P] slots (r * P/R + k) on node n homed at node h
   std::vector<int32_t> bucket_size_;  // [N, N]
   std::vector<double> bucket_w_;      // [P] loads of one bucket's replicas during HomeSwaps
+  std::vector<int32_t> bucket_r_;     // [P] their ranks
+  std::vector<int32_t> bucket_e_;     // [P] their experts
   // Previous placement.
   std::vector<int32_t> prev_cnt_;      // [R, E] replicas on each rank before
   std::vector<int32_t> kept_;          // [E] previous replicas kept
@@ -1021,7 +1116,7 @@ class EldrLayerPlacer {
   std::vector<double> swap_wq_;        // [P/R] loads of a lighter rank's replicas in the swap search
   std::vector<int> swap_jq_;           // [P/R] their slots
   std::vector<int> swap_ia_, swap_a_;  // [P/R] slots and experts of the most loaded rank's movable replicas
-  std::vector<double> swap_wa_;        // [P/R] their loads
+  std::vector<double> swap_wa_;        // [P/R + 1] their loads, then +inf
   std::vector<int32_t> candidates_;    // [P/R] experts of one rank, in the re-replication search
   std::vector<int32_t> row_;           // [P/R]
   std::vector<int32_t> deferred_;      // [P/R]
