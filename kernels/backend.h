@@ -161,6 +161,12 @@ bool CudaBackendCompiled();
 // compiled out, or "no CUDA device ..." when no device (or no driver) is present. Thread safe.
 Status CudaBackendStatus();
 
+// CUDA devices this process sees (0 when built without CUDA, or with no device or driver). Thread safe.
+int CudaDeviceCount();
+// The PCI bus id of CUDA device `device` ("0000:3b:00.0"), which tells two ranks of one host whether they would
+// share a GPU; "" when built without CUDA or when the device cannot be queried. Thread safe.
+std::string CudaDeviceBusId(int device);
+
 // The compute backend named `name` ("cpu", or "cuda" on CUDA device `device`), chosen once at start-up.
 // InvalidArgument for another name; CudaBackendStatus()'s FailedPrecondition for "cuda" when it cannot be
 // used; InvalidArgument when `device` is not in [0, device count).
