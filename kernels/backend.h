@@ -146,6 +146,21 @@ class Backend {
   virtual void PackKv(const KvPackParams& p, Stream& stream) = 0;
   virtual void UnpackKv(const KvPackParams& p, Stream& stream) = 0;
 
+  // ---- set-up ----
+  // The largest calls a worker will make (its max batch, or its longest prompt for prefill), so that a device
+  // backend sizes its scratch memory once, at start: calls within these shapes then never allocate (nor free,
+  // which on CUDA synchronises the whole device). The CPU backend has no scratch: nothing to do.
+  struct ScratchShape {
+    int max_tokens = 0;
+    int max_in_features = 0;               // Linear: the widest input (hidden, or q heads * head_dim)
+    int hidden = 0, mlp_intermediate = 0;  // dense MLP / shared experts
+    int top_k = 1, num_experts = 0, expert_intermediate = 0;  // routed experts
+  };
+  virtual void ReserveScratch(const ScratchShape& shape, Stream& stream) {
+    (void)shape;
+    (void)stream;
+  }
+
  protected:
   Backend() = default;
 };

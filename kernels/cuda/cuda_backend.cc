@@ -15,6 +15,8 @@
 // against the CPU oracle (the GPU issue, "Exactness on GPU").
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -165,18 +167,8 @@ class CudaBackendImpl : public Backend {
               S(s));
   }
   void MoeExperts(const MoeParams& p, Stream& s) override {
-    // The pointer table is rebuilt per call on the host; resident device tables are the GPU issue's work.
-    const ExpertWeights& w = *p.experts;
-    cuda::ExpertWeights dw;
-    dw.num_experts = w.num_experts;
-    dw.hidden = w.hidden;
-    dw.intermediate = w.intermediate;
-    for (int e = 0; e < w.num_experts; ++e) {
-      dw.gate_proj.push_back(Bf16Weights(w.gate_proj[e], "MoeExperts"));
-      dw.up_proj.push_back(Bf16Weights(w.up_proj[e], "MoeExperts"));
-      dw.down_proj.push_back(Bf16Weights(w.down_proj[e], "MoeExperts"));
-    }
-    cuda::MoeExperts(ctx_, {p.x, p.topk_ids, p.topk_weights, p.num_tokens, p.top_k, &dw, p.out}, S(s));
+    cuda::MoeExperts(ctx_, {p.x, p.topk_ids, p.topk_weights, p.num_tokens, p.top_k, &Resident(*p.experts, s), p.out},
+                     S(s));
   }
   void PrefillAttention(const PrefillAttentionParams& p, Stream& s) override {
     cuda::PrefillAttention({p.q, Bf16Cache(p.cache, "PrefillAttention"), p.block_table, p.start, p.num_tokens,
@@ -214,11 +206,53 @@ class CudaBackendImpl : public Backend {
                  S(s));
   }
 
+  void ReserveScratch(const ScratchShape& sh, Stream& s) override {
+    size_t bytes = 0;
+    if (sh.max_tokens > 0 && sh.max_in_features > 0) {
+      bytes = std::max(bytes, cuda::LinearScratchBytes(sh.max_tokens, sh.max_in_features));
+    }
+    if (sh.max_tokens > 0 && sh.hidden > 0 && sh.mlp_intermediate > 0) {
+      bytes = std::max(bytes, cuda::MlpScratchBytes(sh.max_tokens, sh.hidden, sh.mlp_intermediate));
+    }
+    if (sh.max_tokens > 0 && sh.hidden > 0 && sh.num_experts > 0 && sh.expert_intermediate > 0) {
+      bytes = std::max(
+          bytes, cuda::MoeScratchBytes(sh.max_tokens, sh.top_k, sh.num_experts, sh.hidden, sh.expert_intermediate));
+    }
+    if (bytes > 0) ctx_.Reserve(bytes, S(s));
+  }
+
   // ---- not yet ----
   void ReplayTopK(const ReplayTopKParams&, Stream&) override { NotImplemented("ReplayTopK"); }
   void ExpertFfn(const ExpertFfnParams&, Stream&) override { NotImplemented("ExpertFfn"); }
 
  private:
+  // The device descriptor of `w` with its pointer table resident on the device: uploaded once per descriptor
+  // (kernels/backend.h lets a backend key state on a descriptor's address), and again only if the descriptor's
+  // pointers changed (a new descriptor at a freed one's address), which a host comparison of 3 * E pointers finds.
+  const cuda::ExpertWeights& Resident(const ExpertWeights& w, Stream& s) {
+    cuda::ExpertWeights dw;
+    dw.num_experts = w.num_experts;
+    dw.hidden = w.hidden;
+    dw.intermediate = w.intermediate;
+    for (int e = 0; e < w.num_experts; ++e) {
+      dw.gate_proj.push_back(Bf16Weights(w.gate_proj[e], "MoeExperts"));
+      dw.up_proj.push_back(Bf16Weights(w.up_proj[e], "MoeExperts"));
+      dw.down_proj.push_back(Bf16Weights(w.down_proj[e], "MoeExperts"));
+    }
+    ResidentExperts& r = experts_[&w];
+    if (r.table != nullptr && r.dw.gate_proj == dw.gate_proj && r.dw.up_proj == dw.up_proj &&
+        r.dw.down_proj == dw.down_proj && r.dw.hidden == dw.hidden && r.dw.intermediate == dw.intermediate) {
+      return r.dw;
+    }
+    // The old table (if any) is free to go: MoeExperts synchronises its stream after reading it.
+    static_assert(sizeof(void*) == sizeof(int64_t), "device pointers are stored as kI64");
+    r.table = Alloc(DType::kI64, 3 * static_cast<int64_t>(w.num_experts));
+    cuda::UploadExpertTable(dw, static_cast<const void**>(r.table->data()), S(s));
+    dw.device_table = static_cast<const void* const*>(r.table->data());
+    r.dw = std::move(dw);
+    return r.dw;
+  }
+
   // The error word's bits since the last check, as one eldr::Error (and cleared).
   void ThrowDeviceErrors() {
     const int bits = *static_cast<volatile int*>(error_host_);
@@ -233,8 +267,14 @@ class CudaBackendImpl : public Backend {
     throw Error(__FILE__, __LINE__, what + " (found on the device; those elements were not written)");
   }
 
+  struct ResidentExperts {
+    cuda::ExpertWeights dw;         // device_table points into `table`
+    std::unique_ptr<Buffer> table;  // [3, num_experts] device pointers
+  };
+
   cuda::Context ctx_;  // cuBLAS handle and scratch: one stream at a time (cuda_ops.h)
   int device_;
+  std::map<const ExpertWeights*, ResidentExperts> experts_;  // by descriptor address (MoeExperts)
   int* error_host_ = nullptr;    // pinned, mapped: the device error word (cuda::DeviceError bits)
   int* error_device_ = nullptr;  // its device address
 };

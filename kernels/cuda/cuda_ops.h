@@ -38,7 +38,10 @@ int DeviceCount();
 // scratch buffer in stream order).
 class Context {
  public:
-  explicit Context(int device = 0);
+  // `device`: the CUDA device this context runs on, chosen by the caller (serve: the worker's device of its
+  // compute plan, runtime/serve/compute_plan.h), never a default: a context on the wrong device would
+  // disagree with the KV transport's.
+  explicit Context(int device);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -52,6 +55,13 @@ class Context {
   static bool GroupedGemmAvailable();
   void set_grouped_gemm(bool on);
   bool grouped_gemm() const;
+
+  // Allocates the scratch buffer now, for calls needing up to `bytes` (the *ScratchBytes functions below at the
+  // largest batch): those never allocate or free later (growing frees the old buffer, and cudaFree synchronises
+  // the whole device). A larger call still grows it.
+  void Reserve(size_t bytes, cudaStream_t stream);
+  size_t scratch_bytes() const;
+  int64_t scratch_grows() const;  // allocations of the scratch buffer so far (Reserve's included)
 
   struct Impl;
   Impl& impl() { return *impl_; }
@@ -154,7 +164,20 @@ struct ExpertWeights {
   std::vector<const Bf16*> up_proj;    // [num_experts] of [intermediate, hidden]
   std::vector<const Bf16*> down_proj;  // [num_experts] of [hidden, intermediate]
   int num_experts = 0, hidden = 0, intermediate = 0;
+  // Optional, device memory [3, num_experts]: the same pointers (gate, then up, then down), resident for the
+  // weights' lifetime (UploadExpertTable). When set, MoeExperts's grouped path reads it in place instead of
+  // copying the table from pageable host memory on every call.
+  const void* const* device_table = nullptr;
 };
+
+// Scratch bytes one call of each launcher needs at these shapes (the layouts the launchers themselves use).
+size_t LinearScratchBytes(int num_tokens, int in_features);
+size_t MlpScratchBytes(int num_tokens, int hidden, int intermediate);
+size_t MoeScratchBytes(int num_tokens, int top_k, int num_experts, int hidden, int intermediate);
+
+// Uploads w's pointer table to `device_table` (device memory of 3 * num_experts pointers) and waits for the
+// copy, so that `w.device_table = device_table` may be set and the host table freed. Done once per weights.
+void UploadExpertTable(const ExpertWeights& w, const void** device_table, cudaStream_t stream);
 
 // out[t] += Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t]); only activated experts are computed:
 // GroupByExpert, Permute, per-expert GEMMs (gate and up), SwiGLU, per-expert GEMM (down), Combine. The

@@ -164,9 +164,8 @@ void WriteKvSlots(const KvSlotWriteParams& p, cudaStream_t stream) {
   CheckKvShape(c);
   if (p.num_tokens <= 0) return;
   const int64_t row = static_cast<int64_t>(c.num_kv_heads) * c.head_dim;
-  WriteKvSlotsKernel<<<p.num_tokens, kThreads, 0, stream>>>(AsBf16(c.k), AsBf16(c.v),
-                                                            static_cast<int64_t>(c.num_blocks) * c.block_size, row,
-                                                            p.slots, p.k, p.v, p.error);
+  WriteKvSlotsKernel<<<p.num_tokens, kThreads, 0, stream>>>(
+      AsBf16(c.k), AsBf16(c.v), static_cast<int64_t>(c.num_blocks) * c.block_size, row, p.slots, p.k, p.v, p.error);
   ELDR_CUDA_CHECK_LAUNCH();
 }
 

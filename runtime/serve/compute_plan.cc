@@ -11,9 +11,7 @@ namespace eldr {
 
 namespace {
 
-std::string RankAt(int rank, const RankDevice& d) {
-  return "rank " + std::to_string(rank) + " (host " + d.host + ")";
-}
+std::string RankAt(int rank, const RankDevice& d) { return "rank " + std::to_string(rank) + " (host " + d.host + ")"; }
 
 // The first problem with the workers' devices, or "" when every worker has one of its own.
 std::string DeviceProblem(const std::vector<RankDevice>& ranks) {

@@ -34,9 +34,9 @@ namespace eldr {
 // What one rank reports about itself before the plan (gathered from every rank of the job).
 struct RankDevice {
   std::string host;
-  bool worker = true;   // false for rank 0, the router
-  int device = -1;      // the device it would use (WorkerDeviceIndex), -1: router or no device visible
-  std::string bus_id;   // PCI bus id of that device ("" when none or unknown)
+  bool worker = true;  // false for rank 0, the router
+  int device = -1;     // the device it would use (WorkerDeviceIndex), -1: router or no device visible
+  std::string bus_id;  // PCI bus id of that device ("" when none or unknown)
 };
 
 struct ComputePlan {

@@ -166,6 +166,24 @@ TEST_F(BackendGpu, MoeExpertsMatchesTheCpuOracle) {
   auto dx = Up(x), dids = Up(ids), dw = Up(w), dout = Up(std::vector<float>(x.size(), 0.f));
   gpu_->MoeExperts({dx->As<float>(), dids->As<int32_t>(), dw->As<float>(), T, K, &gw, dout->As<float>()}, *stream_);
   EXPECT_TRUE(Close(Down<float>(*dout), want, kTolMoe));
+  // A second call reads the resident pointer table (uploaded once); the same result.
+  gpu_->MemsetZero(dout->data(), dout->bytes(), *stream_);
+  gpu_->MoeExperts({dx->As<float>(), dids->As<int32_t>(), dw->As<float>(), T, K, &gw, dout->As<float>()}, *stream_);
+  EXPECT_TRUE(Close(Down<float>(*dout), want, kTolMoe));
+  // The same descriptor with two experts swapped (as a new descriptor at a freed one's address would be): the
+  // table is rebuilt, not reused stale.
+  std::swap(cw.gate_proj[0], cw.gate_proj[1]);
+  std::swap(cw.up_proj[0], cw.up_proj[1]);
+  std::swap(cw.down_proj[0], cw.down_proj[1]);
+  std::swap(gw.gate_proj[0], gw.gate_proj[1]);
+  std::swap(gw.up_proj[0], gw.up_proj[1]);
+  std::swap(gw.down_proj[0], gw.down_proj[1]);
+  std::vector<float> want_swapped(x.size(), 0.f);
+  cpu_.MoeExperts({x.data(), ids.data(), w.data(), T, K, &cw, want_swapped.data()}, *cpu_stream_);
+  gpu_->MemsetZero(dout->data(), dout->bytes(), *stream_);
+  gpu_->MoeExperts({dx->As<float>(), dids->As<int32_t>(), dw->As<float>(), T, K, &gw, dout->As<float>()}, *stream_);
+  EXPECT_TRUE(Close(Down<float>(*dout), want_swapped, kTolMoe));
+  EXPECT_FALSE(Close(want_swapped, want, kTolMoe));  // the swap changes the result (experts 0, 1 are routed to)
 }
 
 TEST_F(BackendGpu, MlpMatchesTheCpuOracle) {
