@@ -5,6 +5,8 @@
 #include "kernels/cpu/cpu_backend.h"
 
 #ifdef ELDR_HAVE_CUDA
+#include <cuda_runtime_api.h>
+
 #include "kernels/cuda/cuda_backend.h"
 #include "kernels/cuda/cuda_ops.h"
 #endif
@@ -25,6 +27,28 @@ Status CudaBackendStatus() {
   return Status::FailedPrecondition("no CUDA device (cudaGetDeviceCount found none: no GPU, or no driver)");
 #else
   return Status::FailedPrecondition("built without CUDA (reconfigure with ELDR_WITH_CUDA=ON on a machine with nvcc)");
+#endif
+}
+
+int CudaDeviceCount() {
+#ifdef ELDR_HAVE_CUDA
+  return cuda::DeviceCount();
+#else
+  return 0;
+#endif
+}
+
+std::string CudaDeviceBusId(int device) {
+#ifdef ELDR_HAVE_CUDA
+  char id[32] = {};
+  if (device < 0 || device >= cuda::DeviceCount() || cudaDeviceGetPCIBusId(id, sizeof(id) - 1, device) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return "";
+  }
+  return id;
+#else
+  (void)device;
+  return "";
 #endif
 }
 

@@ -146,6 +146,21 @@ class Backend {
   virtual void PackKv(const KvPackParams& p, Stream& stream) = 0;
   virtual void UnpackKv(const KvPackParams& p, Stream& stream) = 0;
 
+  // ---- set-up ----
+  // The largest calls a worker will make (its max batch, or its longest prompt for prefill), so that a device
+  // backend sizes its scratch memory once, at start: calls within these shapes then never allocate (nor free,
+  // which on CUDA synchronises the whole device). The CPU backend has no scratch: nothing to do.
+  struct ScratchShape {
+    int max_tokens = 0;
+    int max_in_features = 0;               // Linear: the widest input (hidden, or q heads * head_dim)
+    int hidden = 0, mlp_intermediate = 0;  // dense MLP / shared experts
+    int top_k = 1, num_experts = 0, expert_intermediate = 0;  // routed experts
+  };
+  virtual void ReserveScratch(const ScratchShape& shape, Stream& stream) {
+    (void)shape;
+    (void)stream;
+  }
+
  protected:
   Backend() = default;
 };
@@ -160,6 +175,12 @@ bool CudaBackendCompiled();
 // FailedPrecondition: "built without CUDA (reconfigure with ELDR_WITH_CUDA=ON on a machine with nvcc)" when
 // compiled out, or "no CUDA device ..." when no device (or no driver) is present. Thread safe.
 Status CudaBackendStatus();
+
+// CUDA devices this process sees (0 when built without CUDA, or with no device or driver). Thread safe.
+int CudaDeviceCount();
+// The PCI bus id of CUDA device `device` ("0000:3b:00.0"), which tells two ranks of one host whether they would
+// share a GPU; "" when built without CUDA or when the device cannot be queried. Thread safe.
+std::string CudaDeviceBusId(int device);
 
 // The compute backend named `name` ("cpu", or "cuda" on CUDA device `device`), chosen once at start-up.
 // InvalidArgument for another name; CudaBackendStatus()'s FailedPrecondition for "cuda" when it cannot be

@@ -64,8 +64,16 @@ void* Context::Impl::Scratch(size_t bytes, cudaStream_t stream) {
   const size_t grown = std::max(bytes, scratch_bytes + scratch_bytes / 2);
   ELDR_CUDA_CHECK(cudaMalloc(&scratch, grown));
   scratch_bytes = grown;
+  ++scratch_grows;
   return scratch;
 }
+
+void Context::Reserve(size_t bytes, cudaStream_t stream) {
+  ELDR_CUDA_CHECK(cudaSetDevice(impl_->device));
+  (void)impl_->Scratch(bytes, stream);
+}
+size_t Context::scratch_bytes() const { return impl_->scratch_bytes; }
+int64_t Context::scratch_grows() const { return impl_->scratch_grows; }
 
 Context::Context(int device) : impl_(std::make_unique<Impl>()) {
   ELDR_CHECK(device >= 0 && device < DeviceCount(),

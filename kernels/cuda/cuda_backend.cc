@@ -1,8 +1,11 @@
 // CUDA backend (kernels/backend.h) over the launchers of kernels/cuda/cuda_ops.h: device buffers
-// (cudaMalloc), asynchronous copies, streams and events, and the operations whose launchers fit the interface
-// as they stand. The rest throw "<Op> is not implemented in the CUDA backend yet" (the GPU issue's work:
-// slot-mapped KV write, embedding gather, residual add, argmax, replayed routing, KV pack/unpack, and the
-// row-level expert halves used by EP groups). Nothing falls back to the CPU silently.
+// (cudaMalloc), asynchronous copies, streams and events, and the operations. Not implemented yet (they throw
+// "<Op> is not implemented in the CUDA backend yet"): replayed routing (ReplayTopK) and the row-level expert
+// FFN of EP groups (ExpertFfn). Nothing falls back to the CPU silently.
+//
+// Range errors the CPU throws at once (an out-of-range token id or KV slot) are found on the device: the
+// kernels set a bit of this backend's error word (pinned, mapped host memory) and skip the element, and the next
+// SynchronizeStream / SynchronizeEvent throws eldr::Error naming the operation (cuda_ops.h "Device errors").
 //
 // Type rules of this backend: weights (WeightMatrix, ExpertWeights) are bf16; the paged KV cache is bf16;
 // activations are f32 (kernels/cuda/cuda_ops.h "Precision"). A descriptor of another dtype throws.
@@ -12,6 +15,8 @@
 // against the CPU oracle (the GPU issue, "Exactness on GPU").
 #include "kernels/cuda/cuda_backend.h"
 
+#include <algorithm>
+#include <map>
 #include <string>
 
 #include "kernels/cuda/cuda_check.h"
@@ -90,7 +95,15 @@ cudaEvent_t Ev(Event& e) {
 
 class CudaBackendImpl : public Backend {
  public:
-  explicit CudaBackendImpl(int device) : ctx_(device), device_(device) {}
+  explicit CudaBackendImpl(int device) : ctx_(device), device_(device) {
+    ELDR_CUDA_CHECK(cudaSetDevice(device_));
+    ELDR_CUDA_CHECK(cudaHostAlloc(reinterpret_cast<void**>(&error_host_), sizeof(int), cudaHostAllocMapped));
+    *error_host_ = 0;
+    ELDR_CUDA_CHECK(cudaHostGetDevicePointer(reinterpret_cast<void**>(&error_device_), error_host_, 0));
+  }
+  ~CudaBackendImpl() override {
+    if (error_host_ != nullptr) (void)cudaFreeHost(error_host_);
+  }
 
   const char* name() const override { return "cuda"; }
   bool host_memory() const override { return false; }
@@ -122,8 +135,14 @@ class CudaBackendImpl : public Backend {
   }
   void RecordEvent(Event& e, Stream& s) override { ELDR_CUDA_CHECK(cudaEventRecord(Ev(e), S(s))); }
   void StreamWaitEvent(Stream& s, Event& e) override { ELDR_CUDA_CHECK(cudaStreamWaitEvent(S(s), Ev(e), 0)); }
-  void SynchronizeEvent(Event& e) override { ELDR_CUDA_CHECK(cudaEventSynchronize(Ev(e))); }
-  void SynchronizeStream(Stream& s) override { ELDR_CUDA_CHECK(cudaStreamSynchronize(S(s))); }
+  void SynchronizeEvent(Event& e) override {
+    ELDR_CUDA_CHECK(cudaEventSynchronize(Ev(e)));
+    ThrowDeviceErrors();
+  }
+  void SynchronizeStream(Stream& s) override {
+    ELDR_CUDA_CHECK(cudaStreamSynchronize(S(s)));
+    ThrowDeviceErrors();
+  }
 
   // ---- implemented over cuda_ops.h ----
   void RmsNorm(const RmsNormParams& p, Stream& s) override {
@@ -148,18 +167,8 @@ class CudaBackendImpl : public Backend {
               S(s));
   }
   void MoeExperts(const MoeParams& p, Stream& s) override {
-    // The pointer table is rebuilt per call on the host; resident device tables are the GPU issue's work.
-    const ExpertWeights& w = *p.experts;
-    cuda::ExpertWeights dw;
-    dw.num_experts = w.num_experts;
-    dw.hidden = w.hidden;
-    dw.intermediate = w.intermediate;
-    for (int e = 0; e < w.num_experts; ++e) {
-      dw.gate_proj.push_back(Bf16Weights(w.gate_proj[e], "MoeExperts"));
-      dw.up_proj.push_back(Bf16Weights(w.up_proj[e], "MoeExperts"));
-      dw.down_proj.push_back(Bf16Weights(w.down_proj[e], "MoeExperts"));
-    }
-    cuda::MoeExperts(ctx_, {p.x, p.topk_ids, p.topk_weights, p.num_tokens, p.top_k, &dw, p.out}, S(s));
+    cuda::MoeExperts(ctx_, {p.x, p.topk_ids, p.topk_weights, p.num_tokens, p.top_k, &Resident(*p.experts, s), p.out},
+                     S(s));
   }
   void PrefillAttention(const PrefillAttentionParams& p, Stream& s) override {
     cuda::PrefillAttention({p.q, Bf16Cache(p.cache, "PrefillAttention"), p.block_table, p.start, p.num_tokens,
@@ -172,20 +181,102 @@ class CudaBackendImpl : public Backend {
                                S(s));
   }
 
-  // ---- not yet: the GPU issue's step 1 ----
-  void EmbeddingGather(const EmbeddingGatherParams&, Stream&) override { NotImplemented("EmbeddingGather"); }
-  void WriteKvSlots(const KvSlotWriteParams&, Stream&) override { NotImplemented("WriteKvSlots"); }
-  void ResidualAdd(const ResidualAddParams&, Stream&) override { NotImplemented("ResidualAdd"); }
+  void EmbeddingGather(const EmbeddingGatherParams& p, Stream& s) override {
+    cuda::EmbeddingGather({Bf16Weights(p.table, "EmbeddingGather"), p.table.rows, p.table.cols, p.tokens, p.num_tokens,
+                           p.out, error_device_},
+                          S(s));
+  }
+  void ResidualAdd(const ResidualAddParams& p, Stream& s) override { cuda::ResidualAdd({p.x, p.out, p.n}, S(s)); }
+  void ArgMax(const ArgMaxParams& p, Stream& s) override { cuda::ArgMax({p.x, p.num_rows, p.num_cols, p.out}, S(s)); }
+  void MoeCombine(const MoeCombineParams& p, Stream& s) override {
+    cuda::MoeCombine({p.y, p.topk_weights, p.num_tokens, p.top_k, p.hidden, p.out}, S(s));
+  }
+  void WriteKvSlots(const KvSlotWriteParams& p, Stream& s) override {
+    cuda::WriteKvSlots({Bf16Cache(p.cache, "WriteKvSlots"), p.slots, p.k, p.v, p.num_tokens, error_device_}, S(s));
+  }
+  // packed holds the cache's dtype (bf16 here), as kernels/ops.h says.
+  void PackKv(const KvPackParams& p, Stream& s) override {
+    cuda::PackKv(
+        {Bf16Cache(p.cache, "PackKv"), p.slots, p.num_tokens, static_cast<cuda::Bf16*>(p.packed), false, error_device_},
+        S(s));
+  }
+  void UnpackKv(const KvPackParams& p, Stream& s) override {
+    cuda::PackKv({Bf16Cache(p.cache, "UnpackKv"), p.slots, p.num_tokens, static_cast<cuda::Bf16*>(p.packed), true,
+                  error_device_},
+                 S(s));
+  }
+
+  void ReserveScratch(const ScratchShape& sh, Stream& s) override {
+    size_t bytes = 0;
+    if (sh.max_tokens > 0 && sh.max_in_features > 0) {
+      bytes = std::max(bytes, cuda::LinearScratchBytes(sh.max_tokens, sh.max_in_features));
+    }
+    if (sh.max_tokens > 0 && sh.hidden > 0 && sh.mlp_intermediate > 0) {
+      bytes = std::max(bytes, cuda::MlpScratchBytes(sh.max_tokens, sh.hidden, sh.mlp_intermediate));
+    }
+    if (sh.max_tokens > 0 && sh.hidden > 0 && sh.num_experts > 0 && sh.expert_intermediate > 0) {
+      bytes = std::max(
+          bytes, cuda::MoeScratchBytes(sh.max_tokens, sh.top_k, sh.num_experts, sh.hidden, sh.expert_intermediate));
+    }
+    if (bytes > 0) ctx_.Reserve(bytes, S(s));
+  }
+
+  // ---- not yet ----
   void ReplayTopK(const ReplayTopKParams&, Stream&) override { NotImplemented("ReplayTopK"); }
   void ExpertFfn(const ExpertFfnParams&, Stream&) override { NotImplemented("ExpertFfn"); }
-  void MoeCombine(const MoeCombineParams&, Stream&) override { NotImplemented("MoeCombine"); }
-  void ArgMax(const ArgMaxParams&, Stream&) override { NotImplemented("ArgMax"); }
-  void PackKv(const KvPackParams&, Stream&) override { NotImplemented("PackKv"); }
-  void UnpackKv(const KvPackParams&, Stream&) override { NotImplemented("UnpackKv"); }
 
  private:
+  // The device descriptor of `w` with its pointer table resident on the device: uploaded once per descriptor
+  // (kernels/backend.h lets a backend key state on a descriptor's address), and again only if the descriptor's
+  // pointers changed (a new descriptor at a freed one's address), which a host comparison of 3 * E pointers finds.
+  const cuda::ExpertWeights& Resident(const ExpertWeights& w, Stream& s) {
+    cuda::ExpertWeights dw;
+    dw.num_experts = w.num_experts;
+    dw.hidden = w.hidden;
+    dw.intermediate = w.intermediate;
+    for (int e = 0; e < w.num_experts; ++e) {
+      dw.gate_proj.push_back(Bf16Weights(w.gate_proj[e], "MoeExperts"));
+      dw.up_proj.push_back(Bf16Weights(w.up_proj[e], "MoeExperts"));
+      dw.down_proj.push_back(Bf16Weights(w.down_proj[e], "MoeExperts"));
+    }
+    ResidentExperts& r = experts_[&w];
+    if (r.table != nullptr && r.dw.gate_proj == dw.gate_proj && r.dw.up_proj == dw.up_proj &&
+        r.dw.down_proj == dw.down_proj && r.dw.hidden == dw.hidden && r.dw.intermediate == dw.intermediate) {
+      return r.dw;
+    }
+    // The old table (if any) is free to go: MoeExperts synchronises its stream after reading it.
+    static_assert(sizeof(void*) == sizeof(int64_t), "device pointers are stored as kI64");
+    r.table = Alloc(DType::kI64, 3 * static_cast<int64_t>(w.num_experts));
+    cuda::UploadExpertTable(dw, static_cast<const void**>(r.table->data()), S(s));
+    dw.device_table = static_cast<const void* const*>(r.table->data());
+    r.dw = std::move(dw);
+    return r.dw;
+  }
+
+  // The error word's bits since the last check, as one eldr::Error (and cleared).
+  void ThrowDeviceErrors() {
+    const int bits = *static_cast<volatile int*>(error_host_);
+    if (bits == 0) return;
+    *error_host_ = 0;
+    std::string what;
+    if (bits & cuda::kErrorToken) what += "EmbeddingGather: a token id outside [0, vocab)";
+    if (bits & cuda::kErrorSlot) {
+      what += std::string(what.empty() ? "" : "; ") +
+              "WriteKvSlots/PackKv/UnpackKv: a KV slot outside [0, num_blocks * block_size) (KV block out of range)";
+    }
+    throw Error(__FILE__, __LINE__, what + " (found on the device; those elements were not written)");
+  }
+
+  struct ResidentExperts {
+    cuda::ExpertWeights dw;         // device_table points into `table`
+    std::unique_ptr<Buffer> table;  // [3, num_experts] device pointers
+  };
+
   cuda::Context ctx_;  // cuBLAS handle and scratch: one stream at a time (cuda_ops.h)
   int device_;
+  std::map<const ExpertWeights*, ResidentExperts> experts_;  // by descriptor address (MoeExperts)
+  int* error_host_ = nullptr;    // pinned, mapped: the device error word (cuda::DeviceError bits)
+  int* error_device_ = nullptr;  // its device address
 };
 
 }  // namespace

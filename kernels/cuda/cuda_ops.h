@@ -38,7 +38,10 @@ int DeviceCount();
 // scratch buffer in stream order).
 class Context {
  public:
-  explicit Context(int device = 0);
+  // `device`: the CUDA device this context runs on, chosen by the caller (serve: the worker's device of its
+  // compute plan, runtime/serve/compute_plan.h), never a default: a context on the wrong device would
+  // disagree with the KV transport's.
+  explicit Context(int device);
   ~Context();
   Context(const Context&) = delete;
   Context& operator=(const Context&) = delete;
@@ -52,6 +55,13 @@ class Context {
   static bool GroupedGemmAvailable();
   void set_grouped_gemm(bool on);
   bool grouped_gemm() const;
+
+  // Allocates the scratch buffer now, for calls needing up to `bytes` (the *ScratchBytes functions below at the
+  // largest batch): those never allocate or free later (growing frees the old buffer, and cudaFree synchronises
+  // the whole device). A larger call still grows it.
+  void Reserve(size_t bytes, cudaStream_t stream);
+  size_t scratch_bytes() const;
+  int64_t scratch_grows() const;  // allocations of the scratch buffer so far (Reserve's included)
 
   struct Impl;
   Impl& impl() { return *impl_; }
@@ -154,7 +164,20 @@ struct ExpertWeights {
   std::vector<const Bf16*> up_proj;    // [num_experts] of [intermediate, hidden]
   std::vector<const Bf16*> down_proj;  // [num_experts] of [hidden, intermediate]
   int num_experts = 0, hidden = 0, intermediate = 0;
+  // Optional, device memory [3, num_experts]: the same pointers (gate, then up, then down), resident for the
+  // weights' lifetime (UploadExpertTable). When set, MoeExperts's grouped path reads it in place instead of
+  // copying the table from pageable host memory on every call.
+  const void* const* device_table = nullptr;
 };
+
+// Scratch bytes one call of each launcher needs at these shapes (the layouts the launchers themselves use).
+size_t LinearScratchBytes(int num_tokens, int in_features);
+size_t MlpScratchBytes(int num_tokens, int hidden, int intermediate);
+size_t MoeScratchBytes(int num_tokens, int top_k, int num_experts, int hidden, int intermediate);
+
+// Uploads w's pointer table to `device_table` (device memory of 3 * num_experts pointers) and waits for the
+// copy, so that `w.device_table = device_table` may be set and the host table freed. Done once per weights.
+void UploadExpertTable(const ExpertWeights& w, const void** device_table, cudaStream_t stream);
 
 // out[t] += Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t]); only activated experts are computed:
 // GroupByExpert, Permute, per-expert GEMMs (gate and up), SwiGLU, per-expert GEMM (down), Combine. The
@@ -243,5 +266,73 @@ struct SignatureCountParams {
   int64_t row_stride = 0;
 };
 void AccumulateSignatureCounts(const SignatureCountParams& p, cudaStream_t stream);
+
+// ---- plumbing and slot-mapped KV (sampling_kv.cu) ----
+// Device errors: a range check the CPU does by throwing (an out-of-range token id, a KV slot outside the cache)
+// cannot throw inside a kernel. These launchers take `error`, a device-visible int (null: not reported): a
+// kernel that finds a bad id skips that element and ORs its bit in; the caller reads the word after
+// synchronising and throws (the CUDA backend does so in SynchronizeStream / SynchronizeEvent).
+enum DeviceError : int { kErrorToken = 1, kErrorSlot = 2 };
+
+// out[t] = fp32(table[tokens[t]]); an id outside [0, rows) gives a zero row and kErrorToken.
+struct EmbeddingGatherParams {
+  const Bf16* table = nullptr;  // [rows, cols]
+  int64_t rows = 0, cols = 0;
+  const int32_t* tokens = nullptr;  // [num_tokens]
+  int num_tokens = 0;
+  float* out = nullptr;  // [num_tokens, cols]
+  int* error = nullptr;
+};
+void EmbeddingGather(const EmbeddingGatherParams& p, cudaStream_t stream);
+
+// out[i] += x[i].
+struct ResidualAddParams {
+  const float* x = nullptr;  // [n]
+  float* out = nullptr;      // [n]
+  int64_t n = 0;
+};
+void ResidualAdd(const ResidualAddParams& p, cudaStream_t stream);
+
+// out[r] = std::max_element's index over x[r, :], exactly as the CPU (kernels/ops.h ArgMax): 0 when x[r, 0] is
+// NaN, else the first index of the largest non-NaN value (a later NaN is never chosen).
+struct ArgMaxParams {
+  const float* x = nullptr;  // [num_rows, num_cols]
+  int num_rows = 0, num_cols = 0;
+  int32_t* out = nullptr;  // [num_rows]
+};
+void ArgMax(const ArgMaxParams& p, cudaStream_t stream);
+
+// out[t] += Σ_j topk_weights[t, j] · y[t * top_k + j], j ascending, in fp32 (the CPU's order: bit-equal sums).
+struct MoeCombineParams {
+  const float* y = nullptr;             // [num_tokens * top_k, hidden]
+  const float* topk_weights = nullptr;  // [num_tokens, top_k]
+  int num_tokens = 0, top_k = 0, hidden = 0;
+  float* out = nullptr;  // [num_tokens, hidden]
+};
+void MoeCombine(const MoeCombineParams& p, cudaStream_t stream);
+
+// bf16(k), bf16(v) of each token into cache slot slots[t] (slot = block * block_size + position % block_size);
+// a slot outside [0, num_blocks * block_size) is not written and sets kErrorSlot.
+struct KvSlotWriteParams {
+  PagedKv cache;
+  const int64_t* slots = nullptr;  // [num_tokens]
+  const float* k = nullptr;        // [num_tokens, num_kv_heads, head_dim]
+  const float* v = nullptr;        // [num_tokens, num_kv_heads, head_dim]
+  int num_tokens = 0;
+  int* error = nullptr;
+};
+void WriteKvSlots(const KvSlotWriteParams& p, cudaStream_t stream);
+
+// KV transfer of one layer: packed [2 (K, V), num_tokens, num_kv_heads, head_dim] bf16 ← the cache rows of `slots`
+// (unpack false), or → them (unpack true). A slot outside the cache is skipped and sets kErrorSlot.
+struct KvPackParams {
+  PagedKv cache;
+  const int64_t* slots = nullptr;  // [num_tokens]
+  int num_tokens = 0;
+  Bf16* packed = nullptr;  // [2, num_tokens, num_kv_heads, head_dim]
+  bool unpack = false;
+  int* error = nullptr;
+};
+void PackKv(const KvPackParams& p, cudaStream_t stream);
 
 }  // namespace eldr::kernels::cuda

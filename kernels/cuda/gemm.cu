@@ -25,6 +25,31 @@ void LaunchSwiGlu(const Bf16* gate, const Bf16* up, Bf16* h, int rows, int cols,
   ELDR_CUDA_CHECK_LAUNCH();
 }
 
+size_t LinearScratchBytes(int num_tokens, int in_features) {
+  return static_cast<size_t>(num_tokens) * RoundUp(in_features, 8) * sizeof(Bf16);
+}
+
+namespace {
+
+// Mlp's scratch: x, gate, up and SwiGLU outputs in bf16, rows 16-byte aligned.
+struct MlpLayout {
+  MlpLayout(int T, int H, int I) : h_stride(RoundUp(H, 8)), i_stride(RoundUp(I, 8)) {
+    o_x = layout.Add(static_cast<size_t>(T) * h_stride * sizeof(Bf16));
+    o_g = layout.Add(static_cast<size_t>(T) * i_stride * sizeof(Bf16));
+    o_u = layout.Add(static_cast<size_t>(T) * i_stride * sizeof(Bf16));
+    o_h = layout.Add(static_cast<size_t>(T) * i_stride * sizeof(Bf16));
+  }
+  int64_t h_stride, i_stride;
+  ScratchLayout layout;
+  size_t o_x = 0, o_g = 0, o_u = 0, o_h = 0;
+};
+
+}  // namespace
+
+size_t MlpScratchBytes(int num_tokens, int hidden, int intermediate) {
+  return MlpLayout(num_tokens, hidden, intermediate).layout.total();
+}
+
 void Linear(Context& ctx, const LinearParams& p, cudaStream_t stream) {
   ELDR_CHECK(p.num_tokens >= 0 && p.in_features > 0 && p.out_features > 0,
              "bad Linear shape " << p.num_tokens << " x " << p.in_features << " -> " << p.out_features);
@@ -32,7 +57,7 @@ void Linear(Context& ctx, const LinearParams& p, cudaStream_t stream) {
   Context::Impl& impl = ctx.impl();
   // bf16 copy of x with 16-byte aligned rows (cuBLAS's fast paths want aligned rows).
   const int64_t in_stride = RoundUp(p.in_features, 8);
-  Bf16* xb = static_cast<Bf16*>(impl.Scratch(static_cast<size_t>(p.num_tokens) * in_stride * sizeof(Bf16), stream));
+  Bf16* xb = static_cast<Bf16*>(impl.Scratch(LinearScratchBytes(p.num_tokens, p.in_features), stream));
   LaunchConvertRows(p.x, xb, p.num_tokens, p.in_features, in_stride, stream);
   ELDR_CUBLAS_CHECK(cublasSetStream(impl.cublas, stream));
   GemmNT(impl.cublas, p.num_tokens, p.out_features, p.in_features, p.weight, p.in_features, xb,
@@ -44,17 +69,13 @@ void Mlp(Context& ctx, const MlpParams& p, cudaStream_t stream) {
   ELDR_CHECK(T >= 0 && H > 0 && I > 0, "bad Mlp shape " << T << " x " << H << " (intermediate " << I << ")");
   if (T == 0) return;
   Context::Impl& impl = ctx.impl();
-  const int64_t h_stride = RoundUp(H, 8), i_stride = RoundUp(I, 8);
-  ScratchLayout layout;
-  const size_t o_x = layout.Add(static_cast<size_t>(T) * h_stride * sizeof(Bf16));
-  const size_t o_g = layout.Add(static_cast<size_t>(T) * i_stride * sizeof(Bf16));
-  const size_t o_u = layout.Add(static_cast<size_t>(T) * i_stride * sizeof(Bf16));
-  const size_t o_h = layout.Add(static_cast<size_t>(T) * i_stride * sizeof(Bf16));
-  void* base = impl.Scratch(layout.total(), stream);
-  Bf16* xb = ScratchLayout::Get<Bf16>(base, o_x);
-  Bf16* g = ScratchLayout::Get<Bf16>(base, o_g);
-  Bf16* u = ScratchLayout::Get<Bf16>(base, o_u);
-  Bf16* h = ScratchLayout::Get<Bf16>(base, o_h);
+  const MlpLayout m(T, H, I);
+  const int64_t h_stride = m.h_stride, i_stride = m.i_stride;
+  void* base = impl.Scratch(m.layout.total(), stream);
+  Bf16* xb = ScratchLayout::Get<Bf16>(base, m.o_x);
+  Bf16* g = ScratchLayout::Get<Bf16>(base, m.o_g);
+  Bf16* u = ScratchLayout::Get<Bf16>(base, m.o_u);
+  Bf16* h = ScratchLayout::Get<Bf16>(base, m.o_h);
 
   LaunchConvertRows(p.x, xb, T, H, h_stride, stream);
   ELDR_CUBLAS_CHECK(cublasSetStream(impl.cublas, stream));

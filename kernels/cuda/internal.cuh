@@ -20,6 +20,7 @@ struct Context::Impl {
   bool grouped_gemm = true;
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
+  int64_t scratch_grows = 0;
 
   // A scratch buffer of at least `bytes`, valid for work enqueued on `stream` until the next call. Growing
   // it waits for `stream` first, as earlier work on it may still read the old buffer.

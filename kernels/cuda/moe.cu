@@ -311,6 +311,54 @@ void Combine(const CombineParams& p, cudaStream_t stream) {
   ELDR_CUDA_CHECK_LAUNCH();
 }
 
+namespace {
+
+// MoeExperts's scratch. Rows padded to 8 bf16 (16 bytes): every per-expert slice starts 16-byte aligned, as
+// grouped cuBLAS needs.
+struct MoeLayout {
+  MoeLayout(int T, int K, int E, int H, int I) : hs(RoundUp(H, 8)), is(RoundUp(I, 8)) {
+    const int64_t n = static_cast<int64_t>(T) * K;
+    o_offsets = layout.Add(sizeof(int32_t) * (E + 1));
+    o_pairs = layout.Add(sizeof(int32_t) * n);
+    o_rows = layout.Add(sizeof(int32_t) * n);
+    o_xp = layout.Add(sizeof(Bf16) * n * hs);
+    o_g = layout.Add(sizeof(Bf16) * n * is);
+    o_u = layout.Add(sizeof(Bf16) * n * is);
+    o_h = layout.Add(sizeof(Bf16) * n * is);
+    o_y = layout.Add(sizeof(Bf16) * n * hs);
+    o_weights = layout.Add(sizeof(void*) * 3 * E);
+    o_gate_up = layout.Add(sizeof(void*) * 3 * 2 * E);
+    o_down = layout.Add(sizeof(void*) * 3 * E);
+  }
+  int64_t hs, is;
+  ScratchLayout layout;
+  size_t o_offsets, o_pairs, o_rows, o_xp, o_g, o_u, o_h, o_y, o_weights, o_gate_up, o_down;
+};
+
+// [3, num_experts]: gate, then up, then down pointers.
+std::vector<const void*> HostTable(const ExpertWeights& w) {
+  std::vector<const void*> table(3 * static_cast<size_t>(w.num_experts));
+  for (int e = 0; e < w.num_experts; ++e) {
+    table[e] = w.gate_proj[e];
+    table[w.num_experts + e] = w.up_proj[e];
+    table[2 * w.num_experts + e] = w.down_proj[e];
+  }
+  return table;
+}
+
+}  // namespace
+
+size_t MoeScratchBytes(int num_tokens, int top_k, int num_experts, int hidden, int intermediate) {
+  return MoeLayout(num_tokens, top_k, num_experts, hidden, intermediate).layout.total();
+}
+
+void UploadExpertTable(const ExpertWeights& w, const void** device_table, cudaStream_t stream) {
+  const std::vector<const void*> table = HostTable(w);
+  ELDR_CUDA_CHECK(
+      cudaMemcpyAsync(device_table, table.data(), sizeof(void*) * table.size(), cudaMemcpyHostToDevice, stream));
+  ELDR_CUDA_CHECK(cudaStreamSynchronize(stream));
+}
+
 void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
   ELDR_CHECK(p.experts != nullptr, "MoeExperts without expert weights");
   const ExpertWeights& w = *p.experts;
@@ -326,21 +374,11 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
   Context::Impl& impl = ctx.impl();
   const bool grouped = impl.grouped_gemm;
 
-  // Rows padded to 8 bf16 (16 bytes): every per-expert slice starts 16-byte aligned, as grouped cuBLAS needs.
-  const int64_t hs = RoundUp(H, 8), is = RoundUp(I, 8);
-  ScratchLayout layout;
-  const size_t o_offsets = layout.Add(sizeof(int32_t) * (E + 1));
-  const size_t o_pairs = layout.Add(sizeof(int32_t) * n);
-  const size_t o_rows = layout.Add(sizeof(int32_t) * n);
-  const size_t o_xp = layout.Add(sizeof(Bf16) * n * hs);
-  const size_t o_g = layout.Add(sizeof(Bf16) * n * is);
-  const size_t o_u = layout.Add(sizeof(Bf16) * n * is);
-  const size_t o_h = layout.Add(sizeof(Bf16) * n * is);
-  const size_t o_y = layout.Add(sizeof(Bf16) * n * hs);
-  const size_t o_weights = layout.Add(sizeof(void*) * 3 * E);
-  const size_t o_gate_up = layout.Add(sizeof(void*) * 3 * 2 * E);
-  const size_t o_down = layout.Add(sizeof(void*) * 3 * E);
-  void* base = impl.Scratch(layout.total(), stream);
+  const MoeLayout m(T, K, E, H, I);
+  const int64_t hs = m.hs, is = m.is;
+  const size_t o_offsets = m.o_offsets, o_pairs = m.o_pairs, o_rows = m.o_rows, o_xp = m.o_xp, o_g = m.o_g, o_u = m.o_u,
+               o_h = m.o_h, o_y = m.o_y, o_weights = m.o_weights, o_gate_up = m.o_gate_up, o_down = m.o_down;
+  void* base = impl.Scratch(m.layout.total(), stream);
   int32_t* d_offsets = ScratchLayout::Get<int32_t>(base, o_offsets);
   int32_t* d_pairs = ScratchLayout::Get<int32_t>(base, o_pairs);
   int32_t* d_rows = ScratchLayout::Get<int32_t>(base, o_rows);
@@ -355,17 +393,16 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
 
   LaunchGroupByExpert(p.topk_ids, T, K, E, d_offsets, d_pairs, d_rows, stream);
   if (grouped) {
-    std::vector<const void*> table(3 * static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) {
-      table[e] = w.gate_proj[e];
-      table[E + e] = w.up_proj[e];
-      table[2 * E + e] = w.down_proj[e];
+    const void* const* table_on_device = w.device_table;
+    if (table_on_device == nullptr) {  // no resident table: copy this call's from pageable memory
+      std::vector<const void*> table = HostTable(w);
+      // From pageable memory: staged before the call returns, so `table` may go out of scope.
+      ELDR_CUDA_CHECK(
+          cudaMemcpyAsync(d_weights, table.data(), sizeof(void*) * table.size(), cudaMemcpyHostToDevice, stream));
+      table_on_device = d_weights;
     }
-    // From pageable memory: staged before the call returns, so `table` may go out of scope.
-    ELDR_CUDA_CHECK(
-        cudaMemcpyAsync(d_weights, table.data(), sizeof(void*) * table.size(), cudaMemcpyHostToDevice, stream));
-    BuildGemmPointersKernel<<<1, 32, 0, stream>>>(d_offsets, E, d_weights, AsBf16(xp), AsBf16(g), AsBf16(u), AsBf16(h),
-                                                  AsBf16(y), hs, is, d_gate_up, d_down);
+    BuildGemmPointersKernel<<<1, 32, 0, stream>>>(d_offsets, E, table_on_device, AsBf16(xp), AsBf16(g), AsBf16(u),
+                                                  AsBf16(h), AsBf16(y), hs, is, d_gate_up, d_down);
     ELDR_CUDA_CHECK_LAUNCH();
   }
 

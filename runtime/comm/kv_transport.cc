@@ -1,7 +1,10 @@
 #include "runtime/comm/kv_transport.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "runtime/comm/transport.h"
 
@@ -46,9 +49,9 @@ class MpiKvTransport : public KvTransport {
 
 }  // namespace
 
-// kv_transport_nccl.cc
-Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device);
-Status CheckNcclUsable(MPI_Comm comm, int device);
+// kv_transport_nccl.cc. `names`: the rank each rank of `comm` is called in errors (empty: its own).
+Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device, const std::vector<int>& names);
+Status CheckNcclUsable(MPI_Comm comm, int device, const std::vector<int>& names);
 
 Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
   if (name == "mpi") return KvTransportKind::kMpi;
@@ -58,27 +61,116 @@ Result<KvTransportKind> ParseKvTransportKind(const std::string& name) {
 
 Result<std::unique_ptr<KvTransport>> MakeKvTransport(KvTransportKind kind, MPI_Comm comm, int device) {
   if (kind == KvTransportKind::kMpi) return std::unique_ptr<KvTransport>(new MpiKvTransport(comm));
-  return MakeNcclKvTransport(comm, device);
+  return MakeNcclKvTransport(comm, device, {});
 }
 
-Result<std::unique_ptr<KvTransport>> MakeJobKvTransport(const std::string& choice, MPI_Comm comm) {
+namespace {
+
+// A member transport addressed by ranks of the job's communicator, over a transport of the members' own
+// communicator (peer world rank → member index).
+class MemberKvTransport : public KvTransport {
+ public:
+  MemberKvTransport(std::unique_ptr<KvTransport> inner, std::vector<int> member_of)
+      : inner_(std::move(inner)), member_of_(std::move(member_of)) {}
+  const char* name() const override { return inner_->name(); }
+  Status Send(int dest, const void* buffer, size_t bytes) override {
+    ELDR_ASSIGN_OR_RETURN(int d, Peer(dest));
+    return inner_->Send(d, buffer, bytes);
+  }
+  Status Recv(int source, void* buffer, size_t bytes) override {
+    ELDR_ASSIGN_OR_RETURN(int s, Peer(source));
+    return inner_->Recv(s, buffer, bytes);
+  }
+  Status Synchronize() override { return inner_->Synchronize(); }
+  Status SendFromHost(int dest, const void* host, size_t bytes) override {
+    ELDR_ASSIGN_OR_RETURN(int d, Peer(dest));
+    return inner_->SendFromHost(d, host, bytes);
+  }
+  Status RecvToHost(int source, void* host, size_t bytes) override {
+    ELDR_ASSIGN_OR_RETURN(int s, Peer(source));
+    return inner_->RecvToHost(s, host, bytes);
+  }
+
+ private:
+  Result<int> Peer(int rank) const {
+    if (rank < 0 || rank >= static_cast<int>(member_of_.size()) || member_of_[rank] < 0) {
+      return Status::InvalidArgument("KV transport: rank " + std::to_string(rank) + " moves no KV (not a member)");
+    }
+    return member_of_[rank];
+  }
+
+  std::unique_ptr<KvTransport> inner_;
+  std::vector<int> member_of_;  // [comm size] member index, -1 for non-members
+};
+
+// The verdict of the members (kind, or an error) on every rank of `comm`: the lowest member broadcasts it.
+Status ShareVerdict(MPI_Comm comm, int root, Status local, KvTransportKind* kind) {
+  struct {
+    int code = 0;
+    int nccl = 0;
+    char message[1024] = {};
+  } v;
+  v.code = static_cast<int>(local.code());
+  v.nccl = *kind == KvTransportKind::kNccl ? 1 : 0;
+  std::strncpy(v.message, local.message().c_str(), sizeof(v.message) - 1);
+  ELDR_MPI_CHECK(MPI_Bcast(&v, sizeof(v), MPI_BYTE, root, comm));
+  *kind = v.nccl ? KvTransportKind::kNccl : KvTransportKind::kMpi;
+  if (v.code == static_cast<int>(StatusCode::kOk)) return Status::Ok();
+  return Status(static_cast<StatusCode>(v.code), v.message);
+}
+
+}  // namespace
+
+Result<JobKvTransport> MakeJobKvTransport(const std::string& choice, MPI_Comm comm, int device, bool member) {
   if (choice != "auto" && choice != "mpi" && choice != "nccl") {
     return Status::InvalidArgument("unknown KV transport '" + choice + "' (expected auto, mpi or nccl)");
   }
-  if (choice == "mpi") return MakeKvTransport(KvTransportKind::kMpi, comm, 0);
-  // Device = node-local rank mod visible devices (collective: every rank of comm takes part).
-  MPI_Comm node = MPI_COMM_NULL;
-  int local_rank = 0;
-  if (MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node) == MPI_SUCCESS) {
-    MPI_Comm_rank(node, &local_rank);
-    MPI_Comm_free(&node);
+  int rank = 0, size = 1;
+  ELDR_MPI_CHECK(MPI_Comm_rank(comm, &rank));
+  ELDR_MPI_CHECK(MPI_Comm_size(comm, &size));
+  // Who moves KV: member index of every rank of comm.
+  std::vector<int> is_member(size, 0), member_of(size, -1), members;
+  const int mine = member ? 1 : 0;
+  ELDR_MPI_CHECK(MPI_Allgather(&mine, 1, MPI_INT, is_member.data(), 1, MPI_INT, comm));
+  for (int r = 0; r < size; ++r) {
+    if (!is_member[r]) continue;
+    member_of[r] = static_cast<int>(members.size());
+    members.push_back(r);
   }
-  const int devices = VisibleCudaDevices();
-  const int device = devices > 0 ? local_rank % devices : 0;
-  if (choice == "nccl") return MakeKvTransport(KvTransportKind::kNccl, comm, device);
-  // auto: NCCL where every rank can have a device of its own (agreed: every rank gets the same verdict).
-  const KvTransportKind kind = CheckNcclUsable(comm, device).ok() ? KvTransportKind::kNccl : KvTransportKind::kMpi;
-  return MakeKvTransport(kind, comm, device);
+  if (members.empty()) return Status::InvalidArgument("KV transport: no rank moves KV");
+  JobKvTransport out;
+  if (choice == "mpi") {
+    if (member) out.transport = std::unique_ptr<KvTransport>(new MpiKvTransport(comm));
+    return out;
+  }
+  MPI_Comm sub = MPI_COMM_NULL;
+  ELDR_MPI_CHECK(MPI_Comm_split(comm, member ? 1 : MPI_UNDEFINED, rank, &sub));
+  // The members decide (collective over them), then tell every rank.
+  Status local;
+  KvTransportKind kind = KvTransportKind::kMpi;
+  if (member) {
+    local = CheckNcclUsable(sub, device, members);
+    kind = local.ok() ? KvTransportKind::kNccl : KvTransportKind::kMpi;
+    if (choice == "auto") local = Status::Ok();
+  }
+  Status shared = ShareVerdict(comm, members.front(), local, &kind);
+  if (!shared.ok()) {
+    if (sub != MPI_COMM_NULL) MPI_Comm_free(&sub);
+    return shared;
+  }
+  out.kind = kind;
+  if (!member) return out;
+  if (kind == KvTransportKind::kMpi) {
+    MPI_Comm_free(&sub);
+    out.transport = std::unique_ptr<KvTransport>(new MpiKvTransport(comm));
+    return out;
+  }
+  // NCCL uses the members' MPI communicator for its bootstrap only.
+  auto nccl = MakeNcclKvTransport(sub, device, members);
+  MPI_Comm_free(&sub);
+  if (!nccl.ok()) return nccl.status();
+  out.transport = std::unique_ptr<KvTransport>(new MemberKvTransport(std::move(nccl).value(), member_of));
+  return out;
 }
 
 }  // namespace eldr

@@ -43,7 +43,7 @@ enum class KvTransportKind { kMpi, kNccl };
 Result<KvTransportKind> ParseKvTransportKind(const std::string& name);  // "mpi" or "nccl"
 
 // Collective over `comm`: every rank must call it with the same kind. `device` selects the GPU for NCCL
-// (a rank-local index). NCCL: FailedPrecondition on every rank, with the same message, when the binary is
+// (a rank-local index; -1: none). NCCL: FailedPrecondition on every rank, with the same message, when the binary is
 // built without NCCL, when some rank cannot use its device, or when two ranks on one host share a device.
 Result<std::unique_ptr<KvTransport>> MakeKvTransport(KvTransportKind kind, MPI_Comm comm, int device);
 
@@ -53,13 +53,21 @@ bool NcclCompiledIn();
 int VisibleCudaDevices();
 
 // A job's KV transport from its configured choice, collective over `comm` (every rank calls it with the same
-// `choice`; all get the same kind):
+// `choice`; all agree on the kind):
 //   "mpi"  → MPI.
 //   "nccl" → NCCL, or FailedPrecondition on every rank saying why it cannot be used (see MakeKvTransport).
-//   "auto" → NCCL when the binary has it and every rank has a CUDA device of its own, else MPI.
-// Each rank uses device (node-local rank) mod (visible devices): one GPU per rank when the launcher binds
-// one device per rank (CUDA_VISIBLE_DEVICES) or when a node has as many devices as ranks.
+//   "auto" → NCCL when the binary has it and every member rank has a CUDA device of its own, else MPI.
+// `device`: this rank's GPU, chosen once by the caller (serve: runtime/serve/compute_plan.h, the same device as
+// its compute backend), -1 for none. `member`: whether this rank moves KV. Ranks with member false (serve's
+// router, rank 0) take part in the agreement only: they need no GPU, are not in the NCCL communicator, and get
+// no transport (JobKvTransport::transport is null). Members' transports take ranks of `comm` as peers (the
+// NCCL communicator of the members is an internal detail), and the errors name ranks of `comm`.
 // InvalidArgument for another choice.
-Result<std::unique_ptr<KvTransport>> MakeJobKvTransport(const std::string& choice, MPI_Comm comm);
+struct JobKvTransport {
+  KvTransportKind kind = KvTransportKind::kMpi;
+  std::unique_ptr<KvTransport> transport;  // null when not a member
+  const char* name() const { return kind == KvTransportKind::kNccl ? "nccl" : "mpi"; }
+};
+Result<JobKvTransport> MakeJobKvTransport(const std::string& choice, MPI_Comm comm, int device, bool member = true);
 
 }  // namespace eldr

@@ -112,7 +112,8 @@ std::string RankList(const std::vector<int>& ranks) {
 
 // Collective over `comm`: OK on every rank when every rank can use CUDA device `device` and no two ranks of
 // one host would use the same device; otherwise the same FailedPrecondition on every rank.
-Status CheckNcclUsable(MPI_Comm comm, int device) {
+Status CheckNcclUsable(MPI_Comm comm, int device, const std::vector<int>& names) {
+  auto name = [&](int r) { return names.empty() ? r : names[r]; };
   int size = 1;
   MPI_Comm_size(comm, &size);
   DeviceProbe mine;
@@ -128,7 +129,7 @@ Status CheckNcclUsable(MPI_Comm comm, int device) {
   MPI_Allgather(&mine, sizeof(DeviceProbe), MPI_BYTE, all.data(), sizeof(DeviceProbe), MPI_BYTE, comm);
   std::vector<int> without;
   for (int r = 0; r < size; ++r) {
-    if (!all[r].usable) without.push_back(r);
+    if (!all[r].usable) without.push_back(name(r));
   }
   if (!without.empty()) {
     return Status::FailedPrecondition("KV transport nccl: no usable CUDA device on rank" +
@@ -138,8 +139,8 @@ Status CheckNcclUsable(MPI_Comm comm, int device) {
   for (int a = 0; a < size; ++a) {
     for (int b = a + 1; b < size; ++b) {
       if (std::strcmp(all[a].host, all[b].host) == 0 && std::strcmp(all[a].bus_id, all[b].bus_id) == 0) {
-        return Status::FailedPrecondition("KV transport nccl: ranks " + std::to_string(a) + " and " +
-                                          std::to_string(b) + " share CUDA device " + all[a].bus_id + " on " +
+        return Status::FailedPrecondition("KV transport nccl: ranks " + std::to_string(name(a)) + " and " +
+                                          std::to_string(name(b)) + " share CUDA device " + all[a].bus_id + " on " +
                                           all[a].host + " (NCCL needs one GPU per rank: bind one device per rank)");
       }
     }
@@ -147,8 +148,8 @@ Status CheckNcclUsable(MPI_Comm comm, int device) {
   return Status::Ok();
 }
 
-Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device) {
-  ELDR_RETURN_IF_ERROR(CheckNcclUsable(comm, device));  // every rank passes or every rank fails
+Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device, const std::vector<int>& names) {
+  ELDR_RETURN_IF_ERROR(CheckNcclUsable(comm, device, names));  // every rank passes or every rank fails
   int rank = 0, size = 1;
   MPI_Comm_rank(comm, &rank);
   MPI_Comm_size(comm, &size);
@@ -179,14 +180,14 @@ Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int devi
 bool NcclCompiledIn() { return false; }
 int VisibleCudaDevices() { return 0; }
 
-Status CheckNcclUsable(MPI_Comm, int) {
+Status CheckNcclUsable(MPI_Comm, int, const std::vector<int>&) {
   return Status::FailedPrecondition(
       "KV transport nccl: built without NCCL (reconfigure with ELDR_WITH_CUDA=ON ELDR_WITH_NCCL=ON on a machine with "
       "the CUDA toolkit and NCCL)");
 }
 
-Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device) {
-  return CheckNcclUsable(comm, device);  // always the "built without NCCL" error
+Result<std::unique_ptr<KvTransport>> MakeNcclKvTransport(MPI_Comm comm, int device, const std::vector<int>& names) {
+  return CheckNcclUsable(comm, device, names);  // always the "built without NCCL" error
 }
 
 #endif

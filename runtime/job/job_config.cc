@@ -88,6 +88,7 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   output.Get("tokens", &c->output_tokens);
   output.Get("replace", &c->output_replace);
   root.Get("watchdog_s", &c->watchdog_s, NumberRange::Above(0));
+  root.Get("compute", &c->compute, {"cpu", "cuda", "auto"});
   root.Allow("simulate");
   return root.Finish();
 }

@@ -13,13 +13,14 @@
 //              round_robin, random
 //   kv_cache:  {block_size: 16, prefill_blocks: 4096, decode_blocks: 4096, transport: auto}
 //              transport: how KV goes from a prefill rank to its decoder (runtime/comm/kv_transport.h).
-//              mpi: inside the MPI control message (kTagKv). nccl: the control message carries the request's
-//              metadata and the KV checksum, the KV floats go over NCCL point-to-point, staged host→device on
-//              the prefill rank and device→host on the decoder (the executor is host-only today, so NCCL buys
-//              no copy yet: it is the data plane a GPU executor will use). NCCL needs one GPU per rank on every
-//              rank of the job (the router's included: the communicator is the job's); asking for it on a build
-//              without NCCL, or where a rank has no device or shares one, fails at start on every rank with
-//              one line. auto: nccl when the binary has NCCL and every rank has a device of its own (agreed
+//              mpi: inside the KV message (KvMsg, after the decoder accepted the offer: runtime/serve/protocol.h
+//              "KV handoff"). nccl: KvMsg carries the KV's size and checksum, the KV floats go over NCCL
+//              point-to-point, staged host→device on the prefill rank and device→host on the decoder (the
+//              executor is host-only today, so NCCL buys no copy yet: it is the data plane a GPU executor will
+//              use). The NCCL communicator holds the worker ranks only: the router (rank 0) needs no GPU; every
+//              worker uses the GPU its compute plan chose (compute: below). Asking for nccl on a build without
+//              NCCL, or where a worker rank has no device or shares one, fails at start on every rank with one
+//              line. auto: nccl when the binary has NCCL and every worker rank has a device of its own (agreed
 //              collectively), else mpi. The transport used is metrics.json's "kv_transport".
 //   decode:    {max_batch: 64, ep_size: 1, placement: contiguous}
 //              ep_size G: each decoder is an expert-parallel group of G ranks (runtime/serve/expert_parallel.h);
@@ -31,6 +32,13 @@
 //   output:    {dir: run, tokens: false, replace: false}   # tokens: generated ids in requests.jsonl; replace: an
 //                                                          #   earlier run in dir (else refused; job/metrics.h)
 //   watchdog_s: 120                                       # also the limit for every rank to load its weights
+//   compute:   auto                                       # cpu | cuda | auto: where the worker ranks compute
+//              (runtime/serve/compute_plan.h). One GPU per worker rank, chosen once (its local rank among the
+//              node's worker ranks, modulo the devices it sees) and shared by the executor and the KV transport;
+//              rank 0, the router, never uses a GPU. cuda: every worker rank must have a CUDA device of its own,
+//              else the job fails at start naming the rank and host; auto: cuda when the build has CUDA, every
+//              worker rank has a device of its own and the executor runs on the CUDA backend, else cpu. The
+//              startup line and metrics.json ("compute") say which.
 //   simulate:  {cost_model: ../costs/h200-deepseek-v2-lite.yaml}   # eldr simulate only (runtime/cost/cost_model.h):
 //              a cost model file and/or inline keys decode: {a, b, c, d}, prefill: {a, b},
 //              kv_transfer: {latency_s, bandwidth_Bps}, control_latency_s, cores
@@ -97,6 +105,7 @@ struct JobConfig {
   bool output_tokens = false;   // write each request's generated token ids to requests.jsonl
   bool output_replace = false;  // replace an output.dir that holds an earlier run (job/metrics.h CommitRunDirectory)
   double watchdog_s = 120;
+  std::string compute = "auto";  // cpu, cuda or auto (compute:)
   // Evaluation only, not a YAML key (`eldr simulate --route-on decode`): the router is handed each request's
   // decode-token expert counts instead of its prompt's, with a calibration fitted on decode tokens
   // (Calibration::features); the clairvoyant ceiling of any signature. Serve never sets it.

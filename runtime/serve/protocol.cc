@@ -133,6 +133,10 @@ const char* MessageTagName(int tag) {
       return "counts";
     case kTagRoute:
       return "route";
+    case kTagKvOffer:
+      return "kv offer";
+    case kTagKvAccept:
+      return "kv accept";
     case kTagKv:
       return "kv";
     case kTagTokens:
@@ -189,15 +193,43 @@ Result<RouteMsg> RouteMsg::Decode(std::span<const uint8_t> bytes) {
   return Done(r, std::move(m));
 }
 
+std::vector<uint8_t> KvOfferMsg::Encode() const {
+  Writer w(kTag);
+  w.Put(request).Put(prompt_len).Put(output_len).Put(first_token).Put(kv_floats).PutVector(replay_ids);
+  return w.Take();
+}
+
+Result<KvOfferMsg> KvOfferMsg::Decode(std::span<const uint8_t> bytes) {
+  Reader r(bytes, kTag);
+  KvOfferMsg m;
+  r.Get(&m.request);
+  r.Get(&m.prompt_len);
+  r.Get(&m.output_len);
+  r.Get(&m.first_token);
+  r.Get(&m.kv_floats);
+  r.GetVector(&m.replay_ids);
+  return Done(r, std::move(m));
+}
+
+std::vector<uint8_t> KvAcceptMsg::Encode() const { return Writer(kTag).Put(request).PutBool(accepted).Take(); }
+
+Result<KvAcceptMsg> KvAcceptMsg::Decode(std::span<const uint8_t> bytes) {
+  Reader r(bytes, kTag);
+  KvAcceptMsg m;
+  r.Get(&m.request);
+  r.GetBool(&m.accepted);
+  return Done(r, std::move(m));
+}
+
 std::vector<uint8_t> KvMsg::Encode() const {
   Writer w(kTag);
-  w.Put(request).Put(prompt_len).Put(output_len).Put(first_token).PutBool(kv_inline);
+  w.Put(request).PutBool(kv_inline);
   if (kv_inline) {
     w.PutVector(kv);
   } else {
     w.Put(kv_floats);
   }
-  w.Put(kv_checksum).PutVector(replay_ids);
+  w.Put(kv_checksum);
   return w.Take();
 }
 
@@ -205,9 +237,6 @@ Result<KvMsg> KvMsg::Decode(std::span<const uint8_t> bytes) {
   Reader r(bytes, kTag);
   KvMsg m;
   r.Get(&m.request);
-  r.Get(&m.prompt_len);
-  r.Get(&m.output_len);
-  r.Get(&m.first_token);
   r.GetBool(&m.kv_inline);
   if (m.kv_inline) {
     r.GetVector(&m.kv);
@@ -216,7 +245,6 @@ Result<KvMsg> KvMsg::Decode(std::span<const uint8_t> bytes) {
     r.Get(&m.kv_floats);
   }
   r.Get(&m.kv_checksum);
-  r.GetVector(&m.replay_ids);
   return Done(r, std::move(m));
 }
 

@@ -28,13 +28,15 @@ enum MessageTag : int {
   kTagPrefill = 1,    // 0 → prefill: PrefillRequestMsg
   kTagCounts = 2,     // prefill → 0: CountsMsg
   kTagRoute = 3,      // 0 → prefill: RouteMsg
-  kTagKv = 4,         // prefill → decode leader: KvMsg
+  kTagKvOffer = 4,    // prefill → decode leader: KvOfferMsg (a routed request, its KV still on the prefill rank)
   kTagTokens = 5,     // decode leader → 0: TokensMsg
   kTagFailed = 6,     // prefill/decode → 0: FailedMsg
   kTagShutdown = 7,   // 0 → every other rank: ShutdownMsg
   kTagReady = 8,      // every other rank → 0, once its weights are loaded: ReadyMsg
   kTagHeartbeat = 9,  // 0 → prefill/decode leader (ping) and back (pong): HeartbeatMsg
   kTagBye = 10,       // prefill/decode leader → 0, the last message after a ShutdownMsg: ByeMsg
+  kTagKvAccept = 11,  // decode leader → prefill: KvAcceptMsg (blocks allocated: send the KV; or refused)
+  kTagKv = 12,        // prefill → decode leader: KvMsg (the KV, inline or announcing the KV transport's transfer)
 };
 
 // The name of a tag ("counts", "tokens", ...), or "unknown".
@@ -73,20 +75,51 @@ struct RouteMsg {
   static Result<RouteMsg> Decode(std::span<const uint8_t> bytes);
 };
 
-// prefill → decode leader: a prefilled request. With the KV inline (kv_inline) `kv` holds the floats; otherwise
-// `kv` is empty, `kv_floats` floats follow over the KV transport (comm/kv_transport.h) and the decoder posts
-// that receive when it handles this message.
-struct KvMsg {
-  static constexpr int kTag = kTagKv;
+// The KV handoff of a routed request (DESIGN.md §2 "KV handoff"), three messages:
+//   prefill → decoder  KvOfferMsg   the request and the size of its KV; the KV stays in the prefill rank's blocks
+//   decoder → prefill  KvAcceptMsg  sent once the decoder has allocated the request's blocks and batch slot
+//                                   (at once, or when a finished request frees them: FIFO); refused when the
+//                                   request can never fit, and the decoder reports the failure to rank 0
+//   prefill → decoder  KvMsg        the KV (inline, or over the KV transport right after it); the prefill rank
+//                                   frees its blocks only when this send has completed
+// So a decoder holds no KV of a request it has not allocated blocks for (its queue is metadata only), and a
+// decoder that is full when a request is routed to it leaves the KV where it is until it has room.
+
+// prefill → decode leader: a prefilled request, offered.
+struct KvOfferMsg {
+  static constexpr int kTag = kTagKvOffer;
   int64_t request = 0;
   int64_t prompt_len = 0;
   int64_t output_len = 0;  // output tokens, prefill's included
   int32_t first_token = 0;
-  bool kv_inline = true;
-  std::vector<float> kv;             // [layers, 2, prompt_len, kv_heads, head_dim] when kv_inline, else empty
-  uint64_t kv_floats = 0;            // floats of the KV, inline or not
-  uint64_t kv_checksum = 0;          // KvChecksum of the floats
+  uint64_t kv_floats = 0;            // floats of its KV: [layers, 2, prompt_len, kv_heads, head_dim]
   std::vector<uint16_t> replay_ids;  // [output_len - 1, L_moe, top_k] replayed decode routing, or empty
+
+  std::vector<uint8_t> Encode() const;
+  static Result<KvOfferMsg> Decode(std::span<const uint8_t> bytes);
+};
+
+// decode leader → prefill: the offer of `request` is taken (its blocks are allocated: send the KV) or refused
+// (never fits; the decoder has told rank 0; the prefill rank frees its blocks).
+struct KvAcceptMsg {
+  static constexpr int kTag = kTagKvAccept;
+  int64_t request = 0;
+  bool accepted = true;
+
+  std::vector<uint8_t> Encode() const;
+  static Result<KvAcceptMsg> Decode(std::span<const uint8_t> bytes);
+};
+
+// prefill → decode leader: the KV of an accepted request. With the KV inline (kv_inline) `kv` holds the floats;
+// otherwise `kv` is empty, `kv_floats` floats follow over the KV transport (comm/kv_transport.h) and the decoder
+// posts that receive when it handles this message.
+struct KvMsg {
+  static constexpr int kTag = kTagKv;
+  int64_t request = 0;
+  bool kv_inline = true;
+  std::vector<float> kv;     // [layers, 2, prompt_len, kv_heads, head_dim] when kv_inline, else empty
+  uint64_t kv_floats = 0;    // floats of the KV, inline or not
+  uint64_t kv_checksum = 0;  // KvChecksum of the floats
 
   std::vector<uint8_t> Encode() const;
   static Result<KvMsg> Decode(std::span<const uint8_t> bytes);

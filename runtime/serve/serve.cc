@@ -29,6 +29,7 @@
 #include "runtime/kvcache/prefill_signature.h"
 #include "runtime/model/executor.h"
 #include "runtime/router/router.h"
+#include "runtime/serve/compute_plan.h"
 #include "runtime/serve/decode_worker.h"
 #include "runtime/serve/expert_parallel.h"
 #include "runtime/serve/protocol.h"
@@ -283,7 +284,9 @@ class PrefillRank {
         SayBye(tr_, watch_, *m);
         return Status::Ok();
       }
-      Message msg = tr_.Poll(0, kTagRoute) ? tr_.Recv(0, kTagRoute) : WaitMessage(tr_);
+      Message msg = tr_.Poll(0, kTagRoute)                          ? tr_.Recv(0, kTagRoute)
+                    : tr_.Poll(Transport::kAnySource, kTagKvAccept) ? tr_.Recv(Transport::kAnySource, kTagKvAccept)
+                                                                    : WaitMessage(tr_);
       if (msg.source == 0 && watch_) watch_->Heard();
       if (msg.tag == kTagHeartbeat) {
         SendMsg(tr_, 0, HeartbeatMsg{});
@@ -300,6 +303,8 @@ class PrefillRank {
         ELDR_RETURN_IF_ERROR(OnPrefill(msg));
       } else if (msg.tag == kTagRoute) {
         ELDR_RETURN_IF_ERROR(OnRoute(msg));
+      } else if (msg.tag == kTagKvAccept) {
+        ELDR_RETURN_IF_ERROR(OnAccept(msg));
       } else {
         return Status::Corrupt("prefill: unexpected " + std::string(MessageTagName(msg.tag)) + " message (tag " +
                                std::to_string(msg.tag) + ") from rank " + std::to_string(msg.source));
@@ -311,6 +316,7 @@ class PrefillRank {
   struct Pending {
     std::vector<BlockId> blocks;
     int32_t first_token;
+    int decoder_rank = -1;  // set when routed: the decoder it was offered to
   };
 
   Status OnPrefill(const Message& msg) {
@@ -360,12 +366,37 @@ class PrefillRank {
     return true;
   }
 
+  // The KV handoff (protocol.h): offer the routed request to its decoder; its blocks stay here until the decoder
+  // has allocated its own and the KV has been sent.
   Status OnRoute(const Message& msg) {
     ELDR_ASSIGN_OR_RETURN(RouteMsg m, DecodeMsg<RouteMsg>(msg));
     auto it = waiting_route_.find(m.request);
-    if (it == waiting_route_.end())
+    if (it == waiting_route_.end() || it->second.decoder_rank >= 0)
       return Status::FailedPrecondition("prefill: routing decision for an unknown request");
-    ELDR_RETURN_IF_ERROR(ShipKv(m.request, m.decoder_rank, it->second));
+    const TraceRequest& r = in_.request(m.request);
+    KvOfferMsg o;
+    o.request = m.request;
+    o.prompt_len = r.prompt_len;
+    o.output_len = in_.output_len[m.request];
+    o.first_token = it->second.first_token;
+    o.kv_floats = static_cast<uint64_t>(r.prompt_len * ex_.KvFloatsPerToken());
+    if (c_.replay_gates && o.output_len > 1) o.replay_ids = RoutingRows(in_.trace, r, r.prompt_len, o.output_len - 1);
+    // A stopped or dead decoder never takes it: meanwhile this rank answers rank 0, which names the decoder.
+    SendMsgPolling(tr_, m.decoder_rank, o, [this] { link_.OnWait(); });
+    it->second.decoder_rank = m.decoder_rank;
+    return Status::Ok();
+  }
+
+  // The decoder's answer to an offer: send the KV (accepted) and free the blocks once the send has completed,
+  // or free them at once (refused: the decoder has reported the failure to rank 0).
+  Status OnAccept(const Message& msg) {
+    ELDR_ASSIGN_OR_RETURN(KvAcceptMsg m, DecodeMsg<KvAcceptMsg>(msg));
+    auto it = waiting_route_.find(m.request);
+    if (it == waiting_route_.end() || it->second.decoder_rank != msg.source) {
+      return Status::Corrupt("prefill: rank " + std::to_string(msg.source) + " answers an offer of request " +
+                             std::to_string(m.request) + " it was not made");
+    }
+    if (m.accepted) ELDR_RETURN_IF_ERROR(ShipKv(m.request, it->second));
     bm_.Free(it->second.blocks);
     waiting_route_.erase(it);
     while (!waiting_blocks_.empty()) {
@@ -376,25 +407,26 @@ class PrefillRank {
     return Status::Ok();
   }
 
-  Status ShipKv(int64_t req, int decoder_rank, const Pending& p) {
-    const TraceRequest& r = in_.request(req);
+  std::vector<float> ExportKv(int64_t req, const Pending& p) const {
+    const int64_t prompt_len = in_.request(req).prompt_len;
+    std::vector<float> kv(static_cast<size_t>(prompt_len * ex_.KvFloatsPerToken()));
+    ex_.ExportKv(p.blocks, static_cast<int>(prompt_len), kv.data());
+    return kv;
+  }
+
+  // Returns when the KV has left this rank's blocks: MPI's send has completed, NCCL's transfer is synchronised.
+  Status ShipKv(int64_t req, const Pending& p) {
+    std::vector<float> kv = ExportKv(req, p);
     KvMsg m;
     m.request = req;
-    m.prompt_len = r.prompt_len;
-    m.output_len = in_.output_len[req];
-    m.first_token = p.first_token;
-    std::vector<float> kv(static_cast<size_t>(r.prompt_len * ex_.KvFloatsPerToken()));
-    ex_.ExportKv(p.blocks, static_cast<int>(r.prompt_len), kv.data());
     m.kv_inline = kv_data_ == nullptr;
     m.kv_floats = kv.size();
     m.kv_checksum = KvChecksum(kv);
-    if (c_.replay_gates && m.output_len > 1) m.replay_ids = RoutingRows(in_.trace, r, r.prompt_len, m.output_len - 1);
     if (m.kv_inline) m.kv = std::move(kv);
-    // A stopped or dead decoder never takes the KV: meanwhile this rank answers rank 0, which names the decoder.
-    SendMsgPolling(tr_, decoder_rank, m, [this] { link_.OnWait(); });
+    SendMsgPolling(tr_, p.decoder_rank, m, [this] { link_.OnWait(); });
     // Right after its control message, in the same order: the decoder posts the matching receive when it
     // handles that message, so a pair's NCCL sends and receives always pair up in order.
-    if (kv_data_) ELDR_RETURN_IF_ERROR(kv_data_->SendFromHost(decoder_rank, kv.data(), kv.size() * sizeof(float)));
+    if (kv_data_) ELDR_RETURN_IF_ERROR(kv_data_->SendFromHost(p.decoder_rank, kv.data(), kv.size() * sizeof(float)));
     return Status::Ok();
   }
 
@@ -408,8 +440,8 @@ class PrefillRank {
   Executor ex_;
   BlockManager bm_;
   SignatureCache sig_;
-  std::map<int64_t, Pending> waiting_route_;
-  std::deque<int64_t> waiting_blocks_;  // requests whose prompt does not fit until KV is shipped
+  std::map<int64_t, Pending> waiting_route_;  // prefilled: awaiting the route, then the decoder's accept
+  std::deque<int64_t> waiting_blocks_;        // requests whose prompt does not fit until KV is shipped
 };
 
 // ---------------------------------------------------------------- decode rank
@@ -439,7 +471,7 @@ class DecodeRank {
         ELDR_RETURN_IF_ERROR(Handle(tr_.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
       }
       if (stop) break;
-      if (worker_.in_flight() == 0) {
+      if (!worker_.has_step_work()) {  // offers wait for blocks only while sequences run: nothing to do
         Message msg = WaitMessage(tr_);
         ResetIteration();
         ELDR_RETURN_IF_ERROR(Handle(std::move(msg), &stop));
@@ -473,25 +505,64 @@ class DecodeRank {
     }
     if (hang_) HangForever();
     MaybeDie(tr_.rank());
+    if (msg.tag == kTagKvOffer) return OnOffer(msg);
+    return OnKv(msg);
+  }
+
+  // The KV handoff (protocol.h): an offer is queued as metadata; blocks are allocated in FIFO order (now, or when
+  // finished requests free them) and only then is the KV asked for.
+  Status OnOffer(const Message& msg) {
+    ELDR_ASSIGN_OR_RETURN(KvOfferMsg m, DecodeMsg<KvOfferMsg>(msg));
+    if (m.prompt_len < 0 || m.kv_floats != static_cast<uint64_t>(m.prompt_len * kv_floats_per_token_)) {
+      return Status::Corrupt("decode: request " + std::to_string(m.request) + " announces " +
+                             std::to_string(m.kv_floats) + " KV floats for a prompt of " +
+                             std::to_string(m.prompt_len));
+    }
+    if (offers_.count(m.request)) {
+      return Status::Corrupt("decode: request " + std::to_string(m.request) + " offered twice");
+    }
+    const Status st =
+        worker_.Offer({m.request, m.prompt_len, m.output_len, m.first_token, {}, {}, std::move(m.replay_ids)});
+    if (!st.ok()) {  // never fits: rank 0 counts it failed, the prefill rank frees its blocks
+      SendMsg(tr_, 0, FailedMsg{m.request, st.message()});
+      SendMsg(tr_, msg.source, KvAcceptMsg{m.request, false});
+      return Status::Ok();
+    }
+    offers_[m.request] = msg.source;
+    Accept(worker_.Reserve());
+    return Status::Ok();
+  }
+
+  // Asks the prefill ranks for the KV of requests whose blocks are now allocated.
+  void Accept(const std::vector<int64_t>& ids) {
+    for (int64_t id : ids) SendMsg(tr_, offers_.at(id), KvAcceptMsg{id, true});
+  }
+
+  // The KV of an accepted request, into the blocks reserved for it.
+  Status OnKv(const Message& msg) {
     ELDR_ASSIGN_OR_RETURN(KvMsg m, DecodeMsg<KvMsg>(msg));
-    DecodeWork d{m.request, m.prompt_len, m.output_len, m.first_token, std::move(m.kv), {}, std::move(m.replay_ids)};
+    auto it = offers_.find(m.request);
+    if (it == offers_.end() || it->second != msg.source) {
+      return Status::Corrupt("decode: KV of request " + std::to_string(m.request) + " from rank " +
+                             std::to_string(msg.source) + ", which did not offer it");
+    }
+    offers_.erase(it);
     if (m.kv_inline == (kv_data_ != nullptr)) {
       return Status::Corrupt("decode: the KV of request " + std::to_string(m.request) +
                              (m.kv_inline ? " came inline, expected over the KV transport" : " is not inline"));
     }
     if (kv_data_) {
       // Posted before anything else is handled: the sender's transfer follows this message (PrefillRank::ShipKv).
-      if (m.prompt_len < 0 || m.kv_floats != static_cast<uint64_t>(m.prompt_len * kv_floats_per_token_)) {
-        return Status::Corrupt("decode: request " + std::to_string(m.request) + " announces " +
-                               std::to_string(m.kv_floats) + " KV floats for a prompt of " +
-                               std::to_string(m.prompt_len));
-      }
-      d.kv.resize(m.kv_floats);
-      ELDR_RETURN_IF_ERROR(kv_data_->RecvToHost(msg.source, d.kv.data(), d.kv.size() * sizeof(float)));
+      m.kv.resize(m.kv_floats);
+      ELDR_RETURN_IF_ERROR(kv_data_->RecvToHost(msg.source, m.kv.data(), m.kv.size() * sizeof(float)));
     }
-    Status st = KvChecksum(d.kv) == m.kv_checksum ? worker_.Submit(std::move(d))
+    Status st = KvChecksum(m.kv) == m.kv_checksum ? worker_.Deliver(m.request, m.kv)
                                                   : Status::Corrupt("KV blocks arrived corrupted (checksum mismatch)");
-    if (!st.ok()) SendMsg(tr_, 0, FailedMsg{m.request, st.message()});
+    if (!st.ok()) {
+      worker_.Cancel(m.request);  // (Deliver has released them already on its own errors)
+      SendMsg(tr_, 0, FailedMsg{m.request, st.message()});
+      Accept(worker_.Reserve());  // its blocks are free again
+    }
     return Status::Ok();
   }
 
@@ -503,6 +574,8 @@ class DecodeRank {
 
   Status StepAndReport() {
     ELDR_ASSIGN_OR_RETURN(StepReport rep, worker_.Step());
+    Accept(worker_.TakeReserved());
+    Accept(worker_.Reserve());  // blocks the step's finished requests freed
     const double end = Now(), cpu_end = CpuNow();
     TokensMsg m;
     m.batch = rep.batch;
@@ -526,6 +599,7 @@ class DecodeRank {
   RouterLink* link_;  // null without an EP group
   KvTransport* kv_data_;
   const int64_t kv_floats_per_token_;  // Executor::KvFloatsPerToken
+  std::map<int64_t, int> offers_;      // request → the prefill rank that offered it, until its KV arrives
   std::unique_ptr<EpExpertBackend> ep_;
   DecodeWorker worker_;
   const bool hang_;
@@ -537,12 +611,14 @@ class DecodeRank {
 // stamps arrival times, keeps the step log and runs the ready barrier and the watchdog.
 class RouterRank {
  public:
-  RouterRank(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, const char* kv_transport)
+  RouterRank(const JobConfig& c, Transport& tr, const JobRequests& in, const ModelConfig& mc, const char* kv_transport,
+             std::string compute)
       : c_(c),
         tr_(tr),
         in_(in),
         mc_(mc),
         kv_transport_(kv_transport),
+        compute_(std::move(compute)),
         last_heard_(tr.size(), 0),
         bye_(tr.size(), false) {
     for (int r = 1; r <= c_.prefill_ranks; ++r) talkers_.push_back(r);
@@ -860,6 +936,7 @@ class RouterRank {
     nlohmann::json j =
         JobMetrics(c_, mc_.name, frontend_->records(), frontend_->DecoderStatistics(), frontend_->routing());
     j["kv_transport"] = kv_transport_;
+    j["compute"] = compute_;
     j["incomplete"] = !failure.empty();
     if (!failure.empty()) {
       j["reason"] = failure;
@@ -886,6 +963,7 @@ class RouterRank {
   const JobRequests& in_;
   const ModelConfig& mc_;
   const char* kv_transport_;
+  const std::string compute_;  // "cpu" or "cuda" (compute_plan.h)
   std::optional<Frontend> frontend_;
   std::vector<StepRecord> step_log_;  // every prefill and decode step, for `eldr simulate --fit`
   std::vector<double> last_heard_;    // [world] when each rank was last heard from (Now(), rank 0's stalls excluded)
@@ -944,6 +1022,19 @@ Status AgreeOnSetup(Transport& tr, const Status& local) {
   return local;
 }
 
+// Rank 0's first line: the ranks, where they compute and why, the KV transport and each worker's GPU.
+void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* kv_name) {
+  std::string gpus;
+  for (size_t r = 1; r < plan.devices.size(); ++r) {
+    if (plan.devices[r] >= 0)
+      gpus += (gpus.empty() ? "" : ", ") + std::to_string(r) + ":" + std::to_string(plan.devices[r]);
+  }
+  std::printf("eldr serve: %d ranks (router, %d prefill, %d decode x %d), compute %s (%s), kv transport %s%s\n",
+              c.world_size(), c.prefill_ranks, c.decode_ranks, c.ep_size, plan.compute.c_str(), plan.why.c_str(),
+              kv_name, gpus.empty() ? "" : (", rank:gpu " + gpus).c_str());
+  std::fflush(stdout);
+}
+
 }  // namespace
 
 Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
@@ -954,19 +1045,28 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   if (!mpi_tr && c.kv_transport == "nccl") {
     return Status::InvalidArgument(c.path + ": kv_cache.transport nccl needs the MPI control plane, not " + tr.name());
   }
-  std::unique_ptr<KvTransport> kv;
+  // Where the workers compute and which GPU each uses (compute_plan.h), agreed once on every rank; the KV data
+  // plane (collective for auto and nccl) then uses the same device. Rank 0 is no member of the KV transport: it
+  // needs no GPU. Every rank gets the same kinds or the same error, printed once.
+  ComputePlan plan;
+  JobKvTransport kv;
   if (mpi_tr) {
-    auto kv_or = MakeJobKvTransport(c.kv_transport, mpi_tr->comm());
+    ELDR_ASSIGN_OR_RETURN(plan, AgreeCompute(c.path, c.compute, mpi_tr->comm()));
+    auto kv_or = MakeJobKvTransport(c.kv_transport, mpi_tr->comm(), plan.devices[tr.rank()], tr.rank() != 0);
     if (!kv_or.ok()) {
       const Status& st = kv_or.status();
       return Status(st.code() == StatusCode::kFailedPrecondition ? StatusCode::kInvalidArgument : st.code(),
                     c.path + ": kv_cache.transport: " + st.message());
     }
     kv = std::move(kv_or).value();
+  } else {
+    ELDR_ASSIGN_OR_RETURN(plan, PlanCompute(c.path, c.compute, kernels::CudaBackendCompiled(), ExecutorRunsOnCuda(),
+                                            std::vector<RankDevice>(tr.size())));
   }
   // MPI carries the KV inside the control message itself (one message, as before KvTransport existed).
-  KvTransport* kv_data = kv && std::string(kv->name()) == "nccl" ? kv.get() : nullptr;
-  const char* kv_name = kv_data ? "nccl" : "mpi";
+  KvTransport* kv_data = kv.kind == KvTransportKind::kNccl ? kv.transport.get() : nullptr;
+  const char* kv_name = kv.name();
+  if (tr.rank() == 0) PrintStartupLine(c, plan, kv_name);
   // Every rank loads the same inputs and checks every decoder's placement, so a bad one fails the job before it
   // starts; the ranks agree on the outcome and only rank 0 reports an error they share.
   Result<JobInputs> inputs = LoadJobInputs(c);
@@ -984,7 +1084,7 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
   }
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
-  if (rank == 0) return RouterRank(c, tr, in, mc, kv_name).Run(progress);
+  if (rank == 0) return RouterRank(c, tr, in, mc, kv_name, plan.compute).Run(progress);
   ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
   SendMsg(tr, 0, ReadyMsg{});
   // Every worker watches rank 0; rank 1 alone says so when rank 0 goes silent (one line per job).

@@ -16,10 +16,14 @@
 // drawn deterministically (seeded by its id) from its domain's token range of the synthetic vocabulary;
 // repeated requests therefore share prefixes.
 //
-// KV transfer (kv_cache.transport, job_config.h): inside the MPI control message (kTagKv), or with nccl the
-// control message carries the metadata and checksum and the KV floats follow over NCCL point-to-point right
-// after it; the decoder posts the matching receive as it handles that message, so each prefill→decoder pair's
-// NCCL sends and receives pair up in order. The KV transport is made once at start, collectively, on every rank.
+// KV handoff (protocol.h "KV handoff"): the prefill rank offers the routed request (KvOfferMsg, no KV); the decoder
+// allocates its blocks and batch slot (FIFO; at once, or when finished requests free them) and only then accepts
+// (KvAcceptMsg); the prefill rank sends the KV (KvMsg) and frees its own blocks when that send has completed. A
+// decoder's queue holds no KV. KV transfer (kv_cache.transport, job_config.h): inside KvMsg, or with nccl KvMsg
+// carries the size and checksum and the KV floats follow over NCCL point-to-point right after it; the decoder posts
+// the matching receive as it handles that message, so each prefill→decoder pair's NCCL sends and receives pair up
+// in order. The KV transport is made once at start, collectively, on every rank; its NCCL communicator holds the
+// worker ranks only (the router needs no GPU), each on the device its compute plan chose (compute_plan.h).
 //
 // Decoded tokens: greedy, and equal to a single-process run that prefills each request cold and decodes it
 // alone at batch 1 (tests/mpi/serve_reference.cc), whatever the batching, the prefix-cache hits and the

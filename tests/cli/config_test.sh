@@ -71,6 +71,14 @@ bad_job "bad choice" "bad.yaml:2: model.gate must be replay or computed, got 're
   's/gate: replay/gate: replya/'
 bad_job "bool" "bad.yaml:7: output.tokens must be true or false, got 'yes please'" \
   's/^output: {dir: run}/output: {dir: run, tokens: yes please}/'
+bad_job "bad compute choice" "bad.yaml:9: compute must be cpu, cuda or auto, got 'gpu'" \
+  's/^watchdog_s: 60/watchdog_s: 60\ncompute: gpu/'
+bad_job "compute as a mapping" "bad.yaml:9: compute must be" 's/^watchdog_s: 60/watchdog_s: 60\ncompute: {backend: cuda}/'
+bad_job "duplicate compute" "bad.yaml:10: duplicate key 'compute'" 's/^watchdog_s: 60/watchdog_s: 60\ncompute: cpu\ncompute: cuda/'
+for v in cpu cuda auto; do
+  sed "s/^watchdog_s: 60/watchdog_s: 60\ncompute: $v/" job.yaml > compute-$v.yaml
+  run_ok "job: compute: $v loads" "$ELDR" serve --print-ranks -c compute-$v.yaml
+done
 bad_job "missing required key" "bad.yaml: workload.trace is required" 's/trace: trace.h5, //'
 sed 's/request_rate: 50/request_rate: inf/' job.yaml > inf.yaml
 run_ok "job: request_rate inf is valid" "$ELDR" simulate -c inf.yaml --no-output --quiet

@@ -166,6 +166,24 @@ TEST_F(BackendGpu, MoeExpertsMatchesTheCpuOracle) {
   auto dx = Up(x), dids = Up(ids), dw = Up(w), dout = Up(std::vector<float>(x.size(), 0.f));
   gpu_->MoeExperts({dx->As<float>(), dids->As<int32_t>(), dw->As<float>(), T, K, &gw, dout->As<float>()}, *stream_);
   EXPECT_TRUE(Close(Down<float>(*dout), want, kTolMoe));
+  // A second call reads the resident pointer table (uploaded once); the same result.
+  gpu_->MemsetZero(dout->data(), dout->bytes(), *stream_);
+  gpu_->MoeExperts({dx->As<float>(), dids->As<int32_t>(), dw->As<float>(), T, K, &gw, dout->As<float>()}, *stream_);
+  EXPECT_TRUE(Close(Down<float>(*dout), want, kTolMoe));
+  // The same descriptor with two experts swapped (as a new descriptor at a freed one's address would be): the
+  // table is rebuilt, not reused stale.
+  std::swap(cw.gate_proj[0], cw.gate_proj[1]);
+  std::swap(cw.up_proj[0], cw.up_proj[1]);
+  std::swap(cw.down_proj[0], cw.down_proj[1]);
+  std::swap(gw.gate_proj[0], gw.gate_proj[1]);
+  std::swap(gw.up_proj[0], gw.up_proj[1]);
+  std::swap(gw.down_proj[0], gw.down_proj[1]);
+  std::vector<float> want_swapped(x.size(), 0.f);
+  cpu_.MoeExperts({x.data(), ids.data(), w.data(), T, K, &cw, want_swapped.data()}, *cpu_stream_);
+  gpu_->MemsetZero(dout->data(), dout->bytes(), *stream_);
+  gpu_->MoeExperts({dx->As<float>(), dids->As<int32_t>(), dw->As<float>(), T, K, &gw, dout->As<float>()}, *stream_);
+  EXPECT_TRUE(Close(Down<float>(*dout), want_swapped, kTolMoe));
+  EXPECT_FALSE(Close(want_swapped, want, kTolMoe));  // the swap changes the result (experts 0, 1 are routed to)
 }
 
 TEST_F(BackendGpu, MlpMatchesTheCpuOracle) {
@@ -233,18 +251,127 @@ TEST_F(BackendGpu, PagedAttentionDecodeMatchesTheCpuOracle) {
 
 TEST_F(BackendGpu, UnimplementedOperationsFailLoudly) {
   auto buf = gpu_->Alloc(DType::kF32, 8);
-  auto out = gpu_->Alloc(DType::kI32, 1);
+  auto ids = gpu_->Alloc(DType::kI32, 8);
   try {
-    gpu_->ArgMax({buf->As<float>(), 1, 8, out->As<int32_t>()}, *stream_);
-    FAIL() << "ArgMax did not throw";
+    gpu_->ReplayTopK(
+        {buf->As<float>(), nullptr, ids->As<int32_t>(), nullptr, 1, 8, 2, true, ids->As<int32_t>(), buf->As<float>()},
+        *stream_);
+    FAIL() << "ReplayTopK did not throw";
   } catch (const eldr::Error& e) {
-    EXPECT_NE(std::string(e.what()).find("ArgMax is not implemented in the CUDA backend yet"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("ReplayTopK is not implemented in the CUDA backend yet"), std::string::npos)
         << e.what();
   }
-  EXPECT_THROW(gpu_->ResidualAdd({buf->As<float>(), buf->As<float>(), 8}, *stream_), eldr::Error);
   // Weights of another dtype than the CUDA backend's bf16 are refused, not misread.
   EXPECT_THROW(gpu_->Linear({buf->As<float>(), {DType::kF32, buf->data(), 2, 4}, buf->As<float>(), 1}, *stream_),
                eldr::Error);
+}
+
+TEST_F(BackendGpu, EmbeddingGatherAndResidualAddMatchTheCpuOracle) {
+  std::mt19937_64 rng(31);
+  const int vocab = 50, H = 96, T = 7;
+  const auto table = RoundToBf16(Random(static_cast<size_t>(vocab) * H, rng));
+  const std::vector<int32_t> tokens = {0, 49, 3, 3, 17, 48, 1};
+  std::vector<float> want(static_cast<size_t>(T) * H);
+  cpu_.EmbeddingGather({{DType::kF32, table.data(), vocab, H}, tokens.data(), T, want.data()}, *cpu_stream_);
+  auto dtab = Up(ToBf16(table)), dtok = Up(tokens);
+  auto dout = gpu_->Alloc(DType::kF32, static_cast<int64_t>(want.size()));
+  gpu_->EmbeddingGather({{DType::kBF16, dtab->data(), vocab, H}, dtok->As<int32_t>(), T, dout->As<float>()}, *stream_);
+  EXPECT_EQ(Down<float>(*dout), want);  // a bf16 → fp32 copy is exact
+  // out += x, exact in fp32 on both.
+  const auto x = Random(want.size(), rng);
+  std::vector<float> sum = want;
+  cpu_.ResidualAdd({x.data(), sum.data(), static_cast<int64_t>(x.size())}, *cpu_stream_);
+  auto dx = Up(x);
+  gpu_->ResidualAdd({dx->As<float>(), dout->As<float>(), static_cast<int64_t>(x.size())}, *stream_);
+  EXPECT_EQ(Down<float>(*dout), sum);
+  // An out-of-range token: the CPU throws; the CUDA backend throws at the next synchronisation.
+  std::vector<float> scratch(want.size());
+  const std::vector<int32_t> bad = {0, vocab};
+  EXPECT_THROW(
+      cpu_.EmbeddingGather({{DType::kF32, table.data(), vocab, H}, bad.data(), 2, scratch.data()}, *cpu_stream_),
+      eldr::Error);
+  auto dbad = Up(std::vector<int32_t>{1, 2});
+  const int32_t out_of_range = vocab;
+  gpu_->CopyHostToDevice(dbad->As<int32_t>() + 1, &out_of_range, sizeof(int32_t), *stream_);
+  gpu_->EmbeddingGather({{DType::kBF16, dtab->data(), vocab, H}, dbad->As<int32_t>(), 2, dout->As<float>()}, *stream_);
+  EXPECT_THROW(gpu_->SynchronizeStream(*stream_), eldr::Error);
+  gpu_->SynchronizeStream(*stream_);  // the error was reported once and cleared
+}
+
+TEST_F(BackendGpu, ArgMaxMatchesTheCpuIncludingNan) {
+  std::mt19937_64 rng(32);
+  const int rows = 6, cols = 1000;
+  std::vector<float> x = Random(static_cast<size_t>(rows) * cols, rng);
+  x[0 * cols + 0] = NAN;                                 // row 0: a leading NaN → 0 (std::max_element keeps it)
+  x[1 * cols + 500] = NAN;                               // row 1: a NaN later is never chosen
+  x[1 * cols + 501] = 100.f;                             //        ... the largest after it is
+  x[2 * cols + 10] = x[2 * cols + 900] = 50.f;           // row 2: ties → the first
+  for (int c = 0; c < cols; ++c) x[3 * cols + c] = NAN;  // row 3: all NaN → 0
+  x[4 * cols + cols - 1] = INFINITY;                     // row 4: +inf at the end
+  std::vector<int32_t> want(rows), got;
+  cpu_.ArgMax({x.data(), rows, cols, want.data()}, *cpu_stream_);
+  EXPECT_EQ(want[0], 0);
+  EXPECT_EQ(want[1], 501);
+  EXPECT_EQ(want[2], 10);
+  EXPECT_EQ(want[3], 0);
+  EXPECT_EQ(want[4], cols - 1);
+  auto dx = Up(x);
+  auto dout = gpu_->Alloc(DType::kI32, rows);
+  gpu_->ArgMax({dx->As<float>(), rows, cols, dout->As<int32_t>()}, *stream_);
+  EXPECT_EQ(Down<int32_t>(*dout), want);
+}
+
+TEST_F(BackendGpu, MoeCombineMatchesTheCpuOracle) {
+  std::mt19937_64 rng(33);
+  const int T = 5, K = 3, H = 130;
+  const auto y = Random(static_cast<size_t>(T) * K * H, rng), w = Random(static_cast<size_t>(T) * K, rng);
+  std::vector<float> want = Random(static_cast<size_t>(T) * H, rng);
+  auto dout = Up(want);
+  cpu_.MoeCombine({y.data(), w.data(), T, K, H, want.data()}, *cpu_stream_);
+  auto dy = Up(y), dw = Up(w);
+  gpu_->MoeCombine({dy->As<float>(), dw->As<float>(), T, K, H, dout->As<float>()}, *stream_);
+  EXPECT_TRUE(Close(Down<float>(*dout), want, kTolCombine));
+}
+
+TEST_F(BackendGpu, KvSlotWritePackUnpackMatchTheCpuOracle) {
+  std::mt19937_64 rng(34);
+  const int num_blocks = 6, bs = 4, Hk = 2, D = 32, T = 9;
+  const size_t row = static_cast<size_t>(Hk) * D, cache_elems = static_cast<size_t>(num_blocks) * bs * row;
+  const auto k = RoundToBf16(Random(T * row, rng)), v = RoundToBf16(Random(T * row, rng));
+  const std::vector<int64_t> slots = {5, 0, 23, 7, 12, 13, 14, 1, 20};  // distinct, scattered
+  std::vector<float> kc(cache_elems, 0.f), vc(cache_elems, 0.f);
+  const PagedKv cpu_cache{kc.data(), vc.data(), num_blocks, bs, Hk, D, DType::kF32};
+  cpu_.WriteKvSlots({cpu_cache, slots.data(), k.data(), v.data(), T}, *cpu_stream_);
+  auto dk = Up(std::vector<uint16_t>(cache_elems, 0)), dv = Up(std::vector<uint16_t>(cache_elems, 0));
+  const PagedKv gpu_cache{dk->data(), dv->data(), num_blocks, bs, Hk, D, DType::kBF16};
+  auto dslots = Up(slots), dkin = Up(k), dvin = Up(v);
+  gpu_->WriteKvSlots({gpu_cache, dslots->As<int64_t>(), dkin->As<float>(), dvin->As<float>(), T}, *stream_);
+  EXPECT_EQ(FromBf16(Down<uint16_t>(*dk)), kc);  // bf16-rounded inputs: exact
+  EXPECT_EQ(FromBf16(Down<uint16_t>(*dv)), vc);
+  // Pack the slots in another order, unpack into a second cache: the rows move exactly.
+  const std::vector<int64_t> order = {14, 5, 20, 0};
+  std::vector<float> packed(2 * order.size() * row);
+  cpu_.PackKv({cpu_cache, order.data(), 4, packed.data()}, *cpu_stream_);
+  auto dorder = Up(order);
+  auto dpacked = gpu_->Alloc(DType::kBF16, static_cast<int64_t>(packed.size()));
+  gpu_->PackKv({gpu_cache, dorder->As<int64_t>(), 4, dpacked->data()}, *stream_);
+  EXPECT_EQ(FromBf16(Down<uint16_t>(*dpacked)), packed);
+  auto dk2 = Up(std::vector<uint16_t>(cache_elems, 0)), dv2 = Up(std::vector<uint16_t>(cache_elems, 0));
+  const PagedKv gpu_cache2{dk2->data(), dv2->data(), num_blocks, bs, Hk, D, DType::kBF16};
+  std::vector<float> kc2(cache_elems, 0.f), vc2(cache_elems, 0.f);
+  const PagedKv cpu_cache2{kc2.data(), vc2.data(), num_blocks, bs, Hk, D, DType::kF32};
+  cpu_.UnpackKv({cpu_cache2, order.data(), 4, packed.data()}, *cpu_stream_);
+  gpu_->UnpackKv({gpu_cache2, dorder->As<int64_t>(), 4, dpacked->data()}, *stream_);
+  EXPECT_EQ(FromBf16(Down<uint16_t>(*dk2)), kc2);
+  EXPECT_EQ(FromBf16(Down<uint16_t>(*dv2)), vc2);
+  // An out-of-range slot: the CPU throws; the CUDA backend skips it and throws at the next synchronisation.
+  const std::vector<int64_t> bad = {3, static_cast<int64_t>(num_blocks) * bs};
+  EXPECT_THROW(cpu_.WriteKvSlots({cpu_cache, bad.data(), k.data(), v.data(), 2}, *cpu_stream_), eldr::Error);
+  auto dbad = Up(bad);
+  gpu_->WriteKvSlots({gpu_cache, dbad->As<int64_t>(), dkin->As<float>(), dvin->As<float>(), 2}, *stream_);
+  EXPECT_THROW(gpu_->SynchronizeStream(*stream_), eldr::Error);
+  gpu_->PackKv({gpu_cache, dbad->As<int64_t>(), 2, dpacked->data()}, *stream_);
+  EXPECT_THROW(gpu_->SynchronizeStream(*stream_), eldr::Error);
 }
 
 }  // namespace

@@ -371,6 +371,32 @@ void CudaOps::CheckMoe(int T, int E, int K, int H, int I, const std::vector<int3
         << what << (grouped ? " (grouped GEMM)" : " (GEMM per expert)");
   }
   ctx_->set_grouped_gemm(cuda::Context::GroupedGemmAvailable());
+  // The pointer table resident on the device (UploadExpertTable): the same result, no per-call table copy.
+  DeviceBuffer<int64_t> dtable(3 * static_cast<int64_t>(E));
+  cuda::UploadExpertTable(gpu_w, reinterpret_cast<const void**>(dtable.get()), stream_);
+  gpu_w.device_table = reinterpret_cast<const void* const*>(dtable.get());
+  dout.Upload(init);
+  cuda::MoeExperts(*ctx_, {dx.get(), dids.get(), dw.get(), T, K, &gpu_w, dout.get()}, stream_);
+  Sync();
+  EXPECT_TRUE(Close(Minus(dout.Download(), init), ref_delta, kTolMoe)) << what << " (resident pointer table)";
+}
+
+// Scratch reserved for the largest batch: MoE layers at that batch and below never allocate again (no cudaFree,
+// which synchronises the device, inside a decode step).
+TEST_F(CudaOps, ScratchReservedForTheMaxBatchNeverGrows) {
+  std::mt19937_64 rng(12);
+  const int max_T = 64, E = 16, K = 4, H = 64, I = 32;
+  ctx_ = std::make_unique<cuda::Context>(0);
+  EXPECT_EQ(ctx_->scratch_grows(), 0);
+  ctx_->Reserve(std::max(cuda::MoeScratchBytes(max_T, K, E, H, I), cuda::MlpScratchBytes(max_T, H, I)), stream_);
+  EXPECT_EQ(ctx_->scratch_grows(), 1);
+  EXPECT_GE(ctx_->scratch_bytes(), cuda::MoeScratchBytes(max_T, K, E, H, I));
+  for (int T : {max_T, 1, 17, max_T})
+    CheckMoe(T, E, K, H, I, RandomTopK(T, E, K, rng), rng, "reserved T=" + std::to_string(T));
+  EXPECT_EQ(ctx_->scratch_grows(), 1);
+  // Beyond the reservation it still works, growing once.
+  CheckMoe(2 * max_T, E, K, H, I, RandomTopK(2 * max_T, E, K, rng), rng, "beyond the reservation");
+  EXPECT_EQ(ctx_->scratch_grows(), 2);
 }
 
 TEST_F(CudaOps, MoeExpertsRandomShapes) {

@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# The GPU checks (DESIGN.md §7 "gpu"): configures a Release build with CUDA in build-gpu/, builds the CUDA
-# kernel tests and the GPU benchmark only, runs the gpu-labelled tests (every CUDA operation against the CPU
-# reference) and the benchmark (one MoE layer's decode latency vs distinct experts, device copy bandwidth),
-# and prints a summary. Meant for a machine with a GPU, the CUDA toolkit and the packages of launch/setup;
-# takes well under 8 minutes on one H200.
+# The GPU checks (DESIGN.md §7 "gpu"). Two ways to run:
+#  - packed (the bare GPU machine): tests/gpu/pack_for_device.sh built the binaries here and put this script
+#    beside them with PACK_INFO; run PACK/run_gpu_checks.sh there. No configure, no build: the gpu tests, the
+#    same under compute-sanitizer memcheck (reported, not failed, where the host refuses it) and the MoE layer
+#    benchmark, each with a timeout (about 5 minutes in all), then one tarball of logs and JSON in
+#    $ELDR_GPU_OUT (default $OUT, else ./gpu-check-out). Without a GPU it fails within seconds, saying so.
+#  - in the repository (a GPU machine with the packages of launch/setup): configures a Release build with CUDA
+#    in build-gpu/, builds the CUDA kernel tests and the GPU benchmark only, runs the gpu-labelled tests and the
+#    benchmark, and prints a summary.
 #
-# Usage: tests/gpu/run_gpu_checks.sh
+# Usage: tests/gpu/run_gpu_checks.sh        (or PACK/run_gpu_checks.sh)
 #   OUT                     where logs and moe_layer_gpu.json go (default: the build directory)
+#   ELDR_GPU_OUT            packed: the folder for the tarball (default $OUT, else ./gpu-check-out)
 #   ELDR_GPU_BUILD_DIR      build directory (default: build-gpu/ in the repository)
 #   ELDR_CUDA_ARCHITECTURES CUDA architectures (default 90: H100/H200)
 #   ELDR_JOBS               build parallelism (default: all cores)
 # Exit status: non-zero when configuring or building fails, a gpu test fails or is skipped (no device visible),
 # or the benchmark fails.
 set -euo pipefail
+HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+if [ -f "$HERE/PACK_INFO" ]; then
+  exec bash "$HERE/run_packed_checks.sh" "$@"
+fi
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 BUILD="${ELDR_GPU_BUILD_DIR:-$ROOT/build-gpu}"
 OUT="${OUT:-$BUILD}"

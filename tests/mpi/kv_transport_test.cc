@@ -43,6 +43,17 @@ TEST(KvTransport, NcclIsRefusedClearlyWithoutIt) {
   EXPECT_EQ(ParseKvTransportKind("tcp").status().code(), StatusCode::kInvalidArgument);
 }
 
+// This rank's GPU as serve chooses it for a worker: node-local rank mod visible devices (-1: none).
+int LocalDevice() {
+  MPI_Comm node = MPI_COMM_NULL;
+  int local_rank = 0;
+  MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+  MPI_Comm_rank(node, &local_rank);
+  MPI_Comm_free(&node);
+  const int devices = VisibleCudaDevices();
+  return devices > 0 ? local_rank % devices : -1;
+}
+
 // Whether `s` is the same string on every rank.
 bool SameOnEveryRank(const std::string& s) {
   const uint64_t mine = std::hash<std::string>{}(s);
@@ -55,12 +66,12 @@ bool SameOnEveryRank(const std::string& s) {
 TEST(KvTransport, JobChoiceAgreesOnEveryRank) {
   int rank = 0;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-  EXPECT_EQ(MakeJobKvTransport("tcp", MPI_COMM_WORLD).status().code(), StatusCode::kInvalidArgument);
-  auto mpi = MakeJobKvTransport("mpi", MPI_COMM_WORLD);
+  EXPECT_EQ(MakeJobKvTransport("tcp", MPI_COMM_WORLD, LocalDevice()).status().code(), StatusCode::kInvalidArgument);
+  auto mpi = MakeJobKvTransport("mpi", MPI_COMM_WORLD, LocalDevice());
   ASSERT_TRUE(mpi.ok());
-  EXPECT_STREQ((*mpi)->name(), "mpi");
+  EXPECT_STREQ(mpi->name(), "mpi");
   // nccl either works on every rank or fails on every rank with the same line (and returns: no hang).
-  auto nccl = MakeJobKvTransport("nccl", MPI_COMM_WORLD);
+  auto nccl = MakeJobKvTransport("nccl", MPI_COMM_WORLD, LocalDevice());
   const std::string verdict = nccl.ok() ? std::string("ok") : nccl.status().message();
   EXPECT_TRUE(SameOnEveryRank(verdict)) << "rank " << rank << ": " << verdict;
   if (!nccl.ok()) {
@@ -77,11 +88,43 @@ TEST(KvTransport, JobChoiceAgreesOnEveryRank) {
     }
   }
   // auto is nccl exactly where nccl can be made, on every rank.
-  if (nccl.ok()) nccl.value().reset();  // release the communicator before making another
-  auto automatic = MakeJobKvTransport("auto", MPI_COMM_WORLD);
+  if (nccl.ok()) nccl.value().transport.reset();  // release the communicator before making another
+  auto automatic = MakeJobKvTransport("auto", MPI_COMM_WORLD, LocalDevice());
   ASSERT_TRUE(automatic.ok()) << automatic.status().message();
-  EXPECT_STREQ((*automatic)->name(), verdict == "ok" ? "nccl" : "mpi");
-  EXPECT_TRUE(SameOnEveryRank((*automatic)->name()));
+  EXPECT_STREQ(automatic->name(), verdict == "ok" ? "nccl" : "mpi");
+  EXPECT_TRUE(SameOnEveryRank(automatic->name()));
+}
+
+// serve's router (rank 0) moves no KV: it takes part in the agreement, needs no GPU, gets no transport, and an
+// error names the member ranks only.
+TEST(KvTransport, NonMemberAgreesWithoutAGpu) {
+  int rank = 0;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  const bool member = rank != 0;
+  const int local_device = LocalDevice();  // collective: every rank calls it
+  const int device = member ? local_device : -1;
+  auto nccl = MakeJobKvTransport("nccl", MPI_COMM_WORLD, device, member);
+  const std::string verdict = nccl.ok() ? std::string("ok") : nccl.status().message();
+  EXPECT_TRUE(SameOnEveryRank(verdict)) << "rank " << rank << ": " << verdict;
+  if (nccl.ok()) {
+    EXPECT_EQ(nccl->transport == nullptr, !member);
+    nccl.value().transport.reset();
+  } else if (NcclCompiledIn() && VisibleCudaDevices() == 0) {
+    EXPECT_NE(verdict.find("no usable CUDA device on rank 1 "), std::string::npos) << verdict;
+    EXPECT_EQ(verdict.find("rank 0"), std::string::npos) << verdict;
+  }
+  auto automatic = MakeJobKvTransport("auto", MPI_COMM_WORLD, device, member);
+  ASSERT_TRUE(automatic.ok()) << automatic.status().message();
+  EXPECT_STREQ(automatic->name(), verdict == "ok" ? "nccl" : "mpi");
+  EXPECT_TRUE(SameOnEveryRank(automatic->name()));
+  EXPECT_EQ(automatic->transport == nullptr, !member);
+  if (!member) {
+    auto mpi = MakeJobKvTransport("mpi", MPI_COMM_WORLD, device, member);
+    ASSERT_TRUE(mpi.ok());
+    EXPECT_EQ(mpi->transport, nullptr);
+  } else {
+    ASSERT_TRUE(MakeJobKvTransport("mpi", MPI_COMM_WORLD, device, member).ok());
+  }
 }
 
 TEST(KvTransport, HostBuffersArriveIntact) {
@@ -91,17 +134,17 @@ TEST(KvTransport, HostBuffersArriveIntact) {
   if (size < 2) GTEST_SKIP() << "needs 2 ranks";
   // MPI always; NCCL (staged through the device) where every rank has a GPU of its own.
   for (const char* choice : {"mpi", "auto"}) {
-    auto t = MakeJobKvTransport(choice, MPI_COMM_WORLD);
+    auto t = MakeJobKvTransport(choice, MPI_COMM_WORLD, LocalDevice());
     ASSERT_TRUE(t.ok()) << t.status().message();
     // Two transfers back to back, of different sizes: received in the order sent.
     for (size_t n : {size_t{3} << 18, size_t{1000}}) {
       std::vector<float> kv(n);
       if (rank == 0) {
         std::iota(kv.begin(), kv.end(), static_cast<float>(n));
-        ASSERT_TRUE((*t)->SendFromHost(1, kv.data(), n * sizeof(float)).ok());
+        ASSERT_TRUE(t->transport->SendFromHost(1, kv.data(), n * sizeof(float)).ok());
       } else if (rank == 1) {
-        ASSERT_TRUE((*t)->RecvToHost(0, kv.data(), n * sizeof(float)).ok());
-        for (size_t i = 0; i < n; i += 97) ASSERT_EQ(kv[i], static_cast<float>(n + i)) << (*t)->name() << " " << i;
+        ASSERT_TRUE(t->transport->RecvToHost(0, kv.data(), n * sizeof(float)).ok());
+        for (size_t i = 0; i < n; i += 97) ASSERT_EQ(kv[i], static_cast<float>(n + i)) << t->name() << " " << i;
         ASSERT_EQ(kv.back(), static_cast<float>(2 * n - 1));
       }
     }

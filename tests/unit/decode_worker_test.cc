@@ -150,5 +150,71 @@ TEST(DecodeWorker, TeacherForcingAndReplay) {
   EXPECT_EQ(worker.Submit(bad).code(), StatusCode::kInvalidArgument);
 }
 
+// The KV handoff (protocol.h): offers carry no KV; blocks are allocated before the KV is asked for; a decoder that
+// is full when a request is routed to it reserves nothing, holds no KV on the host, and reserves it (FIFO) only
+// when a finished request frees the blocks; the tokens equal a single-executor run.
+TEST(DecodeWorker, FullDecoderReservesBeforeItReceives) {
+  ModelWeights w = TinyWeights();
+  // Prompt 6 + output 5 → positions 0..9 → 3 blocks of 4 each; 4 blocks hold one request, not two.
+  DecodeWorker worker(w, {4, 4, 8});
+  std::map<int64_t, DecodeWork> kv_at_prefill;  // the KV stays with the "prefill rank" until asked for
+  std::map<int64_t, std::vector<int32_t>> got;
+  for (int64_t id = 0; id < 3; ++id) {
+    DecodeWork d = Prefilled(w, id, Prompt(6, 40 + id), 5);
+    DecodeWork offer = d;
+    offer.kv.clear();
+    kv_at_prefill[id] = std::move(d);
+    ASSERT_TRUE(worker.Offer(std::move(offer)).ok());
+    got[id] = {kv_at_prefill[id].first_token};
+  }
+  EXPECT_EQ(worker.Offer(Prefilled(w, 9, Prompt(6, 9), 5)).code(), StatusCode::kInvalidArgument);  // KV in an offer
+  // Only the head fits: its 3 blocks are allocated before any KV arrives; the others wait as metadata.
+  EXPECT_EQ(worker.Reserve(), (std::vector<int64_t>{0}));
+  EXPECT_EQ(worker.blocks().num_free_blocks(), 1);
+  EXPECT_EQ(worker.reserved(), 1);
+  EXPECT_EQ(worker.queued(), 2);
+  EXPECT_EQ(worker.queued_kv_floats(), 0);
+  EXPECT_FALSE(worker.has_step_work());   // nothing runs until the KV is delivered
+  EXPECT_TRUE(worker.Reserve().empty());  // full: asking again reserves nothing
+  // KV that nobody reserved is refused; so is KV of the wrong size (and its reservation is released).
+  EXPECT_EQ(worker.Deliver(1, kv_at_prefill[1].kv).code(), StatusCode::kInvalidArgument);
+  ASSERT_TRUE(worker.Deliver(0, kv_at_prefill[0].kv).ok());
+  EXPECT_EQ(worker.reserved(), 0);
+  EXPECT_EQ(worker.running(), 1);
+  std::vector<int64_t> order;  // the order in which requests were reserved
+  order.push_back(0);
+  int steps = 0;
+  while (worker.in_flight() > 0) {
+    auto s = worker.Step();
+    ASSERT_TRUE(s.ok()) << s.status().message();
+    EXPECT_LE(s->batch, 1);  // never two at once: the blocks bind
+    for (const auto& t : s->tokens) got[t.id].push_back(t.token);
+    std::vector<int64_t> now = worker.TakeReserved();
+    for (int64_t id : worker.Reserve()) now.push_back(id);  // blocks the step freed
+    for (int64_t id : now) {
+      order.push_back(id);
+      EXPECT_EQ(worker.blocks().num_free_blocks(), 1) << "blocks allocated before the KV of " << id << " arrives";
+      ASSERT_TRUE(worker.Deliver(id, kv_at_prefill[id].kv).ok());
+    }
+    ASSERT_LT(++steps, 100);
+  }
+  EXPECT_EQ(order, (std::vector<int64_t>{0, 1, 2}));  // FIFO
+  EXPECT_EQ(worker.blocks().num_free_blocks(), 4);
+  for (int64_t id = 0; id < 3; ++id) EXPECT_EQ(got[id], SingleExecutorRun(w, Prompt(6, 40 + id), 5)) << id;
+  // A reservation whose KV is unusable is cancelled: its blocks are free again.
+  DecodeWork d = Prefilled(w, 7, Prompt(6, 7), 5);
+  d.kv.clear();
+  ASSERT_TRUE(worker.Offer(d).ok());
+  EXPECT_EQ(worker.Reserve(), (std::vector<int64_t>{7}));
+  worker.Cancel(7);
+  EXPECT_EQ(worker.blocks().num_free_blocks(), 4);
+  EXPECT_EQ(worker.in_flight(), 0);
+  // A wrong-size delivery releases too.
+  ASSERT_TRUE(worker.Offer(d).ok());
+  EXPECT_EQ(worker.Reserve(), (std::vector<int64_t>{7}));
+  EXPECT_EQ(worker.Deliver(7, std::vector<float>(3)).code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(worker.blocks().num_free_blocks(), 4);
+}
+
 }  // namespace
 }  // namespace eldr

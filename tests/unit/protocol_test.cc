@@ -15,17 +15,24 @@ namespace {
 
 CountsMsg SampleCounts() { return {7, 42, {0.f, 1.f, 2.5f, -3.f}, 0.25, 0.125, 11}; }
 
-KvMsg SampleKv(bool kv_inline) {
-  KvMsg m;
+KvOfferMsg SampleOffer() {
+  KvOfferMsg m;
   m.request = 3;
   m.prompt_len = 2;
   m.output_len = 5;
   m.first_token = 9;
+  m.kv_floats = 6;
+  m.replay_ids = {1, 2, 3, 65535};
+  return m;
+}
+
+KvMsg SampleKv(bool kv_inline) {
+  KvMsg m;
+  m.request = 3;
   m.kv_inline = kv_inline;
   if (kv_inline) m.kv = {1.f, 2.f, 3.f, 4.f, 5.f, 6.f};
   m.kv_floats = 6;
   m.kv_checksum = KvChecksum({1.f, 2.f, 3.f, 4.f, 5.f, 6.f});
-  m.replay_ids = {1, 2, 3, 65535};
   return m;
 }
 
@@ -105,23 +112,41 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_STREQ(MessageTagName(kTagBye), "bye");
 }
 
-TEST(Protocol, KvRoundTripsInlineAndOverTheTransport) {
+TEST(Protocol, KvHandoffRoundTrips) {
+  const KvOfferMsg o = SampleOffer();
+  auto ro = KvOfferMsg::Decode(o.Encode());
+  ASSERT_TRUE(ro.ok()) << ro.status().ToString();
+  EXPECT_EQ(ro->request, 3);
+  EXPECT_EQ(ro->prompt_len, 2);
+  EXPECT_EQ(ro->output_len, 5);
+  EXPECT_EQ(ro->first_token, 9);
+  EXPECT_EQ(ro->kv_floats, 6u);
+  EXPECT_EQ(ro->replay_ids, o.replay_ids);
+  // The offer carries no KV: 1 + 3·8 + 4 + 8 (kv_floats) + (8 + 4·2) bytes.
+  EXPECT_EQ(o.Encode().size(), 1u + 24 + 4 + 8 + 8 + 8);
+  for (bool accepted : {true, false}) {
+    auto ra = KvAcceptMsg::Decode(KvAcceptMsg{41, accepted}.Encode());
+    ASSERT_TRUE(ra.ok());
+    EXPECT_EQ(ra->request, 41);
+    EXPECT_EQ(ra->accepted, accepted);
+  }
+  EXPECT_EQ((KvAcceptMsg{41, true}.Encode().size()), 1u + 8 + 1);
   for (bool kv_inline : {true, false}) {
     const KvMsg m = SampleKv(kv_inline);
     auto r = KvMsg::Decode(m.Encode());
     ASSERT_TRUE(r.ok()) << r.status().ToString();
     EXPECT_EQ(r->request, 3);
-    EXPECT_EQ(r->prompt_len, 2);
-    EXPECT_EQ(r->output_len, 5);
-    EXPECT_EQ(r->first_token, 9);
     EXPECT_EQ(r->kv_inline, kv_inline);
     EXPECT_EQ(r->kv, m.kv);
     EXPECT_EQ(r->kv_floats, 6u);
     EXPECT_EQ(r->kv_checksum, m.kv_checksum);
-    EXPECT_EQ(r->replay_ids, m.replay_ids);
   }
-  // Not inline: the floats are not in the message (1 + 3·8 + 4 + 1 + 8 (kv_floats) + 8 + (8 + 4·2) bytes).
-  EXPECT_EQ(SampleKv(false).Encode().size(), 1u + 24 + 4 + 1 + 8 + 8 + 8 + 8);
+  // Inline: 1 + 8 + 1 + (8 + 6·4) + 8 bytes; not inline, the floats are not in the message: 1 + 8 + 1 + 8 + 8.
+  EXPECT_EQ(SampleKv(true).Encode().size(), 1u + 8 + 1 + 8 + 24 + 8);
+  EXPECT_EQ(SampleKv(false).Encode().size(), 1u + 8 + 1 + 8 + 8);
+  EXPECT_STREQ(MessageTagName(kTagKvOffer), "kv offer");
+  EXPECT_STREQ(MessageTagName(kTagKvAccept), "kv accept");
+  EXPECT_FALSE(KvMsg::Decode(o.Encode()).ok());  // an offer is not the KV
 }
 
 TEST(Protocol, TokensRoundTrip) {
@@ -147,6 +172,8 @@ TEST(Protocol, TruncatedMessagesFail) {
   ExpectEveryTruncationFails(RouteMsg{1, 2});
   ExpectEveryTruncationFails(SampleKv(true));
   ExpectEveryTruncationFails(SampleKv(false));
+  ExpectEveryTruncationFails(SampleOffer());
+  ExpectEveryTruncationFails(KvAcceptMsg{1, false});
   ExpectEveryTruncationFails(SampleTokens());
   ExpectEveryTruncationFails(FailedMsg{1, "why"});
   ExpectEveryTruncationFails(ShutdownMsg{true});
@@ -161,6 +188,8 @@ TEST(Protocol, TrailingBytesFail) {
   ExpectTrailingBytesFail(SampleCounts());
   ExpectTrailingBytesFail(RouteMsg{1, 2});
   ExpectTrailingBytesFail(SampleKv(true));
+  ExpectTrailingBytesFail(SampleOffer());
+  ExpectTrailingBytesFail(KvAcceptMsg{1, true});
   ExpectTrailingBytesFail(SampleTokens());
   ExpectTrailingBytesFail(FailedMsg{1, "why"});
   ExpectTrailingBytesFail(ShutdownMsg{});
@@ -215,7 +244,7 @@ TEST(Protocol, WrongTagFails) {
 
 TEST(Protocol, BadBoolFails) {
   std::vector<uint8_t> bytes = SampleKv(true).Encode();
-  bytes[1 + 8 + 8 + 8 + 4] = 2;  // kv_inline
+  bytes[1 + 8] = 2;  // kv_inline
   auto r = KvMsg::Decode(bytes);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("a bool field holds 2"), std::string::npos) << r.status().message();
@@ -224,23 +253,24 @@ TEST(Protocol, BadBoolFails) {
 // Random bytes after a right tag byte, and random corruptions of valid messages: a status, never a crash.
 TEST(Protocol, GarbageNeverCrashes) {
   std::mt19937_64 rng(11);
-  const std::vector<std::vector<uint8_t>> valid = {SampleCounts().Encode(), SampleKv(true).Encode(),
-                                                   SampleKv(false).Encode(), SampleTokens().Encode(),
-                                                   FailedMsg{2, "no"}.Encode()};
+  const std::vector<std::vector<uint8_t>> valid = {
+      SampleCounts().Encode(),     SampleKv(true).Encode(), SampleKv(false).Encode(),     SampleTokens().Encode(),
+      FailedMsg{2, "no"}.Encode(), SampleOffer().Encode(),  KvAcceptMsg{3, true}.Encode()};
   int decoded = 0;
   for (int trial = 0; trial < 4000; ++trial) {
     std::vector<uint8_t> bytes;
     if (trial % 2 == 0) {
       bytes.resize(rng() % 96);
       for (uint8_t& b : bytes) b = static_cast<uint8_t>(rng());
-      if (!bytes.empty()) bytes[0] = static_cast<uint8_t>(1 + rng() % 8);
+      if (!bytes.empty()) bytes[0] = static_cast<uint8_t>(1 + rng() % 12);
     } else {
       bytes = valid[rng() % valid.size()];
       for (int k = 0; k < 3; ++k) bytes[rng() % bytes.size()] = static_cast<uint8_t>(rng());
     }
     decoded += PrefillRequestMsg::Decode(bytes).ok() + CountsMsg::Decode(bytes).ok() + RouteMsg::Decode(bytes).ok() +
                KvMsg::Decode(bytes).ok() + TokensMsg::Decode(bytes).ok() + FailedMsg::Decode(bytes).ok() +
-               ShutdownMsg::Decode(bytes).ok() + ReadyMsg::Decode(bytes).ok();
+               ShutdownMsg::Decode(bytes).ok() + ReadyMsg::Decode(bytes).ok() + KvOfferMsg::Decode(bytes).ok() +
+               KvAcceptMsg::Decode(bytes).ok();
   }
   EXPECT_GT(decoded, 0);  // corrupted payload bytes (not counts or tags) still decode: the format has no checksum
 }
