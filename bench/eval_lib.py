@@ -138,3 +138,63 @@ def clairvoyant_fraction(policy_ratio, clairvoyant_ratio):
     if policy_ratio is None or clairvoyant_ratio is None or clairvoyant_ratio >= 0.995:
         return None
     return (1 - policy_ratio) / (1 - clairvoyant_ratio)
+
+
+def ablation_variants(paper_taus=(0, 0.05, 0.2, 0.4), paper_eps=(0.1, 0.25, 0.5), tail_eps=(0.1, 0.5),
+                      tail_taus=(0.2, 0.4), lambdas=(0, 0.25, 0.5, 1)):
+    """The rows of bench/eval's ablation part: [{name, policy, calib, args}], calib one of None (a load policy),
+    "count" (balanced k-means, the default), "work" (`calibrate --work-balanced`) or "decode" (the clairvoyant's
+    calibration, simulated with --route-on decode); args: the `eldr simulate` overrides. The defaults keep their
+    policy's name (eldr: λ 0.75; eldr_paper: the calibration's τ, 0.1, ε 0; eldr_tail: τ 0.1, ε 0 → 0.25); every
+    other row changes exactly one setting of its default and is named by it."""
+    v = [dict(name=p, policy=p, calib=None, args=[]) for p in BALANCERS + ["domain"]]
+
+    def family(policy, sweeps):
+        v.append(dict(name=policy, policy=policy, calib="count", args=[]))
+        for opt, label, values in sweeps:
+            v.extend(dict(name=f"{policy} {label}={x:g}", policy=policy, calib="count", args=[opt, repr(float(x))])
+                     for x in values)
+        v.append(dict(name=f"{policy} work-balanced", policy=policy, calib="work", args=[]))
+
+    family("eldr", [("--harm-weight", "λ", lambdas)])
+    family("eldr_paper", [("--tau", "τ", paper_taus), ("--load-bound", "ε", paper_eps)])
+    family("eldr_tail", [("--tau", "τ", tail_taus), ("--load-bound", "ε", tail_eps)])
+    v.append(dict(name="clairvoyant", policy="eldr", calib="decode", args=["--route-on", "decode"]))
+    return v
+
+
+def union_gap_at(batch, gaps):
+    """The same-domain vs mixed union gap (a fraction) at decode batch `batch`, from gaps {B: gap} measured at a few
+    batch sizes (eldr trace stats): linear in log2 B between the measured sizes, through (1, 0) below the smallest
+    (a batch of one has no union to shrink), the largest size's gap above it."""
+    pts = [(1, 0.0)] + sorted((b, g) for b, g in gaps.items() if b > 1)
+    if batch <= 1:
+        return 0.0
+    for (b0, g0), (b1, g1) in zip(pts, pts[1:]):
+        if batch <= b1:
+            t = (math.log2(batch) - math.log2(b0)) / (math.log2(b1) - math.log2(b0))
+            return g0 + t * (g1 - g0)
+    return pts[-1][1]
+
+
+def locality_cap(cost, rows, context_per_seq, gaps):
+    """The TPOT reduction a router could get from locality alone, at the batches a balancer runs: per batch size B,
+    the share of a decode step spent on distinct experts, s_B = b·U_B / (a + b·U_B + c·B + d·B·ctx) (the cost model
+    t = a + b·distinct + c·batch + d·context, U_B the balancer's mean distinct experts per step at B, ctx the mean
+    context per sequence), times the union gap at B (union_gap_at); averaged over the balancer's steps weighted by
+    the tokens they make (steps_B·B: TPOT is per token). cost: {a, b, c, d}; rows: metrics.json distinct_by_batch.
+    Returns {cap, share} (share: the same token-weighted mean of s_B) or None without steps."""
+    wsum = cap = share = 0.0
+    for r in rows:
+        B, n, U = r["batch"], r["steps"], r["mean_distinct_experts"]
+        if n <= 0 or B <= 0:
+            continue
+        t = cost["a"] + cost["b"] * U + cost["c"] * B + cost["d"] * B * context_per_seq
+        s = cost["b"] * U / t
+        w = n * B
+        wsum += w
+        share += w * s
+        cap += w * s * union_gap_at(B, gaps)
+    if wsum == 0:
+        return None
+    return {"cap": cap / wsum, "share": share / wsum}

@@ -32,7 +32,7 @@ struct SimulateArgs {
   // The overrides: unset (the config's value) or a value checked against the key's range (job_limits).
   std::optional<int> decoders, prefill, max_batch, decode_blocks;
   std::optional<int64_t> num_requests, output_len, max_concurrency, admission_cap;
-  std::optional<double> tau, load_bound, rate, burstiness;
+  std::optional<double> tau, load_bound, harm_weight, rate, burstiness;
   std::optional<uint64_t> seed;
   double bandwidth = 0, cores = 0;
   bool json = false, quiet = false, no_output = false;
@@ -119,6 +119,7 @@ Status RunSimulation(const SimulateArgs& a) {
   }
   if (a.tau) c.tau = a.tau;
   c.load_bound = a.load_bound.value_or(c.load_bound);
+  c.harm_weight = a.harm_weight.value_or(c.harm_weight);
   c.request_rate = a.rate.value_or(c.request_rate);
   c.burstiness = a.burstiness.value_or(c.burstiness);
   c.num_requests = a.num_requests.value_or(c.num_requests);
@@ -214,6 +215,8 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   set("--tau", &a->tau, job_limits::kTau, "override routing.tau");
   set("--load-bound", &a->load_bound, job_limits::kLoadBound,
       "override routing.load_bound (bounded-load band ε; 0 = off)");
+  set("--harm-weight", &a->harm_weight, job_limits::kHarm,
+      "override routing.harm_weight (eldr's λ, 0..1: weight of the slowdown a request causes the running batch)");
   set("--rate", &a->rate, job_limits::kRate, "override workload.request_rate (requests/s; inf: all at once)");
   set("--burstiness", &a->burstiness, job_limits::kBurstiness, "override workload.burstiness");
   set("--num-requests,-n", &a->num_requests, job_limits::kCount,

@@ -64,7 +64,7 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   routing.Get("admission_cap", &c->admission_cap, job_limits::kCount);
   routing.Get("seed", &c->routing_seed);
   routing.Get("cost_model", &c->routing_cost_model);
-  routing.Get("harm_weight", &c->harm_weight, NumberRange::Between(0, 1));
+  routing.Get("harm_weight", &c->harm_weight, job_limits::kHarm);
   YamlMap& kv = root.Section("kv_cache");
   kv.Get("block_size", &c->block_size, IntRange::Between(1, 127));
   kv.Get("prefill_blocks", &c->prefill_blocks, job_limits::kBlocks);

@@ -67,6 +67,7 @@ inline const IntRange kBlocks = IntRange::Between(1, 1 << 30);    // kv_cache.*_
 inline const IntRange kMaxBatch = IntRange::Between(1, 1 << 20);  // decode.max_batch
 inline const NumberRange kTau = NumberRange::AtLeast(0);          // routing.tau
 inline const NumberRange kLoadBound = NumberRange::AtLeast(0);    // routing.load_bound
+inline const NumberRange kHarm = NumberRange::Between(0, 1);      // routing.harm_weight (eldr's λ)
 inline const NumberRange kRate = NumberRange::Above(0).OrInf();   // workload.request_rate (inf: all at once)
 inline const NumberRange kBurstiness = NumberRange::Above(0);     // workload.burstiness
 }  // namespace job_limits

@@ -66,6 +66,52 @@ class MatchedBatch(unittest.TestCase):
         self.assertEqual(lib.matched_batch_ratio([row(3, 2, 5.0)], reference), (None, 0.0))
 
 
+class AblationVariants(unittest.TestCase):
+    def test_rows_change_one_setting_of_their_default(self):
+        v = lib.ablation_variants(paper_taus=(0, 0.2), paper_eps=(0.25,), tail_eps=(0.5,), tail_taus=(), lambdas=(0, 1))
+        by = {r["name"]: r for r in v}
+        self.assertEqual(len(by), len(v))  # names are unique
+        self.assertEqual([r["name"] for r in v],
+                         ["jsq", "p2c", "round_robin", "domain",
+                          "eldr", "eldr λ=0", "eldr λ=1", "eldr work-balanced",
+                          "eldr_paper", "eldr_paper τ=0", "eldr_paper τ=0.2", "eldr_paper ε=0.25",
+                          "eldr_paper work-balanced",
+                          "eldr_tail", "eldr_tail ε=0.5", "eldr_tail work-balanced", "clairvoyant"])
+        for p in ("jsq", "p2c", "round_robin", "domain"):
+            self.assertEqual((by[p]["policy"], by[p]["calib"], by[p]["args"]), (p, None, []))
+        for p in ("eldr", "eldr_paper", "eldr_tail"):
+            self.assertEqual((by[p]["policy"], by[p]["calib"], by[p]["args"]), (p, "count", []))
+            self.assertEqual((by[p + " work-balanced"]["calib"], by[p + " work-balanced"]["args"]), ("work", []))
+        self.assertEqual(by["eldr λ=1"]["args"], ["--harm-weight", "1.0"])
+        self.assertEqual(by["eldr_paper τ=0"]["args"], ["--tau", "0.0"])
+        self.assertEqual((by["eldr_tail ε=0.5"]["policy"], by["eldr_tail ε=0.5"]["args"]),
+                         ("eldr_tail", ["--load-bound", "0.5"]))
+        self.assertEqual((by["clairvoyant"]["policy"], by["clairvoyant"]["calib"], by["clairvoyant"]["args"]),
+                         ("eldr", "decode", ["--route-on", "decode"]))
+
+
+class LocalityCap(unittest.TestCase):
+    def test_union_gap_is_log_linear_through_one(self):
+        gaps = {8: 0.18, 16: 0.21, 32: 0.20}
+        self.assertEqual(lib.union_gap_at(1, gaps), 0.0)
+        self.assertAlmostEqual(lib.union_gap_at(2, gaps), 0.06)  # log2 2 = 1/3 of the way from 1 to 8
+        self.assertAlmostEqual(lib.union_gap_at(8, gaps), 0.18)
+        self.assertAlmostEqual(lib.union_gap_at(11.3137085, gaps), 0.195)  # 2^3.5: half way from 8 to 16
+        self.assertAlmostEqual(lib.union_gap_at(64, gaps), 0.20)
+
+    def test_hand_case(self):
+        # a = 1, b = 0.01, c = 0.1, d = 0.001, ctx = 100: B = 8, U = 100: t = 1 + 1 + 0.8 + 0.8 = 3.6, s = 1/3.6;
+        # B = 16, U = 200: t = 1 + 2 + 1.6 + 1.6 = 6.2, s = 2/6.2. Token weights 10·8 = 80 and 5·16 = 80.
+        cost = {"a": 1.0, "b": 0.01, "c": 0.1, "d": 0.001}
+        rows = [{"batch": 8, "steps": 10, "mean_distinct_experts": 100.0},
+                {"batch": 16, "steps": 5, "mean_distinct_experts": 200.0},
+                {"batch": 4, "steps": 0, "mean_distinct_experts": 50.0}]
+        r = lib.locality_cap(cost, rows, 100.0, {8: 0.2, 16: 0.1})
+        self.assertAlmostEqual(r["share"], (1 / 3.6 + 2 / 6.2) / 2)
+        self.assertAlmostEqual(r["cap"], (0.2 / 3.6 + 0.1 * 2 / 6.2) / 2)
+        self.assertIsNone(lib.locality_cap(cost, [], 100.0, {8: 0.2}))
+
+
 class Saturation(unittest.TestCase):
     def test_scan_finds_the_knee_of_a_queue_that_grows_above_100_per_s(self):
         def run(rate):

@@ -161,6 +161,14 @@ expect_error "model: fractional integer" "num_experts_per_tok must be an integer
 expect_error "serve --tau nan" "--tau: must be >= 0, got 'nan'" - "$ELDR" serve -c job.yaml --tau nan --print-ranks
 expect_error "serve --load-bound -1" "--load-bound: must be >= 0, got '-1'" - \
   "$ELDR" serve -c job.yaml --load-bound -1 --print-ranks
+for h in 1.5 -0.1 nan; do
+  expect_error "simulate --harm-weight $h" "--harm-weight: must be in \\[0, 1\\], got '$h'" - \
+    "$ELDR" simulate -c job.yaml --harm-weight "$h" --no-output
+done
+"$ELDR" simulate -c job.yaml --harm-weight 0.25 --no-output --json --quiet > hw.json 2>/dev/null
+$PY -c 'import json,sys; sys.exit(json.load(open("hw.json"))["config"]["routing"]["harm_weight"] != 0.25)' \
+  && ok "simulate --harm-weight 0.25 reaches the job (config.routing.harm_weight)" \
+  || bad "simulate --harm-weight 0.25 reaches the job (config.routing.harm_weight)"
 for r in 0 -1 nan; do
   expect_error "simulate --rate $r" "--rate: must be > 0 or inf, got '$r'" - "$ELDR" simulate -c job.yaml --rate "$r" --no-output
 done
