@@ -47,24 +47,16 @@ std::vector<float> BuildSignatures(const RequestFeatures& f, const SignaturePara
   return out;
 }
 
-// The features of `idx` with the decode tokens' expert counts in place of the prompt's (--features decode): the
-// exact counts, not the decode profile times its length, so a hand count matches to the bit.
-RequestFeatures FeaturesFor(const Trace& trace, const std::vector<int32_t>& idx, SignatureFeatures features) {
-  RequestFeatures f = ComputeRequestFeatures(trace, idx);
+// The features of `idx`; with kDecode the decode tokens' expert counts in place of the prompt's (--features decode):
+// the exact counts, not the decode profile times its length, so a hand count matches to the bit.
+RequestFeatures FeaturesFor(const TraceCounts& counts, const std::vector<int32_t>& idx, SignatureFeatures features) {
+  RequestFeatures f = FeaturesFromCounts(counts, idx);
   if (features == SignatureFeatures::kPrefill) return f;
-  const int L = trace.shape.num_layers, E = trace.shape.num_experts, K = trace.shape.top_k;
   const size_t row = f.row_size();
-  std::fill(f.prefill_counts.begin(), f.prefill_counts.end(), 0.f);
   f.gate_sums.clear();
   for (int i = 0; i < f.num_requests; ++i) {
-    const TraceRequest& r = trace.requests[idx[i]];
-    float* counts = f.prefill_counts.data() + i * row;
-    for (int64_t t = r.prompt_len; t < r.num_tokens; ++t) {
-      const uint16_t* ids = trace.token_ids(r.offset + t);
-      for (int l = 0; l < L; ++l) {
-        for (int j = 0; j < K; ++j) counts[l * E + ids[l * K + j]] += 1.f;
-      }
-    }
+    std::copy_n(counts.decode_counts.data() + static_cast<size_t>(idx[i]) * row, row,
+                f.prefill_counts.data() + i * row);
   }
   return f;
 }
@@ -116,6 +108,18 @@ Status ClusterInto(Calibration* c, int K, uint64_t seed, int restarts, int max_i
 }  // namespace
 
 Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, CalibrateReport* report) {
+  const auto t0 = Clock::now();
+  const TraceCounts counts = CountTrace(trace);
+  const double seconds_count = Seconds(t0, Clock::now());
+  auto c = Calibrate(counts, o, report);
+  if (report) {  // counting is the first part of the features
+    report->seconds_features += seconds_count;
+    report->seconds_total += seconds_count;
+  }
+  return c;
+}
+
+Result<Calibration> Calibrate(const TraceCounts& trace, const CalibrateOptions& o, CalibrateReport* report) {
   CalibrateReport local;
   CalibrateReport& rep = report ? *report : local;
   rep = CalibrateReport();
@@ -129,7 +133,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   if (o.variant == SignatureVariant::kGateProb && o.features == SignatureFeatures::kDecode) {
     return Status::InvalidArgument("--features decode works with the count variants, not --signature gate_prob");
   }
-  if (o.variant == SignatureVariant::kGateProb && !trace.has_weights()) {
+  if (o.variant == SignatureVariant::kGateProb && !trace.has_weights) {
     return Status::FailedPrecondition("--signature gate_prob needs a trace with topk_weights");
   }
 

@@ -58,6 +58,11 @@ Status ValidateTraceShape(int64_t num_layers, int64_t num_experts, int64_t top_k
 // numbers the tokens in the message from `first_token`.
 Status ValidateTopkWeights(const float* w, size_t n, size_t stride, int64_t first_token, const std::string& name);
 
+// The request-table invariants of ValidateTrace: unique ids, positive lengths, prompt_len <= num_tokens, offsets
+// contiguous from 0 covering exactly `num_tokens_total` tokens. `name` prefixes the error.
+Status ValidateTraceRequests(const std::vector<TraceRequest>& requests, int64_t num_tokens_total,
+                             const std::string& name);
+
 // Checks every invariant of a trace (shapes, ids < E, distinct ids per token and layer, lengths,
 // offsets, finite non-negative weights). `name` prefixes the error.
 Status ValidateTrace(const Trace& trace, const std::string& name);
