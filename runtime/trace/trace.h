@@ -80,7 +80,9 @@ Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options
 // How the trace writer stores /tokens/topk_ids and /tokens/topk_weights: chunks of `chunk_rows` tokens
 // (0: about `chunk_bytes` of ids per chunk), filtered by shuffle and deflate. The defaults are the storage of
 // every trace written so far: deflate 1 reads no faster than 4 (h5py, the benchmark trace: 1.22 s vs 1.17 s for
-// the ids) and is 3 % larger; the read speed comes from the parallel inflate (bench/README.md "Trace read").
+// the ids) and is 3 % larger; the read speed comes from the parallel inflate. With calibrate's streaming read
+// (ReadTraceCounts) chunks of 341-2730 tokens, deflate 1 or 6, or no shuffle read no faster either (bench/README.md
+// "Offline calibration").
 struct TraceStorage {
   int64_t chunk_rows = 0;
   int64_t chunk_bytes = int64_t{1} << 19;

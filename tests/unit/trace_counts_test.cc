@@ -183,9 +183,9 @@ TEST_F(TraceCountsTest, SameAsPlainReadOnEveryChunkLayoutAndFilter) {
     bool shuffle;
     int deflate;
   };
-  const std::vector<Layout> layouts = {{7, true, 4},  {7, false, 4},  {7, true, 0},
-                                       {7, false, 0}, {64, true, 1},  {64, false, 9},
-                                       {1, true, 1},  {1, false, 6},  {num_tokens * 2, true, 1},
+  const std::vector<Layout> layouts = {{7, true, 4},          {7, false, 4}, {7, true, 0},
+                                       {7, false, 0},         {64, true, 1}, {64, false, 9},
+                                       {1, true, 1},          {1, false, 6}, {num_tokens * 2, true, 1},
                                        {num_tokens, false, 6}};
   for (const auto& l : layouts) {
     TraceStorage s;
