@@ -47,24 +47,16 @@ std::vector<float> BuildSignatures(const RequestFeatures& f, const SignaturePara
   return out;
 }
 
-// The features of `idx` with the decode tokens' expert counts in place of the prompt's (--features decode): the
-// exact counts, not the decode profile times its length, so a hand count matches to the bit.
-RequestFeatures FeaturesFor(const Trace& trace, const std::vector<int32_t>& idx, SignatureFeatures features) {
-  RequestFeatures f = ComputeRequestFeatures(trace, idx);
+// The features of `idx`; with kDecode the decode tokens' expert counts in place of the prompt's (--features decode):
+// the exact counts, not the decode profile times its length, so a hand count matches to the bit.
+RequestFeatures FeaturesFor(const TraceCounts& counts, const std::vector<int32_t>& idx, SignatureFeatures features) {
+  RequestFeatures f = FeaturesFromCounts(counts, idx);
   if (features == SignatureFeatures::kPrefill) return f;
-  const int L = trace.shape.num_layers, E = trace.shape.num_experts, K = trace.shape.top_k;
   const size_t row = f.row_size();
-  std::fill(f.prefill_counts.begin(), f.prefill_counts.end(), 0.f);
   f.gate_sums.clear();
   for (int i = 0; i < f.num_requests; ++i) {
-    const TraceRequest& r = trace.requests[idx[i]];
-    float* counts = f.prefill_counts.data() + i * row;
-    for (int64_t t = r.prompt_len; t < r.num_tokens; ++t) {
-      const uint16_t* ids = trace.token_ids(r.offset + t);
-      for (int l = 0; l < L; ++l) {
-        for (int j = 0; j < K; ++j) counts[l * E + ids[l * K + j]] += 1.f;
-      }
-    }
+    std::copy_n(counts.decode_counts.data() + static_cast<size_t>(idx[i]) * row, row,
+                f.prefill_counts.data() + i * row);
   }
   return f;
 }
@@ -116,30 +108,43 @@ Status ClusterInto(Calibration* c, int K, uint64_t seed, int restarts, int max_i
 }  // namespace
 
 Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, CalibrateReport* report) {
+  const auto t0 = Clock::now();
+  const TraceCounts counts = CountTrace(trace);
+  const double seconds_count = Seconds(t0, Clock::now());
+  auto c = Calibrate(counts, o, report);
+  if (report) {  // counting is the first part of the features
+    report->seconds_features += seconds_count;
+    report->seconds_total += seconds_count;
+  }
+  return c;
+}
+
+Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions& o, CalibrateReport* report) {
   CalibrateReport local;
   CalibrateReport& rep = report ? *report : local;
   rep = CalibrateReport();
   const auto t0 = Clock::now();
   if (!(o.holdout >= 0 && o.holdout < 1)) return Status::InvalidArgument("--holdout must be in [0, 1)");
   if (!(o.tau >= 0) || !std::isfinite(o.tau)) return Status::InvalidArgument("--tau must be a finite value >= 0");
-  if (o.num_layers < 0 || o.num_layers > trace.shape.num_layers) {
-    return Status::InvalidArgument("--layers must be 'auto' or in [1, " + std::to_string(trace.shape.num_layers) + "]");
+  if (o.num_layers < 0 || o.num_layers > counts.shape.num_layers) {
+    return Status::InvalidArgument("--layers must be 'auto' or in [1, " + std::to_string(counts.shape.num_layers) +
+                                   "]");
   }
   if (o.restarts < 1) return Status::InvalidArgument("--restarts must be >= 1");
   if (o.variant == SignatureVariant::kGateProb && o.features == SignatureFeatures::kDecode) {
     return Status::InvalidArgument("--features decode works with the count variants, not --signature gate_prob");
   }
-  if (o.variant == SignatureVariant::kGateProb && !trace.has_weights()) {
+  if (o.variant == SignatureVariant::kGateProb && !counts.has_weights) {
     return Status::FailedPrecondition("--signature gate_prob needs a trace with topk_weights");
   }
 
   // Requests usable for calibration have prompt tokens (a signature) and decode tokens (a profile).
   std::vector<int32_t> usable;
-  for (size_t i = 0; i < trace.requests.size(); ++i) {
-    const auto& r = trace.requests[i];
+  for (size_t i = 0; i < counts.requests.size(); ++i) {
+    const auto& r = counts.requests[i];
     if (IsUsableRequest(r.prompt_len, r.decode_len())) usable.push_back(static_cast<int32_t>(i));
   }
-  rep.num_skipped = static_cast<int>(trace.requests.size() - usable.size());
+  rep.num_skipped = static_cast<int>(counts.requests.size() - usable.size());
   std::vector<int32_t> calib_idx = usable, holdout_idx;
   if (o.holdout > 0) {
     std::mt19937_64 rng(o.seed + 0x5bd1e995);
@@ -166,8 +171,8 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   rep.num_requests = N;
   rep.num_holdout = static_cast<int>(holdout_idx.size());
 
-  const int L = trace.shape.num_layers, E = trace.shape.num_experts;
-  RequestFeatures fc = FeaturesFor(trace, calib_idx, o.features);
+  const int L = counts.shape.num_layers, E = counts.shape.num_experts;
+  RequestFeatures fc = FeaturesFor(counts, calib_idx, o.features);
   std::vector<float> idf = ComputeIdf(fc.prefill_counts, N, L, E);
   const auto t1 = Clock::now();
   rep.seconds_features = Seconds(t0, t1);
@@ -209,7 +214,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   if (Interrupted()) return InterruptStatus();
 
   Calibration c;
-  c.shape = trace.shape;
+  c.shape = counts.shape;
   c.created = NowIso8601();
   c.signature.variant = o.variant;
   c.signature.num_layers = L;
@@ -222,9 +227,9 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
   c.features = o.features;
   c.signatures = BuildSignatures(fc, c.signature);
   for (int32_t i : calib_idx) {
-    c.request_ids.push_back(trace.requests[i].id);
-    c.domains.push_back(trace.requests[i].domain);
-    c.decode_lens.push_back(trace.requests[i].decode_len());
+    c.request_ids.push_back(counts.requests[i].id);
+    c.domains.push_back(counts.requests[i].domain);
+    c.decode_lens.push_back(counts.requests[i].decode_len());
   }
   c.decode_profiles = fc.decode_profile;
   c.tau = o.tau;
@@ -235,7 +240,7 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& o, Cal
 
   rep.rho_holdout = kNaN;
   if (!holdout_idx.empty()) {
-    RequestFeatures fh = FeaturesFor(trace, holdout_idx, o.features);
+    RequestFeatures fh = FeaturesFor(counts, holdout_idx, o.features);
     ELDR_ASSIGN_OR_RETURN(std::vector<float> feats, VariantFeatures(fh, o.variant, idf));
     const RequestPairs hp = SampleRequestPairs(fh.num_requests, o.max_pairs, o.seed + 1);
     SignatureQuality hq(feats, fh.decode_profile, fh.num_requests, L, E, hp);

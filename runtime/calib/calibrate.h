@@ -67,6 +67,9 @@ struct CalibrateReport {
 
 // Runs the whole pipeline. InvalidArgument for K < 1, K > usable requests, bad holdout, etc.
 Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& options, CalibrateReport* report);
+// The same from the trace's per-request counts (ReadTraceCounts: what `eldr calibrate` reads); the same result bit
+// for bit as Calibrate(trace) when counts = CountTrace(trace). gate_prob needs counts with gate sums.
+Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions& options, CalibrateReport* report);
 
 // Offline reconfiguration: re-clusters the stored signatures for K' decoders (centroids, assignment,
 // sizes, expert load, mean decode length), keeping IDF, mask and signatures. work_balanced needs the stored

@@ -83,13 +83,13 @@ Status RunCalibrate(const CalibrateArgs& a) {
       }
     }
     // Only gate_prob signatures use the gate weights (the report's table then has no gate_prob row): the rest
-    // reads the ids alone, a third of the trace.
+    // reads the ids alone, a third of the trace, and counts them per request while the chunks inflate.
     TraceReadOptions read_options;
     read_options.weights = o.variant == SignatureVariant::kGateProb;
     const auto t0 = Clock::now();
-    ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace, read_options));
+    ELDR_ASSIGN_OR_RETURN(TraceCounts counts, ReadTraceCounts(a.trace, read_options));
     seconds_read = seconds_since(t0);
-    auto r = Calibrate(trace, o, &report);
+    auto r = Calibrate(counts, o, &report);
     if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.trace);
     calib = std::move(r).value();
   }

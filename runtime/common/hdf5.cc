@@ -649,6 +649,92 @@ bool DecodeChunk(const StoredChunk& c, const ChunkLayout& layout, size_t elem_si
 // Compressed bytes fetched per batch before the workers inflate it: bounds memory on a large trace.
 constexpr size_t kBatchBytes = size_t{64} << 20;
 
+// The direct chunk read of a dataset DirectLayout accepted: the stored size of every chunk, checked before any is
+// decoded, so that a layout the direct path cannot take falls back to the library before anything was consumed.
+struct DirectPlan {
+  Dims shape;
+  ChunkLayout layout;
+  size_t row_bytes = 0, chunk_bytes = 0;
+  std::vector<hsize_t> stored;  // [num_chunks] bytes on disk
+  hsize_t num_chunks() const { return stored.size(); }
+  hsize_t first_row(hsize_t i) const { return i * layout.chunk[0]; }
+  hsize_t rows(hsize_t i) const { return std::min<hsize_t>(layout.chunk[0], shape[0] - first_row(i)); }
+};
+
+// Fills `plan` and returns true when every chunk of `ds` (shape `shape`, elements of `elem_size` bytes, stored as
+// `mem_type`) can be read by H5Dread_chunk and decoded by hand; false: read it with the library.
+bool PlanDirectRead(hid_t ds, hid_t mem_type, size_t elem_size, const Dims& shape, DirectPlan* plan) {
+  if (!DirectLayout(ds, mem_type, shape, &plan->layout)) return false;
+  hsize_t row_elems = 1;
+  for (size_t i = 1; i < shape.size(); ++i) row_elems *= shape[i];
+  if (row_elems == 0 || shape[0] > kMaxReadBytes / elem_size / row_elems ||
+      plan->layout.chunk[0] > kMaxReadBytes / elem_size / row_elems) {
+    return false;  // the library's checks give the error
+  }
+  plan->shape = shape;
+  plan->row_bytes = row_elems * elem_size;
+  plan->chunk_bytes = plan->layout.chunk[0] * plan->row_bytes;
+  const hsize_t num_chunks = (shape[0] + plan->layout.chunk[0] - 1) / plan->layout.chunk[0];
+  plan->stored.assign(num_chunks, 0);
+  for (hsize_t i = 0; i < num_chunks; ++i) {
+    Dims offset(shape.size(), 0);
+    offset[0] = plan->first_row(i);
+    hsize_t stored = 0;
+    if (H5Dget_chunk_storage_size(ds, offset.data(), &stored) < 0 || stored == 0 ||
+        stored > plan->chunk_bytes + plan->chunk_bytes / 2 + 4096) {
+      return false;  // unallocated (fill value) or odd: the library's path
+    }
+    plan->stored[i] = stored;
+  }
+  return true;
+}
+
+// Fetches the chunks of `plan` in batches of about kBatchBytes on the calling thread (HDF5 is not thread-safe) and
+// calls decode(chunk, worker, scratch) -> bool for each on `threads` workers; scratch is the worker's buffer of
+// chunk_bytes. False from decode: the chunk is corrupt.
+template <typename Decode>
+Status ForEachDirectChunk(hid_t ds, const DirectPlan& plan, int threads, const std::string& where, Decode decode) {
+  std::vector<StoredChunk> batch;
+  std::vector<std::vector<unsigned char>> scratch(std::max(threads, 1));
+  hsize_t next = 0;
+  while (next < plan.num_chunks()) {
+    size_t batch_bytes = 0, used = 0;
+    for (; next < plan.num_chunks() && batch_bytes < kBatchBytes; ++next, ++used) {
+      Dims offset(plan.shape.size(), 0);
+      offset[0] = plan.first_row(next);
+      if (used == batch.size()) batch.emplace_back();
+      StoredChunk& c = batch[used];
+      c.first_row = offset[0];
+      c.bytes.resize(plan.stored[next]);
+      if (H5Dread_chunk(ds, H5P_DEFAULT, offset.data(), &c.filter_mask, c.bytes.data()) < 0) {
+        return Status::Corrupt(where + " (truncated or corrupt file)");
+      }
+      batch_bytes += c.bytes.size();
+    }
+    std::vector<uint8_t> ok(used, 0);
+    const int workers = static_cast<int>(std::min<size_t>(std::max(threads, 1), used));
+    ParallelFor(
+        workers,
+        [&](int64_t w) {
+          scratch[w].resize(plan.chunk_bytes);
+          for (size_t i = w; i < used; i += workers) ok[i] = decode(batch[i], static_cast<int>(w), &scratch[w]);
+        },
+        workers);
+    for (size_t i = 0; i < used; ++i) {
+      if (!ok[i]) {
+        return Status::Corrupt(where + ": chunk at row " + std::to_string(batch[i].first_row) +
+                               " does not decompress (truncated or corrupt file)");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
+// Rows handed to a RowBlockConsumer at a time when the library reads the dataset (about 1 MiB).
+hsize_t FallbackBlockRows(size_t row_bytes) {
+  return std::max<hsize_t>(1, (hsize_t{1} << 20) / std::max<size_t>(row_bytes, 1));
+}
+
 }  // namespace
 
 template <typename T>
@@ -657,68 +743,76 @@ Result<std::vector<T>> File::ReadParallel(const std::string& path, Dims* dims, i
   if (direct) *direct = false;
   ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
   Handle ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
-  ChunkLayout layout;
+  DirectPlan plan;
   if (!ds.valid() || (expected_rank >= 0 && static_cast<int>(shape.size()) != expected_rank) ||
-      !DirectLayout(ds.get(), NativeType<T>(), shape, &layout)) {
+      !PlanDirectRead(ds.get(), NativeType<T>(), sizeof(T), shape, &plan)) {
     return Read<T>(path, dims, expected_rank);
   }
-  hsize_t row_elems = 1;
-  for (size_t i = 1; i < shape.size(); ++i) row_elems *= shape[i];
-  if (row_elems == 0 || shape[0] > kMaxReadBytes / sizeof(T) / row_elems ||
-      layout.chunk[0] > kMaxReadBytes / sizeof(T) / row_elems) {
-    return Read<T>(path, dims, expected_rank);  // its checks give the error
-  }
-  const size_t row_bytes = row_elems * sizeof(T), chunk_bytes = layout.chunk[0] * row_bytes;
-  std::vector<T> out(shape[0] * row_elems);
+  std::vector<T> out(shape[0] * (plan.row_bytes / sizeof(T)));
   unsigned char* base = reinterpret_cast<unsigned char*>(out.data());
   const int threads = num_threads > 0 ? num_threads : DefaultThreads();
-  std::vector<StoredChunk> batch;
-  hsize_t next_row = 0;
-  while (next_row < shape[0]) {
-    // Fetch (serialised: HDF5 is not thread-safe) ...
-    size_t batch_bytes = 0, used = 0;
-    for (; next_row < shape[0] && batch_bytes < kBatchBytes; next_row += layout.chunk[0], ++used) {
-      Dims offset(shape.size(), 0);
-      offset[0] = next_row;
-      hsize_t stored = 0;
-      if (H5Dget_chunk_storage_size(ds.get(), offset.data(), &stored) < 0 || stored == 0 ||
-          stored > chunk_bytes + chunk_bytes / 2 + 4096) {
-        return Read<T>(path, dims, expected_rank);  // unallocated (fill value) or odd: the library's path
-      }
-      if (used == batch.size()) batch.emplace_back();
-      StoredChunk& c = batch[used];
-      c.first_row = next_row;
-      c.bytes.resize(stored);
-      if (H5Dread_chunk(ds.get(), H5P_DEFAULT, offset.data(), &c.filter_mask, c.bytes.data()) < 0) {
-        return Fail("cannot read dataset " + path + " (truncated or corrupt file)");
-      }
-      batch_bytes += stored;
-    }
-    // ... then decode on the workers, each chunk into its own rows.
-    std::vector<uint8_t> ok(used, 0);
-    const int workers = static_cast<int>(std::min<size_t>(std::max(threads, 1), used));
-    ParallelFor(
-        workers,
-        [&](int64_t w) {
-          std::vector<unsigned char> scratch(chunk_bytes);
-          for (size_t i = w; i < used; i += workers) {
-            const StoredChunk& c = batch[i];
-            const hsize_t rows = std::min<hsize_t>(layout.chunk[0], shape[0] - c.first_row);
-            ok[i] = DecodeChunk(c, layout, sizeof(T), chunk_bytes, rows * row_bytes, base + c.first_row * row_bytes,
-                                &scratch);
-          }
-        },
-        workers);
-    for (size_t i = 0; i < used; ++i) {
-      if (!ok[i]) {
-        return Fail("cannot read dataset " + path + ": chunk at row " + std::to_string(batch[i].first_row) +
-                    " does not decompress (truncated or corrupt file)");
-      }
-    }
-  }
+  // Each chunk decodes straight into its own rows of the result.
+  ELDR_RETURN_IF_ERROR(
+      ForEachDirectChunk(ds.get(), plan, threads, name_ + ": cannot read dataset " + path,
+                         [&](const StoredChunk& c, int, std::vector<unsigned char>* scratch) {
+                           const hsize_t rows = std::min<hsize_t>(plan.layout.chunk[0], shape[0] - c.first_row);
+                           return DecodeChunk(c, plan.layout, sizeof(T), plan.chunk_bytes, rows * plan.row_bytes,
+                                              base + c.first_row * plan.row_bytes, scratch);
+                         }));
   if (dims) *dims = shape;
   if (direct) *direct = true;
   return out;
+}
+
+template <typename T>
+Status File::ReadRowBlocks(const std::string& path, int expected_rank, int num_threads,
+                           const RowBlockConsumer<T>& consume, Dims* dims, bool* direct, bool allow_direct) const {
+  if (direct) *direct = false;
+  ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
+  if (shape.empty() || (expected_rank >= 0 && static_cast<int>(shape.size()) != expected_rank)) {
+    return Fail(path + " has rank " + std::to_string(shape.size()) + ", expected " +
+                (expected_rank >= 0 ? std::to_string(expected_rank) : std::string(">= 1")));
+  }
+  if (dims) *dims = shape;
+  Handle ds(H5Dopen2(file_.get(), path.c_str(), H5P_DEFAULT), H5Dclose);
+  const int threads = num_threads > 0 ? num_threads : DefaultThreads();
+  DirectPlan plan;
+  if (allow_direct && ds.valid() && PlanDirectRead(ds.get(), NativeType<T>(), sizeof(T), shape, &plan)) {
+    // A chunk decodes into the worker's buffer (a shuffled or partial one through a second), whose rows are the
+    // block: the rows stay in the worker's cache between the inflate and the consumer.
+    std::vector<std::vector<unsigned char>> blocks(threads);
+    ELDR_RETURN_IF_ERROR(ForEachDirectChunk(
+        ds.get(), plan, threads, name_ + ": cannot read dataset " + path,
+        [&](const StoredChunk& c, int worker, std::vector<unsigned char>* scratch) {
+          const hsize_t rows = std::min<hsize_t>(plan.layout.chunk[0], shape[0] - c.first_row);
+          std::vector<unsigned char>& block = blocks[worker];
+          block.resize(plan.chunk_bytes);
+          if (!DecodeChunk(c, plan.layout, sizeof(T), plan.chunk_bytes, rows * plan.row_bytes, block.data(), scratch)) {
+            return false;
+          }
+          consume(c.first_row, rows, reinterpret_cast<const T*>(block.data()), worker);
+          return true;
+        }));
+    if (direct) *direct = true;
+    return Status::Ok();
+  }
+  // The library's read (its conversions, checks and errors), handed out in blocks on the workers.
+  ELDR_ASSIGN_OR_RETURN(std::vector<T> all, Read<T>(path, nullptr, expected_rank));
+  const size_t row_elems = shape[0] == 0 ? 0 : all.size() / shape[0];
+  const hsize_t block_rows = FallbackBlockRows(row_elems * sizeof(T));
+  const int64_t num_blocks = static_cast<int64_t>((shape[0] + block_rows - 1) / block_rows);
+  const int workers = static_cast<int>(std::max<int64_t>(1, std::min<int64_t>(threads, num_blocks)));
+  ParallelFor(
+      workers,
+      [&](int64_t w) {
+        for (int64_t b = w; b < num_blocks; b += workers) {
+          const hsize_t first = static_cast<hsize_t>(b) * block_rows;
+          consume(first, std::min<hsize_t>(block_rows, shape[0] - first), all.data() + first * row_elems,
+                  static_cast<int>(w));
+        }
+      },
+      workers);
+  return Status::Ok();
 }
 
 Result<std::vector<std::string>> File::ReadStrings(const std::string& path) const {
@@ -814,12 +908,14 @@ Status Appender::Close() {
   return Status::Ok();
 }
 
-#define ELDR_H5_INSTANTIATE(T)                                                                                 \
-  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool);                \
-  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, const Filters&, int); \
-  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;                         \
-  template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const;              \
-  template Result<std::vector<T>> File::ReadParallel<T>(const std::string&, Dims*, int, int, bool*) const;
+#define ELDR_H5_INSTANTIATE(T)                                                                                         \
+  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, bool);                        \
+  template Status File::Write<T>(const std::string&, const std::vector<T>&, const Dims&, const Filters&, int);         \
+  template Result<std::vector<T>> File::Read<T>(const std::string&, Dims*, int) const;                                 \
+  template Status File::ReadRows<T>(const std::string&, hsize_t, hsize_t, std::vector<T>*) const;                      \
+  template Result<std::vector<T>> File::ReadParallel<T>(const std::string&, Dims*, int, int, bool*) const;             \
+  template Status File::ReadRowBlocks<T>(const std::string&, int, int, const RowBlockConsumer<T>&, Dims*, bool*, bool) \
+      const;
 ELDR_H5_INSTANTIATE(uint8_t)
 ELDR_H5_INSTANTIATE(int8_t)
 ELDR_H5_INSTANTIATE(uint16_t)

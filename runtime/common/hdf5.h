@@ -11,6 +11,7 @@
 #include <hdf5.h>
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -46,6 +47,12 @@ template <typename T>
 hid_t NativeType();
 
 using Dims = std::vector<hsize_t>;
+
+// Receives a block of whole rows of a dataset: rows [first_row, first_row + num_rows), row-major, `rows` valid
+// during the call only; `worker` in [0, threads) names the calling worker thread (no two calls in flight share
+// one), so a consumer can keep per-worker state without locks.
+template <typename T>
+using RowBlockConsumer = std::function<void(hsize_t first_row, hsize_t num_rows, const T* rows, int worker)>;
 
 // The filter pipeline of a chunked dataset: shuffle (byte transposition; helps deflate on small integers and
 // floats), then deflate at `deflate_level` (1-9; 0: no deflate).
@@ -110,6 +117,17 @@ class File {
   template <typename T>
   Result<std::vector<T>> ReadParallel(const std::string& path, Dims* dims, int expected_rank = -1, int num_threads = 0,
                                       bool* direct = nullptr) const;
+  // Streams a dataset of rank >= 1 (`expected_rank` if >= 0) to `consume` in blocks of whole rows along dimension
+  // 0 that cover it exactly once, called concurrently on `num_threads` workers (<= 0: DefaultThreads()) in no fixed
+  // order. The layouts ReadParallel reads directly come one chunk per block, inflated into the worker's buffer
+  // (memory: a batch of compressed chunks + two chunks per worker), so the rows are still in cache when consumed;
+  // any other layout is read whole by Read<T> (its conversions, checks and errors) and handed out in ~1 MiB
+  // blocks. `dims` gets the shape (before any block); `direct` (optional) tells which path ran. A corrupt chunk is
+  // a Corrupt status, possibly after other blocks were consumed.
+  // `allow_direct` false: always the library's read (tests compare the two).
+  template <typename T>
+  Status ReadRowBlocks(const std::string& path, int expected_rank, int num_threads, const RowBlockConsumer<T>& consume,
+                       Dims* dims, bool* direct = nullptr, bool allow_direct = true) const;
   // Reads rows [row_begin, row_begin + num_rows) of a dataset along dimension 0.
   template <typename T>
   Status ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_rows, std::vector<T>* out) const;

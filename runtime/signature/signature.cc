@@ -1,8 +1,13 @@
 #include "runtime/signature/signature.h"
 
+#include <algorithm>
 #include <cmath>
+#include <memory>
+#include <mutex>
 
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/parallel.h"
+#include "runtime/trace/trace_store.h"
 
 namespace eldr {
 
@@ -79,6 +84,164 @@ RequestFeatures ComputeRequestFeatures(const Trace& trace, const std::vector<int
         }
       },
       ThreadsFor(work));
+  return f;
+}
+
+namespace {
+
+// Adds 1 to dst[ℓ·E + e] for every id e of tokens ids [num_tokens, L, k].
+void CountIds(const uint16_t* ids, int64_t num_tokens, int L, int E, int K, float* dst) {
+  for (int64_t t = 0; t < num_tokens; ++t, ids += static_cast<size_t>(L) * K) {
+    for (int l = 0; l < L; ++l) {
+      for (int j = 0; j < K; ++j) dst[l * E + ids[l * K + j]] += 1.f;
+    }
+  }
+}
+
+TraceCounts EmptyCounts(const Trace& header, bool with_weights) {
+  TraceCounts c;
+  c.shape = header.shape;
+  c.requests = header.requests;
+  c.has_weights = with_weights;
+  const size_t n = c.row_size() * c.requests.size();
+  c.prefill_counts.assign(n, 0.f);
+  c.decode_counts.assign(n, 0.f);
+  if (with_weights) c.gate_sums.assign(n, 0.f);
+  return c;
+}
+
+constexpr int64_t kMaxExactCountTokens = int64_t{1} << 24;  // float holds every whole number up to here
+
+// Counts the blocks ReadIds hands out into `c`: a request inside the block directly into its rows, a piece of a
+// request split over blocks into the worker's rows first, then added to the request's rows under its lock.
+class BlockCounter {
+ public:
+  BlockCounter(TraceCounts* c, int num_workers) : c_(*c), partial_(num_workers), locks_(64) {
+    offsets_.reserve(c_.requests.size());
+    for (const TraceRequest& r : c_.requests) offsets_.push_back(r.offset);
+  }
+
+  void Count(int64_t first_token, int64_t num_tokens, const uint16_t* ids, int worker) {
+    const int L = c_.shape.num_layers, E = c_.shape.num_experts, K = c_.shape.top_k;
+    const size_t row = c_.row_size(), stride = static_cast<size_t>(L) * K;
+    size_t r = std::upper_bound(offsets_.begin(), offsets_.end(), first_token) - offsets_.begin() - 1;
+    const int64_t end = first_token + num_tokens;
+    for (int64_t t = first_token; t < end; ++r) {
+      const TraceRequest& q = c_.requests[r];
+      const int64_t piece_end = std::min(end, q.offset + q.num_tokens), prompt_end = q.offset + q.prompt_len;
+      const int64_t prefill_end = std::clamp(prompt_end, t, piece_end);
+      const bool whole = t == q.offset && piece_end == q.offset + q.num_tokens;
+      Partial& p = partial_[worker];
+      float* pre = c_.prefill_counts.data() + r * row;
+      float* dec = c_.decode_counts.data() + r * row;
+      if (!whole) {
+        p.prefill.assign(row, 0.f);
+        p.decode.assign(row, 0.f);
+        pre = p.prefill.data();
+        dec = p.decode.data();
+      }
+      const uint16_t* at = ids + static_cast<size_t>(t - first_token) * stride;
+      CountIds(at, prefill_end - t, L, E, K, pre);
+      CountIds(at + static_cast<size_t>(prefill_end - t) * stride, piece_end - prefill_end, L, E, K, dec);
+      if (!whole) AddPiece(r, prefill_end > t, piece_end > prefill_end, p);
+      t = piece_end;
+    }
+  }
+
+ private:
+  struct Partial {
+    std::vector<float> prefill, decode;  // [L, E]
+  };
+  void AddPiece(size_t r, bool has_prefill, bool has_decode, const Partial& p) {
+    const size_t row = c_.row_size();
+    std::lock_guard<std::mutex> lock(locks_[r % locks_.size()]);
+    if (has_prefill) Add(p.prefill.data(), c_.prefill_counts.data() + r * row, row);
+    if (has_decode) Add(p.decode.data(), c_.decode_counts.data() + r * row, row);
+  }
+  static void Add(const float* src, float* dst, size_t n) {
+    for (size_t x = 0; x < n; ++x) dst[x] += src[x];
+  }
+
+  TraceCounts& c_;
+  std::vector<int64_t> offsets_;  // [R] first token of each request
+  std::vector<Partial> partial_;  // [workers]
+  std::vector<std::mutex> locks_;
+};
+
+}  // namespace
+
+TraceCounts CountTrace(const Trace& trace) {
+  TraceCounts c = EmptyCounts(trace, trace.has_weights());
+  const int L = trace.shape.num_layers, E = trace.shape.num_experts, K = trace.shape.top_k;
+  const size_t row = c.row_size();
+  ParallelFor(
+      static_cast<int64_t>(c.requests.size()),
+      [&](int64_t i) {
+        const TraceRequest& r = c.requests[i];
+        CountIds(trace.token_ids(r.offset), r.prompt_len, L, E, K, c.prefill_counts.data() + i * row);
+        CountIds(trace.token_ids(r.offset + r.prompt_len), r.decode_len(), L, E, K, c.decode_counts.data() + i * row);
+        if (!c.has_weights) return;
+        float* gates = c.gate_sums.data() + i * row;
+        for (int64_t t = 0; t < r.prompt_len; ++t) {
+          const uint16_t* ids = trace.token_ids(r.offset + t);
+          const float* w = trace.token_weights(r.offset + t);
+          for (int l = 0; l < L; ++l) {
+            for (int j = 0; j < K; ++j) gates[l * E + ids[l * K + j]] += w[l * K + j];
+          }
+        }
+      },
+      ThreadsFor(trace.num_tokens_total() * L * K));
+  return c;
+}
+
+Result<TraceCounts> ReadTraceCounts(const std::string& path, const TraceReadOptions& options) {
+  const auto read_whole = [&]() -> Result<TraceCounts> {
+    ELDR_ASSIGN_OR_RETURN(Trace t, ReadTrace(path, options));
+    return CountTrace(t);
+  };
+  if (options.weights) return read_whole();
+  ELDR_ASSIGN_OR_RETURN(std::unique_ptr<TraceStreamReader> reader, TraceStreamReader::Open(path));
+  const Trace& header = reader->header();
+  for (const TraceRequest& r : header.requests) {
+    if (r.num_tokens > kMaxExactCountTokens) return read_whole();
+  }
+  const double bytes = 2.0 * sizeof(float) * header.shape.num_layers * header.shape.num_experts *
+                       static_cast<double>(header.requests.size());
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(bytes, path + ": per-request expert counts"));
+  TraceCounts c = EmptyCounts(header, false);
+  BlockCounter counter(&c, TraceStreamReader::NumWorkers(options));
+  ELDR_RETURN_IF_ERROR(reader->ReadIds(options, [&](int64_t first, int64_t n, const uint16_t* ids, int worker) {
+    counter.Count(first, n, ids, worker);
+  }));
+  return c;
+}
+
+RequestFeatures FeaturesFromCounts(const TraceCounts& c, const std::vector<int32_t>& request_indices) {
+  RequestFeatures f;
+  f.num_requests = static_cast<int>(request_indices.size());
+  f.num_layers = c.shape.num_layers;
+  f.num_experts = c.shape.num_experts;
+  f.request_index = request_indices;
+  const size_t row = f.row_size();
+  f.prefill_counts.resize(row * f.num_requests);
+  f.decode_profile.resize(row * f.num_requests);
+  f.decode_tokens.assign(f.num_requests, 0);
+  if (c.has_weights) f.gate_sums.resize(row * f.num_requests);
+  ParallelFor(
+      f.num_requests,
+      [&](int64_t i) {
+        const size_t src = static_cast<size_t>(request_indices[i]) * row, dst = i * row;
+        std::copy_n(c.prefill_counts.data() + src, row, f.prefill_counts.data() + dst);
+        if (c.has_weights) std::copy_n(c.gate_sums.data() + src, row, f.gate_sums.data() + dst);
+        const int64_t decode_len = c.requests[request_indices[i]].decode_len();
+        f.decode_tokens[i] = decode_len;
+        const float* d = c.decode_counts.data() + src;
+        float* out = f.decode_profile.data() + dst;
+        // As ComputeRequestFeatures: the count times the float reciprocal (a count of 0 stays 0 without decode).
+        const float inv = decode_len > 0 ? 1.f / static_cast<float>(decode_len) : 1.f;
+        for (size_t x = 0; x < row; ++x) out[x] = d[x] * inv;
+      },
+      ThreadsFor(static_cast<int64_t>(row) * f.num_requests));
   return f;
 }
 

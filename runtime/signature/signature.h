@@ -34,6 +34,34 @@ struct RequestFeatures {
 // REQUIRES: every index is a valid request of `trace`.
 RequestFeatures ComputeRequestFeatures(const Trace& trace, const std::vector<int32_t>& request_indices);
 
+// Expert counts of every request of a trace (in Trace::requests order): the exact per-request counts every
+// RequestFeatures of the trace is derived from, kept without the token rows. Counts are whole numbers, exact in
+// float while a request has at most 2^24 tokens.
+struct TraceCounts {
+  TraceShape shape;
+  std::vector<TraceRequest> requests;  // offsets as in the trace
+  std::vector<float> prefill_counts;   // [R, L, E] c_r(ℓ,e): prompt tokens whose top-k at ℓ contains e
+  std::vector<float> decode_counts;    // [R, L, E] the same over the decode tokens
+  std::vector<float> gate_sums;        // [R, L, E] Σ over prompt tokens of the gate weight of e, or empty
+  bool has_weights = false;            // the trace's weights were read (gate_sums filled)
+  size_t row_size() const { return static_cast<size_t>(shape.num_layers) * shape.num_experts; }
+};
+
+// The counts of a trace in memory (requests counted on threads, each in token order).
+TraceCounts CountTrace(const Trace& trace);
+
+// The counts of the trace at `path`, bit-identical to CountTrace(ReadTrace(path, options)) and failing on the same
+// files. Without options.weights the ids are streamed (TraceStreamReader) and counted block by block as the chunks
+// inflate, on the inflating threads, so the tokens are never held; a request split over blocks is counted per
+// block into a worker's row and added under a lock (whole numbers: the order of the additions cannot change a
+// bit). With options.weights (gate sums depend on the order of their additions) and for a request over 2^24 tokens
+// the trace is read whole and counted by CountTrace. ResourceExhausted when the counts exceed the memory budget.
+Result<TraceCounts> ReadTraceCounts(const std::string& path, const TraceReadOptions& options);
+
+// The RequestFeatures of `request_indices` (rows of counts.requests): the same arrays ComputeRequestFeatures
+// gives on the trace, bit for bit (the decode profile is the decode counts times 1/decode tokens in float).
+RequestFeatures FeaturesFromCounts(const TraceCounts& counts, const std::vector<int32_t>& request_indices);
+
 // IDF over a calibration set: df(ℓ,e) = #requests with c_r(ℓ,e) > 0; w = log((|C|+1)/(df+1)). Returns [L, E].
 std::vector<float> ComputeIdf(const std::vector<float>& prefill_counts, int num_requests, int num_layers,
                               int num_experts);

@@ -1,10 +1,14 @@
 #include "runtime/trace/trace.h"
 
+#include <atomic>
 #include <cmath>
+#include <limits>
+#include <mutex>
 #include <type_traits>
 #include <unordered_set>
 
 #include "runtime/common/hdf5.h"
+#include "runtime/common/parallel.h"
 #include "runtime/common/signals.h"
 #include "runtime/trace/trace_store.h"
 
@@ -57,19 +61,12 @@ Status ValidateTopkWeights(const float* w, size_t n, size_t stride, int64_t firs
   return Status::Ok();
 }
 
-Status ValidateTrace(const Trace& trace, const std::string& name) {
-  const auto& s = trace.shape;
-  ELDR_RETURN_IF_ERROR(ValidateTraceShape(s.num_layers, s.num_experts, s.top_k, name));
-  const size_t stride = trace.token_stride();
-  if (trace.topk_ids.size() % stride != 0) return Status::Corrupt(name + ": topk_ids size is not a multiple of L*k");
-  const int64_t total = trace.num_tokens_total();
-  if (trace.has_weights() && trace.topk_weights.size() != trace.topk_ids.size()) {
-    return Status::Corrupt(name + ": topk_weights and topk_ids differ in size");
-  }
+Status ValidateTraceRequests(const std::vector<TraceRequest>& requests, int64_t num_tokens_total,
+                             const std::string& name) {
   int64_t expected_offset = 0;
   std::unordered_set<std::string> ids;
-  for (size_t r = 0; r < trace.requests.size(); ++r) {
-    const auto& req = trace.requests[r];
+  for (size_t r = 0; r < requests.size(); ++r) {
+    const auto& req = requests[r];
     const std::string where = name + ": request " + std::to_string(r) + " ('" + req.id + "')";
     if (!ids.insert(req.id).second) return Status::Corrupt(where + ": duplicate request id");
     if (req.num_tokens <= 0) return Status::Corrupt(where + ": num_tokens must be positive");
@@ -79,41 +76,72 @@ Status ValidateTrace(const Trace& trace, const std::string& name) {
     if (req.offset != expected_offset) return Status::Corrupt(where + ": offsets are not contiguous");
     expected_offset += req.num_tokens;
   }
-  if (expected_offset != total) {
+  if (expected_offset != num_tokens_total) {
     return Status::Corrupt(name + ": requests cover " + std::to_string(expected_offset) + " tokens but topk_ids has " +
-                           std::to_string(total));
+                           std::to_string(num_tokens_total));
   }
-  std::vector<int64_t> last_seen(s.num_experts, -1);
+  return Status::Ok();
+}
+
+namespace {
+
+// The per-thread state of ValidateTokenIds: last_seen[e] = the (token, layer) stamp that last held expert e.
+struct IdCheckState {
+  std::vector<int64_t> last_seen;
   int64_t stamp = 0;
-  for (int64_t t = 0; t < total; ++t) {
-    const uint16_t* row = trace.token_ids(t);
+};
+
+// Every id of tokens [first_token, first_token + num_tokens) is < E and distinct within its (token, layer) top-k.
+// ids: [num_tokens, L, k].
+Status ValidateTokenIds(const uint16_t* ids, int64_t num_tokens, int64_t first_token, const TraceShape& s,
+                        const std::string& name, IdCheckState* state) {
+  state->last_seen.resize(s.num_experts, -1);
+  int64_t& stamp = state->stamp;
+  const size_t stride = static_cast<size_t>(s.num_layers) * s.top_k;
+  for (int64_t i = 0; i < num_tokens; ++i) {
+    const uint16_t* row = ids + i * stride;
     for (int l = 0; l < s.num_layers; ++l, ++stamp) {
       for (int j = 0; j < s.top_k; ++j) {
         uint16_t e = row[l * s.top_k + j];
-        if (e >= s.num_experts) {
-          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) +
-                                 ": expert id " + std::to_string(e) + " >= num_experts " +
-                                 std::to_string(s.num_experts));
+        if (e >= s.num_experts || state->last_seen[e] == stamp) {
+          const std::string where = name + ": token " + std::to_string(first_token + i) + " layer " + std::to_string(l);
+          if (e >= s.num_experts) {
+            return Status::Corrupt(where + ": expert id " + std::to_string(e) + " >= num_experts " +
+                                   std::to_string(s.num_experts));
+          }
+          return Status::Corrupt(where + ": expert " + std::to_string(e) + " repeated within top-k");
         }
-        if (last_seen[e] == stamp) {
-          return Status::Corrupt(name + ": token " + std::to_string(t) + " layer " + std::to_string(l) + ": expert " +
-                                 std::to_string(e) + " repeated within top-k");
-        }
-        last_seen[e] = stamp;
+        state->last_seen[e] = stamp;
       }
     }
   }
+  return Status::Ok();
+}
+
+}  // namespace
+
+Status ValidateTrace(const Trace& trace, const std::string& name) {
+  const auto& s = trace.shape;
+  ELDR_RETURN_IF_ERROR(ValidateTraceShape(s.num_layers, s.num_experts, s.top_k, name));
+  const size_t stride = trace.token_stride();
+  if (trace.topk_ids.size() % stride != 0) return Status::Corrupt(name + ": topk_ids size is not a multiple of L*k");
+  const int64_t total = trace.num_tokens_total();
+  if (trace.has_weights() && trace.topk_weights.size() != trace.topk_ids.size()) {
+    return Status::Corrupt(name + ": topk_weights and topk_ids differ in size");
+  }
+  ELDR_RETURN_IF_ERROR(ValidateTraceRequests(trace.requests, total, name));
+  IdCheckState state;
+  ELDR_RETURN_IF_ERROR(ValidateTokenIds(trace.topk_ids.data(), total, 0, s, name, &state));
   if (trace.has_weights()) {
     ELDR_RETURN_IF_ERROR(ValidateTopkWeights(trace.topk_weights.data(), trace.topk_weights.size(), stride, 0, name));
   }
   return Status::Ok();
 }
 
-Result<Trace> ReadTrace(const std::string& path) { return ReadTrace(path, TraceReadOptions()); }
+namespace {
 
-Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options) {
-  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
-  Trace t;
+// The root attributes of a trace file: its format and model shape.
+Status ReadTraceShape(const h5::File& f, const std::string& path, TraceShape* shape) {
   auto fmt = f.ReadStringAttribute("/", "format");
   if (fmt.ok() && fmt.value() != "eldr-trace") {
     return Status::InvalidArgument(path + ": is a '" + fmt.value() + "' file, not a routing trace");
@@ -123,31 +151,27 @@ Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options
         path + ": not a routing trace (no /tokens/topk_ids); import JSONL with 'eldr trace import'");
   }
   auto model = f.ReadStringAttribute("/", "model");
-  t.shape.model = model.ok() ? model.value() : "";
+  shape->model = model.ok() ? model.value() : "";
   ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
   ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/", "top_k"));
   ELDR_RETURN_IF_ERROR(ValidateTraceShape(L, E, K, path + ": model shape attribute"));
-  t.shape.num_layers = static_cast<int>(L);
-  t.shape.num_experts = static_cast<int>(E);
-  t.shape.top_k = static_cast<int>(K);
-  const auto read = [&](const std::string& name, auto* out, h5::Dims* dims) -> Status {
-    using T = typename std::remove_pointer_t<decltype(out)>::value_type;
-    auto r = options.direct_chunks ? f.ReadParallel<T>(name, dims, 3, options.num_threads) : f.Read<T>(name, dims, 3);
-    if (!r.ok()) return r.status();
-    *out = std::move(r).value();
-    return Status::Ok();
-  };
-  h5::Dims dims;
-  ELDR_RETURN_IF_ERROR(read("/tokens/topk_ids", &t.topk_ids, &dims));
-  if (dims[1] != static_cast<hsize_t>(L) || dims[2] != static_cast<hsize_t>(K)) {
+  shape->num_layers = static_cast<int>(L);
+  shape->num_experts = static_cast<int>(E);
+  shape->top_k = static_cast<int>(K);
+  return Status::Ok();
+}
+
+Status CheckIdDims(const h5::Dims& dims, const TraceShape& shape, const std::string& path) {
+  if (dims.size() != 3 || dims[1] != static_cast<hsize_t>(shape.num_layers) ||
+      dims[2] != static_cast<hsize_t>(shape.top_k)) {
     return Status::Corrupt(path + ": /tokens/topk_ids shape does not match num_layers/top_k attributes");
   }
-  if (options.weights && f.Exists("/tokens/topk_weights")) {
-    h5::Dims wdims;
-    ELDR_RETURN_IF_ERROR(read("/tokens/topk_weights", &t.topk_weights, &wdims));
-    if (wdims != dims) return Status::Corrupt(path + ": /tokens/topk_weights shape differs from topk_ids");
-  }
+  return Status::Ok();
+}
+
+// /requests of a trace file (not validated).
+Result<std::vector<TraceRequest>> ReadTraceRequests(const h5::File& f, const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(auto ids, f.ReadStrings("/requests/id"));
   ELDR_ASSIGN_OR_RETURN(auto domains, f.ReadStrings("/requests/domain"));
   h5::Dims d1;
@@ -158,13 +182,95 @@ Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options
   if (domains.size() != n || prompt_len.size() != n || num_tokens.size() != n || offset.size() != n) {
     return Status::Corrupt(path + ": /requests datasets differ in length");
   }
-  t.requests.resize(n);
+  std::vector<TraceRequest> requests(n);
   for (size_t i = 0; i < n; ++i) {
-    t.requests[i] = TraceRequest{ids[i], domains[i], prompt_len[i], num_tokens[i], offset[i]};
+    requests[i] = TraceRequest{ids[i], domains[i], prompt_len[i], num_tokens[i], offset[i]};
   }
+  return requests;
+}
+
+}  // namespace
+
+Result<Trace> ReadTrace(const std::string& path) { return ReadTrace(path, TraceReadOptions()); }
+
+Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options) {
+  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
+  Trace t;
+  ELDR_RETURN_IF_ERROR(ReadTraceShape(f, path, &t.shape));
+  const auto read = [&](const std::string& name, auto* out, h5::Dims* dims) -> Status {
+    using T = typename std::remove_pointer_t<decltype(out)>::value_type;
+    auto r = options.direct_chunks ? f.ReadParallel<T>(name, dims, 3, options.num_threads) : f.Read<T>(name, dims, 3);
+    if (!r.ok()) return r.status();
+    *out = std::move(r).value();
+    return Status::Ok();
+  };
+  h5::Dims dims;
+  ELDR_RETURN_IF_ERROR(read("/tokens/topk_ids", &t.topk_ids, &dims));
+  ELDR_RETURN_IF_ERROR(CheckIdDims(dims, t.shape, path));
+  if (options.weights && f.Exists("/tokens/topk_weights")) {
+    h5::Dims wdims;
+    ELDR_RETURN_IF_ERROR(read("/tokens/topk_weights", &t.topk_weights, &wdims));
+    if (wdims != dims) return Status::Corrupt(path + ": /tokens/topk_weights shape differs from topk_ids");
+  }
+  ELDR_ASSIGN_OR_RETURN(t.requests, ReadTraceRequests(f, path));
   ELDR_RETURN_IF_ERROR(ValidateTrace(t, path));
   return t;
 }
+
+// ---- TraceStreamReader ----
+
+Result<std::unique_ptr<TraceStreamReader>> TraceStreamReader::Open(const std::string& path) {
+  ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
+  std::unique_ptr<TraceStreamReader> r(new TraceStreamReader(path));
+  ELDR_RETURN_IF_ERROR(ReadTraceShape(f, path, &r->header_.shape));
+  ELDR_ASSIGN_OR_RETURN(h5::Dims dims, f.Shape("/tokens/topk_ids"));
+  ELDR_RETURN_IF_ERROR(CheckIdDims(dims, r->header_.shape, path));
+  ELDR_ASSIGN_OR_RETURN(r->header_.requests, ReadTraceRequests(f, path));
+  r->num_tokens_total_ = static_cast<int64_t>(dims[0]);
+  ELDR_RETURN_IF_ERROR(ValidateTraceRequests(r->header_.requests, r->num_tokens_total_, path));
+  r->file_ = std::make_unique<h5::File>(std::move(f));
+  return r;
+}
+
+int TraceStreamReader::NumWorkers(const TraceReadOptions& options) {
+  return options.num_threads > 0 ? options.num_threads : DefaultThreads();
+}
+
+Status TraceStreamReader::ReadIds(const TraceReadOptions& options, const TraceTokenConsumer& consume) {
+  const int workers = NumWorkers(options);
+  std::vector<IdCheckState> checks(workers);
+  // The error of the lowest bad token, the one ValidateTrace reports; blocks after a bad one are not consumed.
+  std::mutex mu;
+  int64_t first_bad = std::numeric_limits<int64_t>::max();
+  Status bad;
+  std::atomic<bool> failed{false};
+  const TraceShape& shape = header_.shape;
+  h5::Dims dims;
+  ELDR_RETURN_IF_ERROR(file_->ReadRowBlocks<uint16_t>(
+      "/tokens/topk_ids", 3, workers,
+      [&](hsize_t first_row, hsize_t num_rows, const uint16_t* ids, int worker) {
+        const int64_t first = static_cast<int64_t>(first_row), n = static_cast<int64_t>(num_rows);
+        Status st = ValidateTokenIds(ids, n, first, shape, path_, &checks[worker]);
+        if (!st.ok()) {
+          std::lock_guard<std::mutex> lock(mu);
+          if (first < first_bad) {
+            first_bad = first;
+            bad = std::move(st);
+          }
+          failed = true;
+          return;
+        }
+        if (!failed) consume(first, n, ids, worker);
+      },
+      &dims, nullptr, options.direct_chunks));
+  ELDR_RETURN_IF_ERROR(CheckIdDims(dims, shape, path_));
+  if (static_cast<int64_t>(dims[0]) != num_tokens_total_) {
+    return Status::Corrupt(path_ + ": /tokens/topk_ids changed while reading");
+  }
+  return bad;
+}
+
+TraceStreamReader::~TraceStreamReader() = default;
 
 Status WriteTrace(const Trace& trace, const std::string& path, const TraceStorage& storage) {
   ELDR_RETURN_IF_ERROR(ValidateTrace(trace, path));

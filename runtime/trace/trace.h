@@ -58,6 +58,11 @@ Status ValidateTraceShape(int64_t num_layers, int64_t num_experts, int64_t top_k
 // numbers the tokens in the message from `first_token`.
 Status ValidateTopkWeights(const float* w, size_t n, size_t stride, int64_t first_token, const std::string& name);
 
+// The request-table invariants of ValidateTrace: unique ids, positive lengths, prompt_len <= num_tokens, offsets
+// contiguous from 0 covering exactly `num_tokens_total` tokens. `name` prefixes the error.
+Status ValidateTraceRequests(const std::vector<TraceRequest>& requests, int64_t num_tokens_total,
+                             const std::string& name);
+
 // Checks every invariant of a trace (shapes, ids < E, distinct ids per token and layer, lengths,
 // offsets, finite non-negative weights). `name` prefixes the error.
 Status ValidateTrace(const Trace& trace, const std::string& name);
@@ -75,7 +80,9 @@ Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options
 // How the trace writer stores /tokens/topk_ids and /tokens/topk_weights: chunks of `chunk_rows` tokens
 // (0: about `chunk_bytes` of ids per chunk), filtered by shuffle and deflate. The defaults are the storage of
 // every trace written so far: deflate 1 reads no faster than 4 (h5py, the benchmark trace: 1.22 s vs 1.17 s for
-// the ids) and is 3 % larger; the read speed comes from the parallel inflate (bench/README.md "Trace read").
+// the ids) and is 3 % larger; the read speed comes from the parallel inflate. With calibrate's streaming read
+// (ReadTraceCounts) chunks of 341-2730 tokens, deflate 1 or 6, or no shuffle read no faster either (bench/README.md
+// "Offline calibration").
 struct TraceStorage {
   int64_t chunk_rows = 0;
   int64_t chunk_bytes = int64_t{1} << 19;

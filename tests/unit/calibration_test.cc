@@ -294,6 +294,68 @@ TEST_F(CalibrationTest, BadInputsAreClearErrors) {
   EXPECT_NE(cut.status().message().find("cut.h5"), std::string::npos);
 }
 
+void ExpectSameCalibration(const Calibration& a, const Calibration& b) {
+  EXPECT_EQ(a.signature.idf, b.signature.idf);
+  EXPECT_EQ(a.signature.layer_mask, b.signature.layer_mask);
+  EXPECT_EQ(a.layer_order, b.layer_order);
+  EXPECT_EQ(a.rho_curve, b.rho_curve);
+  EXPECT_EQ(a.signatures, b.signatures);
+  EXPECT_EQ(a.decode_profiles, b.decode_profiles);
+  EXPECT_EQ(a.decode_lens, b.decode_lens);
+  EXPECT_EQ(a.request_ids, b.request_ids);
+  EXPECT_EQ(a.centroids, b.centroids);
+  EXPECT_EQ(a.assignment, b.assignment);
+  EXPECT_EQ(a.expert_load, b.expert_load);
+  EXPECT_EQ(a.mean_decode_len, b.mean_decode_len);
+}
+
+// What `eldr calibrate` does (the trace's ids streamed and counted as they inflate) against calibrating the trace
+// read whole by H5Dread: the same calibration to the bit, on the real trace (both its variants' reads) and on a
+// synthetic one split into 3-token chunks, with holdout and with decode features.
+TEST_F(CalibrationTest, StreamedCountsCalibrateAsTheWholeTrace) {
+  const std::string jsonl = std::string(ELDR_TEST_DATA_DIR) + "/esft-deepseek-v2-lite/routing.jsonl.gz";
+  ASSERT_TRUE(ImportJsonlTrace(jsonl, Path("real.h5"), nullptr).ok());
+  TraceStorage small;
+  small.chunk_rows = 3;
+  ASSERT_TRUE(WriteTrace(SmallSynth(3, 40, 5), Path("syn.h5"), small).ok());
+  struct Case {
+    std::string path;
+    SignatureVariant variant;
+    double holdout;
+    SignatureFeatures features;
+  };
+  const std::vector<Case> cases = {{Path("real.h5"), SignatureVariant::kCountIdf, 0, SignatureFeatures::kPrefill},
+                                   {Path("real.h5"), SignatureVariant::kGateProb, 0, SignatureFeatures::kPrefill},
+                                   {Path("syn.h5"), SignatureVariant::kCountIdf, 0.25, SignatureFeatures::kPrefill},
+                                   {Path("syn.h5"), SignatureVariant::kSqrt, 0, SignatureFeatures::kDecode}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.path + " " + SignatureVariantName(c.variant));
+    CalibrateOptions o = Quiet(4);
+    o.variant = c.variant;
+    o.holdout = c.holdout;
+    o.features = c.features;
+    TraceReadOptions plain;
+    plain.direct_chunks = false;
+    auto whole = ReadTrace(c.path, plain);
+    ASSERT_TRUE(whole.ok());
+    CalibrateReport want_rep, got_rep;
+    auto want = Calibrate(whole.value(), o, &want_rep);
+    ASSERT_TRUE(want.ok()) << want.status().message();
+    TraceReadOptions streamed;
+    streamed.weights = c.variant == SignatureVariant::kGateProb;
+    streamed.num_threads = 3;
+    auto counts = ReadTraceCounts(c.path, streamed);
+    ASSERT_TRUE(counts.ok()) << counts.status().message();
+    auto got = Calibrate(counts.value(), o, &got_rep);
+    ASSERT_TRUE(got.ok()) << got.status().message();
+    ExpectSameCalibration(want.value(), got.value());
+    EXPECT_EQ(want_rep.rho_selected, got_rep.rho_selected);
+    if (c.holdout > 0) {
+      EXPECT_EQ(want_rep.rho_holdout, got_rep.rho_holdout);
+    }
+  }
+}
+
 TEST_F(CalibrationTest, RealTraceSeparatesTaskDomains) {
   const std::string jsonl = std::string(ELDR_TEST_DATA_DIR) + "/esft-deepseek-v2-lite/routing.jsonl.gz";
   ASSERT_TRUE(ImportJsonlTrace(jsonl, Path("real.h5"), nullptr).ok());
