@@ -3,6 +3,10 @@
 #include <algorithm>
 #include <cstring>
 
+#if defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 #include "runtime/common/check.h"
 
 namespace eldr {
@@ -38,21 +42,36 @@ void SignatureCache::DropBlock(BlockId b) {
 
 namespace {
 
-// dst[i] += src[i] for i < n, in the (wider or equal) type of dst; the sums must not overflow it.
-template <typename Src, typename Dst>
-void AddWidened(const Src* __restrict src, Dst* __restrict dst, size_t n) {
-  for (size_t i = 0; i < n; ++i) dst[i] = static_cast<Dst>(dst[i] + src[i]);
+// acc[i] += Σ_j rows[j][i] for i in [begin, end). The byte sums of one group must not overflow (n · max entry
+// <= 255). With AVX-512BW each 64-byte column of the group is summed in a register (n loads, n − 1 byte adds),
+// widened and added to acc once: the rows are read once and acc is touched once per group, not once per row.
+void AddRowGroup(const uint8_t* const* rows, int n, size_t begin, size_t end, uint16_t* __restrict acc) {
+  size_t i = begin;
+#if defined(__AVX512BW__)
+  for (; i + 64 <= end; i += 64) {
+    __m512i s = _mm512_loadu_si512(rows[0] + i);
+    for (int j = 1; j < n; ++j) s = _mm512_add_epi8(s, _mm512_loadu_si512(rows[j] + i));
+    const __m512i lo = _mm512_cvtepu8_epi16(_mm512_castsi512_si256(s));
+    const __m512i hi = _mm512_cvtepu8_epi16(_mm512_extracti64x4_epi64(s, 1));
+    _mm512_storeu_si512(acc + i, _mm512_add_epi16(_mm512_loadu_si512(acc + i), lo));
+    _mm512_storeu_si512(acc + i + 32, _mm512_add_epi16(_mm512_loadu_si512(acc + i + 32), hi));
+  }
+#endif
+  for (; i < end; ++i) {
+    unsigned s = 0;
+    for (int j = 0; j < n; ++j) s += rows[j][i];
+    acc[i] = static_cast<uint16_t>(acc[i] + s);
+  }
 }
 
 }  // namespace
 
 void SignatureCache::SumCounts(const std::vector<BlockId>& blocks, const std::vector<uint8_t>* layer_mask,
                                float* counts) const {
-  // Exact integer sums, in three widths so the hot loop is one byte-wide add per row byte: rows are
-  // non-negative with entries <= block_size, so 255 / block_size rows add up exactly in uint8 (15 at block
-  // size 16); each uint8 group flushes into uint16 partial sums, and those into uint32 before they could
-  // pass 65535. The loops are plain element-wise adds the compiler vectorises (64 bytes per vpaddb).
-  // Masked-out layers are skipped as whole runs of contiguous layers.
+  // Exact integer sums. Rows are non-negative with entries <= block_size, so a group of 255 / block_size rows
+  // (15 at block size 16) adds up exactly in bytes; each group's sum goes into uint16 partial sums, and those into
+  // uint32 before they could pass 65535 (prompts of more than 65535 tokens). Masked-out layers are skipped as whole
+  // runs of contiguous layers.
   const size_t E = num_experts_;
   thread_local std::vector<std::pair<size_t, size_t>> runs;  // [begin, end) byte ranges of selected layers
   runs.clear();
@@ -65,50 +84,38 @@ void SignatureCache::SumCounts(const std::vector<BlockId>& blocks, const std::ve
       runs.emplace_back(begin, begin + E);
     }
   }
-  thread_local std::vector<uint8_t> acc8;
   thread_local std::vector<uint16_t> acc16;
   thread_local std::vector<uint32_t> acc32;
-  acc8.assign(row_size_, 0);
   acc16.assign(row_size_, 0);
   acc32.clear();  // sized on first use: only prompts of more than 65535 tokens need it
   const int rows_per_group = 255 / block_size_;
   const int64_t tokens_per_group = static_cast<int64_t>(rows_per_group) * block_size_;
-  int in_group = 0;
-  int64_t tokens_in16 = 0;
-  // Byte stores may alias anything, so every loop works on local copies of its bounds and pointers.
-  auto flush8 = [&] {
-    for (const auto [b, e] : runs) {
-      AddWidened(acc8.data() + b, acc16.data() + b, e - b);
-      std::memset(acc8.data() + b, 0, e - b);
-    }
-    in_group = 0;
-    tokens_in16 += tokens_per_group;
-  };
+  int64_t tokens_in16 = 0;  // an upper bound of the tokens in acc16
   auto flush16 = [&] {
     if (acc32.empty()) acc32.assign(row_size_, 0);
-    for (const auto [b, e] : runs) {
-      AddWidened(acc16.data() + b, acc32.data() + b, e - b);
-      std::memset(acc16.data() + b, 0, (e - b) * sizeof(uint16_t));
+    for (const auto& [b, e] : runs) {
+      for (size_t x = b; x < e; ++x) acc32[x] += acc16[x];
+      std::fill(acc16.begin() + b, acc16.begin() + e, uint16_t{0});
     }
     tokens_in16 = 0;
   };
-  for (BlockId b : blocks) {
-    ELDR_CHECK(valid_[b], "block " << b << " has no signature row (not prefilled, or evicted)");
-    if (in_group == rows_per_group) {
-      if (tokens_in16 + tokens_per_group > 65535) flush16();
-      flush8();
+  const uint8_t* group[256];
+  for (size_t first = 0; first < blocks.size(); first += rows_per_group) {
+    const int n = static_cast<int>(std::min<size_t>(rows_per_group, blocks.size() - first));
+    for (int j = 0; j < n; ++j) {
+      const BlockId b = blocks[first + j];
+      ELDR_CHECK(valid_[b], "block " << b << " has no signature row (not prefilled, or evicted)");
+      group[j] = reinterpret_cast<const uint8_t*>(row(b));
     }
-    const uint8_t* r = reinterpret_cast<const uint8_t*>(row(b));
-    for (const auto [begin, end] : runs) AddWidened(r + begin, acc8.data() + begin, end - begin);
-    ++in_group;
+    if (tokens_in16 + tokens_per_group > 65535) flush16();
+    for (const auto& [b, e] : runs) AddRowGroup(group, n, b, e, acc16.data());
+    tokens_in16 += tokens_per_group;
   }
-  if (tokens_in16 + tokens_per_group > 65535) flush16();
-  flush8();
   std::fill(counts, counts + row_size_, 0.f);
   if (!acc32.empty()) flush16();
   const uint16_t* a16 = acc16.data();
   const uint32_t* a32 = acc32.empty() ? nullptr : acc32.data();
-  for (const auto [b, e] : runs) {
+  for (const auto& [b, e] : runs) {
     if (a32) {
       for (size_t x = b; x < e; ++x) counts[x] = static_cast<float>(a32[x]);
     } else {

@@ -3,6 +3,7 @@
 #include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "runtime/common/check.h"
 
@@ -49,13 +50,21 @@ PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profi
 }
 
 void PredictedUnion::Refresh(int k) {
+  // Σ_j keep in eight double lanes added pairwise at the end (a fixed order, so the same value on every run; the
+  // one-accumulator sum was a 4-cycle dependency per entry, ~25 000 cycles a refresh at |S|·E = 6144).
+  typedef double Double8 __attribute__((vector_size(64)));
   const double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
   float* kp = keep_.data() + static_cast<size_t>(k) * row_;
-  double untouched = 0;
-  for (int j = 0; j < row_; ++j) {
-    kp[j] = static_cast<float>(kd[j]);
-    untouched += kd[j];
+  Double8 lane = {0, 0, 0, 0, 0, 0, 0, 0};
+  int j = 0;
+  for (; j + 8 <= row_; j += 8) {
+    Double8 v;
+    std::memcpy(&v, kd + j, sizeof v);
+    lane += v;
   }
+  double untouched = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
+  for (; j < row_; ++j) untouched += kd[j];
+  for (j = 0; j < row_; ++j) kp[j] = static_cast<float>(kd[j]);
   union_[k] = scale_ * (static_cast<double>(row_) - untouched);
   ++version_[k];
 }
