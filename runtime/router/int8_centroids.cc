@@ -138,7 +138,8 @@ bool Int8Centroids::Dots(const float* s, double* dots, double* bounds) {
     dots[k] = scale_[k] * b * sums[0];
     dots[k + 1] = scale_[k + 1] * b * sums[1];
   }
-  if (k < num_centroids_) dots[k] = scale_[k] * b * DotRow(t_.data(), q_.data() + static_cast<size_t>(k) * padded_, padded_);
+  if (k < num_centroids_)
+    dots[k] = scale_[k] * b * DotRow(t_.data(), q_.data() + static_cast<size_t>(k) * padded_, padded_);
   if (bounds) {
     // The quantisation steps are within 1/2 + 3e-5 of a unit (s_i · inv in float); 1e-3 covers them and the
     // rounding of the products above.

@@ -42,10 +42,10 @@ class Int8Centroids {
 
  private:
   int num_centroids_ = 0, dim_ = 0, padded_ = 0;  // padded_: dim rounded up to 64 (zero tail)
-  std::vector<int8_t> q_;                        // [K, padded_]
-  std::vector<double> scale_;                    // [K] a_k
-  std::vector<int64_t> abs_sum_;                 // [K] Σ_i |q_ki|
-  std::vector<uint8_t> t_;                       // [padded_] the quantised signature (scratch)
+  std::vector<int8_t> q_;                         // [K, padded_]
+  std::vector<double> scale_;                     // [K] a_k
+  std::vector<int64_t> abs_sum_;                  // [K] Σ_i |q_ki|
+  std::vector<uint8_t> t_;                        // [padded_] the quantised signature (scratch)
 };
 
 }  // namespace eldr

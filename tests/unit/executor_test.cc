@@ -215,7 +215,7 @@ TEST(Executor, PrefillWritesSignatureRowsEqualToTheRoutingCounts) {
         for (int t = static_cast<int>(b) * 4; t < std::min(14, static_cast<int>(b + 1) * 4); ++t) {
           for (int j = 0; j < K; ++j) c += r.topk_ids[(t * Lm + l) * K + j] == e;
         }
-        EXPECT_EQ(sc.row(a.blocks[b])[l * E + e], c);
+        EXPECT_EQ(sc.Count(a.blocks[b], l * E + e), c);
       }
     }
   }

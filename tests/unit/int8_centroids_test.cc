@@ -99,7 +99,8 @@ TEST(Int8Centroids, RefusesWhatItCannotTake) {
   Int8Centroids q(mu, 2, 2);
   double dots[2] = {7, 7};
   const float inf = std::numeric_limits<float>::infinity(), nan = std::numeric_limits<float>::quiet_NaN();
-  for (const std::vector<float>& s : std::vector<std::vector<float>>{{-1.f, 1.f}, {nan, 1.f}, {inf, 1.f}, {1e-40f, 0.f}}) {
+  for (const std::vector<float>& s :
+       std::vector<std::vector<float>>{{-1.f, 1.f}, {nan, 1.f}, {inf, 1.f}, {1e-40f, 0.f}}) {
     EXPECT_FALSE(q.Dots(s.data(), dots, nullptr));
     EXPECT_EQ(dots[0], 7);  // nothing written
   }

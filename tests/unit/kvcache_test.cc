@@ -99,11 +99,13 @@ TEST(BlockManager, AppendSlotGrowsAtBlockBoundaries) {
 }
 
 TEST(SignatureCache, FootprintOfQwen3_30B_A3B) {
-  // 48 MoE layers × 128 experts int8 = 6144 B per block; KV: 2 × 48 × 4 × 128 × 2 B × 16 = 1.5 MiB.
+  // 48 MoE layers × 128 experts at 4 bits = 3072 B per block; KV: 2 × 48 × 4 × 128 × 2 B × 16 = 1.5 MiB.
   auto f = ComputeSignatureCacheFootprint(48, 128, 48, 4, 128, 2, 16);
-  EXPECT_EQ(f.signature_bytes_per_block, 6144);
+  EXPECT_EQ(f.signature_bytes_per_block, 3072);
   EXPECT_EQ(f.kv_bytes_per_block, 1572864);
-  EXPECT_NEAR(f.ratio(), 6144.0 / 1572864.0, 1e-12);
+  EXPECT_NEAR(f.ratio(), 3072.0 / 1572864.0, 1e-12);
+  // A row is padded to whole 128-entry spans: 26 × 64 = 1664 entries → 13 spans → 832 B.
+  EXPECT_EQ(ComputeSignatureCacheFootprint(26, 64, 27, 16, 128, 2, 16).signature_bytes_per_block, 832);
   EXPECT_LE(f.ratio(), 0.01);
 }
 
@@ -128,16 +130,20 @@ TEST(SignatureCache, SumsBeyondTheInt16RangeStayExact) {
 }
 
 TEST(SignatureCache, SumCountsEqualsANaiveSumForAnyMaskBlockSizeAndLength) {
-  // The uint8 / uint16 / uint32 staging against a plain int64 sum: block sizes at the group edges (255 / bs
-  // rows per uint8 group), prompts long enough to flush uint16 more than once, repeated blocks, any mask.
+  // The packed rows (nibbles + escape lists for counts >= 16) and the uint8 / uint16 / uint32 staging against
+  // counts taken straight from the ids and a plain int64 sum: block sizes around 16 (counts of 15, 16, 17 in the
+  // skewed blocks) and up to 127 (escapes of up to 7 · 16), layers narrower than, equal to and wider than the
+  // 128-entry spans, prompts long enough to flush uint16 more than once, repeated blocks, any mask.
   std::mt19937_64 rng(7);
-  for (int scenario = 0; scenario < 60; ++scenario) {
+  for (int scenario = 0; scenario < 80; ++scenario) {
     const int bs = std::vector<int>{1, 15, 16, 17, 64, 127}[rng() % 6];
-    const int L = 1 + static_cast<int>(rng() % 5), E = 1 + static_cast<int>(rng() % 70),
-              k = 1 + static_cast<int>(rng() % std::min(E, 4));
+    const int L = 1 + static_cast<int>(rng() % 5);
+    const int E = std::vector<int>{1 + static_cast<int>(rng() % 70), 64, 128, 200}[rng() % 4];
+    const int k = 1 + static_cast<int>(rng() % std::min(E, 4));
     const int num_blocks = 1 + static_cast<int>(rng() % 40);
     SignatureCache sc(num_blocks, L, E, bs);
     std::vector<uint16_t> ids(static_cast<size_t>(bs) * L * k);
+    std::vector<std::vector<int64_t>> row(num_blocks, std::vector<int64_t>(static_cast<size_t>(L) * E, 0));
     for (int b = 0; b < num_blocks; ++b) {
       const int n = 1 + static_cast<int>(rng() % bs);
       // The most skewed rows (every token to experts 0..k-1) in some blocks, random distinct top-k otherwise.
@@ -147,6 +153,12 @@ TEST(SignatureCache, SumCountsEqualsANaiveSumForAnyMaskBlockSizeAndLength) {
         for (int j = 0; j < k; ++j) ids[t * k + j] = static_cast<uint16_t>(first + j);
       }
       sc.WriteBlock(b, ids.data(), n, k);
+      for (int t = 0; t < n; ++t) {  // the block's counts straight from its ids
+        for (int l = 0; l < L; ++l) {
+          for (int j = 0; j < k; ++j) ++row[b][l * E + ids[(t * L + l) * k + j]];
+        }
+      }
+      for (size_t x = 0; x < row[b].size(); ++x) ASSERT_EQ(sc.Count(b, x), row[b][x]) << "block " << b << " " << x;
     }
     std::vector<BlockId> seq(rng() % 3 == 0 ? 1000 + rng() % 1000 : rng() % 300);
     for (auto& b : seq) b = static_cast<BlockId>(rng() % num_blocks);
@@ -157,7 +169,7 @@ TEST(SignatureCache, SumCountsEqualsANaiveSumForAnyMaskBlockSizeAndLength) {
     for (BlockId b : seq) {
       for (int l = 0; l < L; ++l) {
         if (use_mask && !mask[l]) continue;
-        for (int e = 0; e < E; ++e) want[l * E + e] += sc.row(b)[l * E + e];
+        for (int e = 0; e < E; ++e) want[l * E + e] += row[b][l * E + e];
       }
     }
     std::vector<float> got(want.size(), -1.f);
