@@ -29,14 +29,12 @@ PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profi
   row_ = static_cast<int>(layers.size()) * num_experts;
   scale_ = static_cast<double>(num_layers) / static_cast<double>(layers.size());
   q_.resize(static_cast<size_t>(num_profiles) * row_);
-  keep_factor_.resize(q_.size());
   for (int p = 0; p < num_profiles; ++p) {
     for (size_t i = 0; i < layers.size(); ++i) {
       const float* src = profiles.data() + (static_cast<size_t>(p) * num_layers + layers[i]) * num_experts;
       for (int e = 0; e < num_experts; ++e) {
         const size_t j = static_cast<size_t>(p) * row_ + i * num_experts + e;
         q_[j] = std::clamp(src[e], 0.0f, kMaxProbability);
-        keep_factor_[j] = 1.0 - static_cast<double>(q_[j]);
       }
     }
   }
@@ -49,22 +47,38 @@ PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profi
   growth_version_.assign(growth_.size(), kStale);
 }
 
-void PredictedUnion::Refresh(int k) {
-  // Σ_j keep in eight double lanes added pairwise at the end (a fixed order, so the same value on every run; the
-  // one-accumulator sum was a 4-cycle dependency per entry, ~25 000 cycles a refresh at |S|·E = 6144).
+// Decoder k's products kd = keep_exact_[k] become op(kd, 1 − q_p) entry by entry (1 − q in double, computed from
+// the float q rather than stored: one array less to read), and in
+// the same pass keep_[k] = float(kd) and U_k = scale · (|S|·E − Σ kd), the sum in eight double lanes added pairwise
+// at the end (a fixed order, so the same value on every run; one accumulator was a 4-cycle dependency per entry).
+template <typename Op>
+void PredictedUnion::Update(int k, int p, Op op) {
   typedef double Double8 __attribute__((vector_size(64)));
-  const double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
+  typedef float Float8 __attribute__((vector_size(32)));
+  double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
   float* kp = keep_.data() + static_cast<size_t>(k) * row_;
+  const float* q = q_.data() + static_cast<size_t>(p) * row_;
   Double8 lane = {0, 0, 0, 0, 0, 0, 0, 0};
   int j = 0;
   for (; j + 8 <= row_; j += 8) {
     Double8 v;
+    Float8 qf;
     std::memcpy(&v, kd + j, sizeof v);
+    std::memcpy(&qf, q + j, sizeof qf);
+    const Double8 f = 1.0 - __builtin_convertvector(qf, Double8);
+    v = op(v, f);
+    std::memcpy(kd + j, &v, sizeof v);
+    const Float8 vf = __builtin_convertvector(v, Float8);
+    std::memcpy(kp + j, &vf, sizeof vf);
     lane += v;
   }
   double untouched = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
-  for (; j < row_; ++j) untouched += kd[j];
-  for (j = 0; j < row_; ++j) kp[j] = static_cast<float>(kd[j]);
+  for (; j < row_; ++j) {
+    Double8 v = {kd[j], 1, 1, 1, 1, 1, 1, 1}, f = {1.0 - static_cast<double>(q[j]), 1, 1, 1, 1, 1, 1, 1};
+    kd[j] = op(v, f)[0];
+    kp[j] = static_cast<float>(kd[j]);
+    untouched += kd[j];
+  }
   union_[k] = scale_ * (static_cast<double>(row_) - untouched);
   ++version_[k];
 }
@@ -72,25 +86,23 @@ void PredictedUnion::Refresh(int k) {
 void PredictedUnion::Add(int k, int p) {
   ELDR_CHECK(k >= 0 && k < static_cast<int>(count_.size()) && p >= 0 && p < num_profiles_,
              "PredictedUnion::Add(" << k << ", " << p << ")");
-  double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
-  const double* m = keep_factor_.data() + static_cast<size_t>(p) * row_;
-  for (int j = 0; j < row_; ++j) kd[j] *= m[j];
   ++count_[k];
-  Refresh(k);
+  Update(k, p, [](auto v, auto f) { return v * f; });
 }
 
 void PredictedUnion::Remove(int k, int p) {
   ELDR_CHECK(k >= 0 && k < static_cast<int>(count_.size()) && p >= 0 && p < num_profiles_ && count_[k] > 0,
              "PredictedUnion::Remove(" << k << ", " << p << ")");
-  double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
   --count_[k];
   if (count_[k] == 0) {
-    std::fill(kd, kd + row_, 1.0);  // drop the rounding residue of the products
+    // Reset to exactly 1: drop the rounding residue of the products.
+    Update(k, p, [](auto v, auto) { return v * 0 + 1; });  // kd is finite: every lane 1
   } else {
-    const double* m = keep_factor_.data() + static_cast<size_t>(p) * row_;
-    for (int j = 0; j < row_; ++j) kd[j] = std::min(1.0, kd[j] / m[j]);
+    Update(k, p, [](auto v, auto f) {
+      const auto q = v / f;
+      return q < 1 ? q : q * 0 + 1;  // min(1, kd / m), lane by lane
+    });
   }
-  Refresh(k);
 }
 
 const double* PredictedUnion::Growths(int p) {

@@ -55,12 +55,12 @@ class PredictedUnion {
   int64_t growth_evaluations() const { return growth_evaluations_; }
 
  private:
-  void Refresh(int decoder);  // keep_ and union_ of `decoder` from keep_exact_
+  template <typename Op>
+  void Update(int decoder, int profile, Op op);  // keep_exact_, keep_ and union_ of `decoder` in one pass
 
   int num_profiles_ = 0, row_ = 0;  // row_ = |S| · E
   double scale_ = 1;
   std::vector<float> q_;                  // [P, row_]
-  std::vector<double> keep_factor_;       // [P, row_] 1 − q (≥ 1e-6)
   std::vector<double> keep_exact_;        // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}), multiplied in and divided out
   std::vector<float> keep_;               // [K, row_] keep_exact_ in float (Growth's dot product)
   std::vector<double> union_;             // [K] U_k
