@@ -286,7 +286,6 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
                                         std::to_string(calib->signature.dim()) + "]");
     }
     r.centroids_ = calib->centroids;
-    r.int8_ = Int8Centroids(r.centroids_, calib->num_clusters, calib->signature.dim());
     r.prior_ = calib->mean_decode_len;
     if (config.policy == RoutingPolicy::kEldr) {
       if (!config.step_cost) {
@@ -338,8 +337,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     ++i;
   }
   r.distances_.assign(K, 0.0);
-  r.dots_.assign(K, 0.0);
-  r.dots_float_.assign(K, 0.f);
+  r.dots_.assign(K, 0.f);
   r.signature_.assign(r.params_.dim(), 0.f);
   return r;
 }
@@ -386,17 +384,13 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
 RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain, double context) {
   if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);
   const int K = config_.num_decoders, D = params_.dim();
-  // d = 1 − M s with M the [K, D] centroid matrix: in 8 bits (int8_centroids.h), else one float matrix-vector
-  // product.
-  if (!int8_.Dots(signature, dots_.data(), nullptr)) {
-    using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-    Eigen::Map<const RowMatrix> M(centroids_.data(), K, D);
-    Eigen::Map<const Eigen::VectorXf> s(signature, D);
-    Eigen::Map<Eigen::VectorXf> dots(dots_float_.data(), K);
-    dots.noalias() = M * s;
-    for (int k = 0; k < K; ++k) dots_[k] = static_cast<double>(dots_float_[k]);
-  }
-  for (int k = 0; k < K; ++k) distances_[k] = 1.0 - dots_[k];
+  // d = 1 − M s with M the [K, D] centroid matrix: one vectorised matrix-vector product.
+  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+  Eigen::Map<const RowMatrix> M(centroids_.data(), K, D);
+  Eigen::Map<const Eigen::VectorXf> s(signature, D);
+  Eigen::Map<Eigen::VectorXf> dots(dots_.data(), K);
+  dots.noalias() = M * s;
+  for (int k = 0; k < K; ++k) distances_[k] = 1.0 - static_cast<double>(dots_[k]);
   return DecideNow(distances_.data(), domain, context);
 }
 

@@ -20,7 +20,6 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/common/status.h"
 #include "runtime/cost/cost_model.h"
-#include "runtime/router/int8_centroids.h"
 #include "runtime/router/predicted_union.h"
 #include "runtime/signature/signature.h"
 
@@ -167,8 +166,7 @@ class Router {
   int signature_dim() const { return params_.dim(); }
   RoutingPolicy policy() const { return config_.policy; }
   double tau() const { return *config_.tau; }  // resolved by Create: always set
-  // d_k of the last signature routed ([K]): 1 − the 8-bit product of int8_centroids.h (within its bound of the
-  // exact 1 − s·μ_k), or the float product for a signature the 8-bit form cannot take.
+  // d_k of the last signature routed ([K]).
   const std::vector<double>& last_distances() const { return distances_; }
 
  private:
@@ -181,13 +179,11 @@ class Router {
   RouterConfig config_;
   SignatureParams params_;
   std::vector<float> centroids_;  // [K, D]
-  Int8Centroids int8_;            // the centroids in 8 bits (the distances of every signature it can take)
   std::vector<double> prior_;     // [K] mean decode tokens per cluster (empty: 1)
   std::vector<DecoderState> decoders_;
   std::vector<double> distances_;
-  std::vector<double> dots_;       // scratch [K]
-  std::vector<float> dots_float_;  // scratch [K] (the float product's)
-  std::vector<float> signature_;   // scratch [D]
+  std::vector<float> dots_;       // scratch [K]
+  std::vector<float> signature_;  // scratch [D]
   std::map<std::string, std::vector<int>> domain_groups_;
   PredictedUnion union_;         // eldr: the predicted expert union of each decoder's in-flight requests
   std::vector<double> context_;  // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens
