@@ -119,11 +119,12 @@ class EldrLayerPlacer {
     Improve(kNoTarget);
     TryFromDuplicatePacking();
     const double cap = MaxLoad() + eps_;
-    const double previous_cap = MaxLoad() * (1 + move_slack_) + eps_;
     if (use_home_) {
       RelabelRanksToHomeNodes();
       HomeSwaps(cap);
     }
+    // Relative to the fresh placement's final bottleneck: the home-node swaps may have lowered it below `cap`.
+    const double previous_cap = MaxLoad() * (1 + move_slack_) + eps_;
     if (previous != nullptr) {
       CountPrevious(previous);
       fresh_slot_ = slot_;

@@ -476,6 +476,37 @@ TEST(PlacementTest, EldrMoveSlackTradesBoundedBalanceForFewerMoves) {
   EXPECT_NE(bad.status().message().find("move slack"), std::string::npos);
 }
 
+// The move_slack contract on many shapes: with a previous placement no layer's bottleneck exceeds (1 + slack) times
+// the one the fresh placement of the same load reaches, home-node swaps included (they may lower the fresh one).
+TEST(PlacementTest, EldrMoveSlackCapHoldsOnRandomShapes) {
+  std::mt19937_64 rng(17);
+  int checked = 0;
+  for (int scenario = 0; scenario < 2000; ++scenario) {  // main before the fix failed scenario 1787
+    const int N = std::vector<int>{1, 2, 4}[rng() % 3], R = N * static_cast<int>(1 + rng() % 4);
+    const int G = std::vector<int>{1, 2, 4, 8}[rng() % 4], E = G * static_cast<int>(2 + rng() % 6);
+    const int spr = std::min(E, static_cast<int>(1 + (E + R - 1) / R + rng() % 3));  // slots per rank <= E
+    const int P = R * spr;
+    if (P < E) continue;
+    const int L = 1 + static_cast<int>(rng() % 3);
+    PlacementProblem p = Problem(L, E, P, R, N, G, SkewedLoad(L, E, rng(), 0.5 + 0.2 * (rng() % 8)));
+    const Placement before = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+    std::uniform_real_distribution<double> drift(0.8, 1.2);
+    for (auto& v : p.load) v *= drift(rng);
+    const std::vector<double> fresh = LayerBottlenecks(PlaceOrDie(p, PlacementAlgorithm::kEldr), p.load);
+    for (double slack : {0.0, 0.005}) {
+      p.move_slack = slack;
+      const std::vector<double> got = LayerBottlenecks(PlaceOrDie(p, PlacementAlgorithm::kEldr, &before), p.load);
+      for (int l = 0; l < L; ++l) {
+        ASSERT_LE(got[l], fresh[l] * (1 + slack) * (1 + 1e-9))
+            << "scenario " << scenario << " L " << L << " E " << E << " P " << P << " R " << R << " N " << N << " G "
+            << G << " slack " << slack << " layer " << l;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 3000);
+}
+
 // kEldr places layers on several threads (ELDR_NUM_THREADS): the result must be the single-threaded one.
 TEST(PlacementTest, EldrPlacementDoesNotDependOnTheThreadCount) {
   const PlacementProblem p = Problem(64, 128, 160, 32, 4, 8, SkewedLoad(64, 128, 11));
