@@ -151,6 +151,75 @@ TEST(MarginalCost, HandComputedPrices) {
   EXPECT_NEAR(r.MarginalCost(1, 0, 3, 4), 1e-3 + 1e-5 * 1.0 + 1e-4 + 1e-6 * 5, 1e-12);
 }
 
+// A decision for decoder 0, cluster 0, `prior` predicted tokens, no context.
+RoutingDecision OnDecoder0(double prior) {
+  RoutingDecision d = Held(0, 0);
+  d.predicted_tokens = prior;
+  return d;
+}
+
+TEST(MarginalCost, HarmCountsTheOverlappedShareOfEachRunningDecode) {
+  // Request A (prior 8) on decoder 0 has produced 4 tokens: 4 of its 8 are left, a remaining share of 0.5. A
+  // cluster-0 newcomer adds ΔU = 0.5 and a slowdown Δ = b·0.5 + c to each step it shares with A. A newcomer of
+  // 2 tokens shares 2 of A's 8 steps (A's TPOT grows by Δ·2/8); one of 6 tokens outlives A: 4 of 8.
+  const Calibration calib = CostCalibration();
+  const double b = 1e-5, c = 1e-4;
+  Router r = CostRouter(calib, b, c, 0, 64);
+  const RoutingDecision a = OnDecoder0(8);
+  r.Dispatch(a);
+  EXPECT_DOUBLE_EQ(r.remaining_share(0), 1);
+  double left = 8;
+  for (int t = 0; t < 4; ++t) left = r.ConsumeToken(a, left);
+  EXPECT_DOUBLE_EQ(left, 4);
+  EXPECT_DOUBLE_EQ(r.remaining_share(0), 0.5);
+  const double own = 1e-3 + b * 1.5 + c * 2, slowdown = b * 0.5 + c;
+  EXPECT_NEAR(r.MarginalCost(0, 0, 0, 2), own + slowdown * 2.0 / 8, 1e-15);
+  EXPECT_NEAR(r.MarginalCost(0, 0, 0, 6), own + slowdown * 4.0 / 8, 1e-15);
+  // A fresh request B (prior 4) joins: a newcomer of 4 tokens overlaps A's last 4 of 8 and all of B's 4,
+  // 0.5 + 1 (U = 1.5 with A and B of cluster 0, ΔU = 0.25).
+  const RoutingDecision bq = OnDecoder0(4);
+  r.Dispatch(bq);
+  EXPECT_DOUBLE_EQ(r.remaining_share(0), 1.5);
+  EXPECT_NEAR(r.MarginalCost(0, 0, 0, 4), 1e-3 + b * 1.75 + c * 3 + 1.5 * (b * 0.25 + c), 1e-15);
+  r.Complete(a, left);
+  EXPECT_DOUBLE_EQ(r.remaining_share(0), 1);
+  r.Complete(bq, 4);
+  EXPECT_DOUBLE_EQ(r.remaining_share(0), 0);
+}
+
+TEST(MarginalCost, RemainingShareIsTheSumOfLeftOverPriorOfTheInFlightRequests) {
+  // Random dispatches, tokens and completions on two decoders against a brute-force Σ work_left / prior.
+  const Calibration calib = CostCalibration();
+  Router r = CostRouter(calib, 1e-5, 1e-4, 1e-6, 64);
+  std::mt19937_64 rng(11);
+  struct Live {
+    RoutingDecision d;
+    double left;
+  };
+  std::vector<Live> live;
+  for (int step = 0; step < 4000; ++step) {
+    const uint64_t op = rng() % 4;
+    if (op == 0 || live.empty()) {
+      RoutingDecision d = Held(static_cast<int>(rng() % 2), static_cast<int>(rng() % 2));
+      d.predicted_tokens = 1 + static_cast<double>(rng() % 50) / 4;
+      r.Dispatch(d);
+      live.push_back({d, d.predicted_tokens});
+    } else if (op == 1) {
+      const size_t i = rng() % live.size();
+      r.Complete(live[i].d, live[i].left);
+      live.erase(live.begin() + static_cast<std::ptrdiff_t>(i));
+    } else {
+      Live& x = live[rng() % live.size()];
+      x.left = r.ConsumeToken(x.d, x.left);
+    }
+    for (int k = 0; k < 2; ++k) {
+      double want = 0;
+      for (const Live& x : live) want += x.d.decoder == k ? x.left / x.d.predicted_tokens : 0;
+      ASSERT_NEAR(r.remaining_share(k), want, 1e-9) << "step " << step << " decoder " << k;
+    }
+  }
+}
+
 TEST(MarginalCost, AFullDecoderIsTheSecondChoiceWhateverItsPrice) {
   // max_batch 2, experts dear. Decoder 0: two cluster-0 requests (full; U = 1.5, ΔU = 0.25 → a + 2.25·b);
   // decoder 1: one cluster-1 request (U = 1, ΔU = 1 → a + 3·b). A cluster-0 request goes to decoder 1.
