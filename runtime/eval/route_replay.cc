@@ -174,7 +174,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
         ++total_steps;
         for (auto& a : batch) {
           ++a.progress;
-          a.work_left = router.ConsumeToken(a.decision, a.work_left);
+          a.work_left = router.ConsumeToken(dec, a.work_left);
         }
         auto done = std::remove_if(batch.begin(), batch.end(), [&](const Active& a) {
           if (a.progress < trace.requests[a.request].decode_len()) return false;

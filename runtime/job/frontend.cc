@@ -83,7 +83,7 @@ void Frontend::OnToken(int64_t request, double t, std::optional<int32_t> token) 
   if (r.token_times.size() >= static_cast<size_t>(requests_->output_len[request])) return;
   r.token_times.push_back(t);
   if (token) r.tokens.push_back(*token);
-  if (r.decoder >= 0) work_left_[request] = router_.ConsumeToken(routed_[request], work_left_[request]);
+  if (r.decoder >= 0) work_left_[request] = router_.ConsumeToken(r.decoder, work_left_[request]);
 }
 
 void Frontend::OnDecodeStep(int decoder, int64_t batch, int64_t distinct_experts, std::span<const int64_t> rank_load,

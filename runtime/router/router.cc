@@ -303,7 +303,6 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
       r.union_ = PredictedUnion(calib->expert_load, calib->num_clusters, calib->signature.layer_mask, sh.num_layers,
                                 sh.num_experts, config.num_decoders);
       r.context_.assign(config.num_decoders, 0.0);
-      r.share_.assign(config.num_decoders, 0.0);
     }
     if (!config.tau) r.config_.tau = calib->tau;
   } else if (UsesSignature(config.policy)) {
@@ -423,15 +422,7 @@ __attribute__((noinline)) double Router::Price(int k, double growth, double cont
   const double own_context = context + tokens / 2;                               // its mean context over its decode
   // The request's own step time there, and what it adds to every running request's step.
   const double step = m.DecodeStep(union_.Union(k) + growth, running + 1, context_[k] + own_context);
-  if (running <= 0) return step;
-  // Running request j's TPOT grows by the per-step slowdown × min(left_j, tokens) / prior_j: the share of its decode
-  // the new request overlaps. Σ_j over the aggregates: share_ = Σ left_j / prior_j, scaled by min(1, tokens /
-  // mean left) (exact when every left_j is on the same side of `tokens`, or all equal), and by the share of the
-  // in-flight requests that run (running / in_flight: the rest queue behind max_batch).
-  const double in_flight = static_cast<double>(s.in_flight);
-  const double mean_left = std::max(1.0, s.work / in_flight);
-  const double overlapped = share_[k] * std::min(1.0, tokens / mean_left) * (running / in_flight);
-  const double harm = overlapped * (m.decode_b * growth + m.decode_c + m.decode_d * own_context);
+  const double harm = running * (m.decode_b * growth + m.decode_c + m.decode_d * own_context);
   return step + config_.harm_weight * harm;
 }
 
@@ -451,20 +442,11 @@ void Router::Dispatch(const RoutingDecision& d) {
   if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Add(d.decoder, d.nearest);
   context_[d.decoder] += d.context + d.predicted_tokens / 2;
-  share_[d.decoder] += 1.0;  // work_left starts at the prior
 }
 
 void Router::AddWork(int decoder, double delta) {
   ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
   decoders_[decoder].work = std::max(0.0, decoders_[decoder].work + delta);
-}
-
-double Router::ConsumeToken(const RoutingDecision& d, double work_left) {
-  const double left = ConsumeToken(d.decoder, work_left);
-  if (config_.policy == RoutingPolicy::kEldr) {
-    share_[d.decoder] = std::max(0.0, share_[d.decoder] - (work_left - left) / d.predicted_tokens);
-  }
-  return left;
 }
 
 double Router::ConsumeToken(int decoder, double work_left) {
@@ -488,8 +470,6 @@ void Router::Complete(const RoutingDecision& d, double work_left) {
   if (d.nearest >= 0) union_.Remove(d.decoder, d.nearest);
   double& c = context_[d.decoder];
   c = decoders_[d.decoder].in_flight == 0 ? 0.0 : std::max(0.0, c - d.context - d.predicted_tokens / 2);
-  double& share = share_[d.decoder];
-  share = decoders_[d.decoder].in_flight == 0 ? 0.0 : std::max(0.0, share - work_left / d.predicted_tokens);
 }
 
 }  // namespace eldr

@@ -148,20 +148,14 @@ class Router {
   // A request on `decoder` with `work_left` of its prediction produced one token: the decoder's work drops by
   // min(1, work_left − 1) (a request holds at least 1 until it completes). Returns the request's new work_left.
   double ConsumeToken(int decoder, double work_left);
-  // The same for the request dispatched with decision `d`; eldr also lowers the decoder's remaining share by the
-  // spent work / d.predicted_tokens. Serve and simulate use this one.
-  double ConsumeToken(const RoutingDecision& d, double work_left);
   // One fewer, with `work_left` of its prediction unspent. REQUIRES: in_flight > 0.
   void Complete(int decoder, double work_left = 1);
   // The request dispatched with decision `d` finished with `work_left` of its prediction unspent.
   void Complete(const RoutingDecision& d, double work_left);
   // eldr's price of sending a request of predicted profile `profile` (a cluster), `context` prompt tokens
-  // and `tokens` predicted decode tokens to `decoder`, in seconds of decode-step time (DESIGN.md §3): its own step
-  // there plus λ × the slowdown of the running requests, each weighted by the share of its decode the request
-  // overlaps. Exposed for tests. REQUIRES: policy eldr.
+  // and `tokens` predicted decode tokens to `decoder`, in seconds of decode-step time (DESIGN.md §3). Exposed
+  // for tests. REQUIRES: policy eldr.
   double MarginalCost(int decoder, int profile, double context, double tokens) const;
-  // eldr: Σ over `decoder`'s in-flight requests of work_left / prior, the part of their decodes still ahead.
-  double remaining_share(int decoder) const { return share_[decoder]; }
   // eldr: the predicted expert unions (exposed for tests and benchmarks).
   const PredictedUnion& predicted_union() const { return union_; }
   // The prior decode length of cluster k: calibration /clusters/mean_decode_len[k], or 1 without it.
@@ -193,7 +187,6 @@ class Router {
   std::map<std::string, std::vector<int>> domain_groups_;
   PredictedUnion union_;         // eldr: the predicted expert union of each decoder's in-flight requests
   std::vector<double> context_;  // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens
-  std::vector<double> share_;    // [K] eldr: Σ over in-flight requests of work_left / prior (their remaining shares)
   std::vector<double> costs_;    // scratch [K]
   std::mt19937_64 rng_;
   int64_t round_robin_next_ = 0;
