@@ -141,6 +141,45 @@ void BM_RouteDecision(benchmark::State& state) {
 }
 BENCHMARK(BM_RouteDecision)->ArgsProduct({{40}, {16, 48}})->ArgNames({"K", "layers"})->Unit(benchmark::kMicrosecond);
 
+// The physical floor of the centroid product (issue 15): one read-only pass over K x 6144 entries of `width` bytes
+// (4: the float centroids the decision multiplies, 983 KB at K = 40; 2 and 1: the 16- and 8-bit copies a
+// reduced-precision screen would read instead), summed in four independent 64-byte lanes. Counters: p50/p99 and
+// GB/s at the median; nothing is computed, so no decision over these bytes can be faster on this machine.
+void BM_CentroidReadFloor(benchmark::State& state) {
+  const int K = static_cast<int>(state.range(0)), width = static_cast<int>(state.range(1));
+  const size_t bytes = static_cast<size_t>(K) * kL * kE * width;
+  typedef uint64_t Lane __attribute__((vector_size(64)));
+  std::vector<Lane> data(bytes / sizeof(Lane));
+  std::mt19937_64 rng(8);
+  for (auto& v : data) {
+    for (int i = 0; i < 8; ++i) v[i] = rng();
+  }
+  std::vector<double> ns;
+  ns.reserve(1 << 16);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    Lane a = {}, b = {}, c = {}, d = {};
+    size_t i = 0;
+    for (; i + 4 <= data.size(); i += 4) {
+      a += data[i];
+      b += data[i + 1];
+      c += data[i + 2];
+      d += data[i + 3];
+    }
+    for (; i < data.size(); ++i) a += data[i];
+    a += b + c + d;
+    benchmark::DoNotOptimize(a);
+    ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ReportPercentiles(state, ns);
+  state.counters["KB"] = static_cast<double>(bytes) / 1024;
+  state.counters["GBps"] = static_cast<double>(bytes) / (state.counters["p50_us"] * 1e3);
+}
+BENCHMARK(BM_CentroidReadFloor)
+    ->ArgsProduct({{8, 16, 40}, {4, 2, 1}})
+    ->ArgNames({"K", "width"})
+    ->Unit(benchmark::kMicrosecond);
+
 // The default eldr (marginal cost): the decision with K decoders each holding `in_flight` requests (prices from the
 // predicted unions over the masked layers), and the bookkeeping of one dispatch + one completion (two union
 // refreshes). Cluster profiles: random per-token activation probabilities with top_k mass per layer.
