@@ -107,6 +107,9 @@ void Context::set_grouped_gemm(bool on) {
 
 bool Context::grouped_gemm() const { return impl_->grouped_gemm; }
 
+void Context::set_device_schedule(bool on) { impl_->device_schedule = on; }
+bool Context::device_schedule() const { return impl_->device_schedule; }
+
 void ConvertToBf16(const float* x, Bf16* y, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   ConvertKernel<<<GridFor(n), kThreads, 0, stream>>>(x, AsBf16(y), n);

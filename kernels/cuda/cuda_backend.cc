@@ -167,8 +167,9 @@ class CudaBackendImpl : public Backend {
               S(s));
   }
   void MoeExperts(const MoeParams& p, Stream& s) override {
-    cuda::MoeExperts(ctx_, {p.x, p.topk_ids, p.topk_weights, p.num_tokens, p.top_k, &Resident(*p.experts, s), p.out},
-                     S(s));
+    cuda::MoeExperts(
+        ctx_, {p.x, p.topk_ids, p.topk_weights, p.num_tokens, p.top_k, &Resident(*p.experts, s), p.out, error_device_},
+        S(s));
   }
   void PrefillAttention(const PrefillAttentionParams& p, Stream& s) override {
     cuda::PrefillAttention({p.q, Bf16Cache(p.cache, "PrefillAttention"), p.block_table, p.start, p.num_tokens,
@@ -244,7 +245,9 @@ class CudaBackendImpl : public Backend {
         r.dw.down_proj == dw.down_proj && r.dw.hidden == dw.hidden && r.dw.intermediate == dw.intermediate) {
       return r.dw;
     }
-    // The old table (if any) is free to go: MoeExperts synchronises its stream after reading it.
+    // The old table (if any) may still be read by MoeExperts kernels in flight (the device schedule does not
+    // synchronise): wait for the stream before freeing it. Rare: only when the descriptor's pointers changed.
+    if (r.table != nullptr) ELDR_CUDA_CHECK(cudaStreamSynchronize(S(s)));
     static_assert(sizeof(void*) == sizeof(int64_t), "device pointers are stored as kI64");
     r.table = Alloc(DType::kI64, 3 * static_cast<int64_t>(w.num_experts));
     cuda::UploadExpertTable(dw, static_cast<const void**>(r.table->data()), S(s));
@@ -260,6 +263,10 @@ class CudaBackendImpl : public Backend {
     *error_host_ = 0;
     std::string what;
     if (bits & cuda::kErrorToken) what += "EmbeddingGather: a token id outside [0, vocab)";
+    if (bits & cuda::kErrorExpert) {
+      what += std::string(what.empty() ? "" : "; ") +
+              "MoeExperts: an expert id outside [0, num_experts) or an active expert without weights on this device";
+    }
     if (bits & cuda::kErrorSlot) {
       what += std::string(what.empty() ? "" : "; ") +
               "WriteKvSlots/PackKv/UnpackKv: a KV slot outside [0, num_blocks * block_size) (KV block out of range)";

@@ -55,6 +55,11 @@ class Context {
   static bool GroupedGemmAvailable();
   void set_grouped_gemm(bool on);
   bool grouped_gemm() const;
+  // MoeExperts with an error word (MoeParams::error) schedules its expert GEMMs on the device when this is on
+  // (default): no host synchronisation, the tiles of each active expert found from the device's counts (see
+  // MoeExperts). Off, or without an error word: the cuBLAS path above, which reads the counts on the host.
+  void set_device_schedule(bool on);
+  bool device_schedule() const;
 
   // Allocates the scratch buffer now, for calls needing up to `bytes` (the *ScratchBytes functions below at the
   // largest batch): those never allocate or free later (growing frees the old buffer, and cudaFree synchronises
@@ -182,9 +187,19 @@ void UploadExpertTable(const ExpertWeights& w, const void** device_table, cudaSt
 // out[t] += Σ_j topk_weights[t, j] · expert_{topk_ids[t, j]}(x[t]); only activated experts are computed:
 // GroupByExpert, Permute, per-expert GEMMs (gate and up), SwiGLU, per-expert GEMM (down), Combine. The
 // intermediate activations (gate, up, SwiGLU output, expert output) are bf16.
-// Synchronises `stream` once, to read the per-expert token counts that size the GEMMs (so it cannot be
-// captured in a CUDA graph); throws eldr::Error when an id is outside [0, num_experts) or an active expert
-// has no weights.
+// Two ways to run the expert GEMMs:
+//  - device schedule (Context::device_schedule() and an `error` word; the default of the CUDA backend): a
+//    one-thread kernel turns the device's per-expert offsets into tiles of kMoeTileRows consecutive rows of one
+//    expert, and a tiled bf16 GEMM kernel (fp32 accumulation, one block per tile and 128 output columns) runs
+//    them; the grid is sized for the most tiles possible (num_tokens·top_k / kMoeTileRows + min(E, num_tokens·
+//    top_k)) and the blocks past the device's tile count return at once. Nothing waits for the host, so a layer
+//    can be captured in a CUDA graph. Each weight matrix of an active expert is read once per tile of its rows
+//    (once per expert at decode batches of up to kMoeTileRows tokens per expert). An id outside
+//    [0, num_experts) or an active expert without weights sets kErrorExpert in `error` (its pairs contribute
+//    nothing), reported at the caller's next synchronisation.
+//  - host schedule (otherwise): synchronises `stream` once, to read the per-expert token counts that size the
+//    cuBLAS GEMMs (so it cannot be captured in a CUDA graph); throws eldr::Error when an id is outside
+//    [0, num_experts) or an active expert has no weights.
 struct MoeParams {
   const float* x = nullptr;             // [num_tokens, hidden]
   const int32_t* topk_ids = nullptr;    // [num_tokens, top_k]
@@ -192,7 +207,9 @@ struct MoeParams {
   int num_tokens = 0, top_k = 0;
   const ExpertWeights* experts = nullptr;  // host
   float* out = nullptr;                    // [num_tokens, hidden], accumulated into
+  int* error = nullptr;                    // device-visible DeviceError word; null: the host schedule
 };
+inline constexpr int kMoeTileRows = 8;  // rows (token-expert pairs of one expert) per tile of the device schedule
 void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream);
 
 // One dense SwiGLU MLP (dense layers, shared experts): out[t] += down(silu(gate x) * up x), with bf16 gate
@@ -272,7 +289,7 @@ void AccumulateSignatureCounts(const SignatureCountParams& p, cudaStream_t strea
 // cannot throw inside a kernel. These launchers take `error`, a device-visible int (null: not reported): a
 // kernel that finds a bad id skips that element and ORs its bit in; the caller reads the word after
 // synchronising and throws (the CUDA backend does so in SynchronizeStream / SynchronizeEvent).
-enum DeviceError : int { kErrorToken = 1, kErrorSlot = 2 };
+enum DeviceError : int { kErrorToken = 1, kErrorSlot = 2, kErrorExpert = 4 };
 
 // out[t] = fp32(table[tokens[t]]); an id outside [0, rows) gives a zero row and kErrorToken.
 struct EmbeddingGatherParams {

@@ -18,6 +18,7 @@ struct Context::Impl {
   int device = 0;
   cublasHandle_t cublas = nullptr;
   bool grouped_gemm = true;
+  bool device_schedule = true;  // MoeExperts: expert GEMMs scheduled on the device (no host synchronisation)
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   int64_t scratch_grows = 0;

@@ -164,6 +164,7 @@ void LaunchGroupByExpert(const int32_t* ids, int num_tokens, int top_k, int num_
 __global__ void PermuteKernel(const float* __restrict__ x, const int32_t* __restrict__ pairs, int top_k, int hidden,
                               __nv_bfloat16* __restrict__ x_permuted, int64_t stride) {
   const int64_t r = blockIdx.x;
+  if (pairs[r] < 0) return;  // a hole the device schedule left for an invalid id (pairs preset to -1)
   const float* src = x + static_cast<int64_t>(pairs[r] / top_k) * hidden;
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) x_permuted[r * stride + c] = __float2bfloat16(src[c]);
 }
@@ -176,7 +177,9 @@ __global__ void CombineKernel(const __nv_bfloat16* __restrict__ y, int64_t strid
     float acc = 0.f;
     for (int j = 0; j < top_k; ++j) {
       const int64_t pair = t * top_k + j;
-      acc += weights[pair] * __bfloat162float(y[static_cast<int64_t>(pair_rows[pair]) * stride + c]);
+      const int32_t row = pair_rows[pair];
+      if (row < 0) continue;  // an invalid id under the device schedule: contributes nothing (kErrorExpert)
+      acc += weights[pair] * __bfloat162float(y[static_cast<int64_t>(row) * stride + c]);
     }
     out[t * hidden + c] += acc;
   }
@@ -256,6 +259,84 @@ void RunExpertGemms(Context::Impl& impl, const std::vector<ExpertGemm>& problems
 #endif
 }
 
+// ---- expert GEMMs scheduled on the device ----
+
+constexpr int kTileCols = 128;  // output columns per block: one per thread
+constexpr int kTileK = 32;      // the reduction dimension staged in shared memory per step
+
+__device__ inline void ReportError(int* error, int bit) {
+  if (error != nullptr) atomicOr(error, bit);
+}
+
+// One thread: expert e's rows [offsets[e], offsets[e + 1]) become ceil(count / kMoeTileRows) tiles, in expert order;
+// tile_expert / tile_row get each tile's expert and first row, *num_tiles their number. Ids outside the experts
+// (offsets[E] < n) set kErrorExpert. E is a few hundred at most, as for ScanKernel.
+__global__ void BuildTilesKernel(const int32_t* __restrict__ offsets, int num_experts, int n,
+                                 int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_row,
+                                 int32_t* __restrict__ num_tiles, int* error) {
+  if (blockIdx.x != 0 || threadIdx.x != 0) return;
+  int t = 0;
+  for (int e = 0; e < num_experts; ++e) {
+    for (int r = offsets[e]; r < offsets[e + 1]; r += kMoeTileRows) {
+      tile_expert[t] = e;
+      tile_row[t] = r;
+      ++t;
+    }
+  }
+  *num_tiles = t;
+  if (offsets[num_experts] != n) ReportError(error, kErrorExpert);
+}
+
+// C[r, c] = Σ_k B[r, k] · W[c, k] for the rows r of one tile (one expert's, up to kMoeTileRows) and the kTileCols
+// columns c of blockIdx.y, W = table[which · E + e] of shape [m, k] (row-major, leading dimension k), fp32
+// accumulation, bf16 out. Rows past the expert's count are neither read nor written; an expert without weights
+// sets kErrorExpert and writes nothing.
+__global__ void ExpertTileGemmKernel(const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
+                                     const int32_t* __restrict__ num_tiles, const int32_t* __restrict__ offsets,
+                                     const void* const* __restrict__ table, int which, int num_experts, int m, int k,
+                                     const __nv_bfloat16* __restrict__ b, int64_t ldb, __nv_bfloat16* __restrict__ c,
+                                     int64_t ldc, int* error) {
+  const int t = blockIdx.x;
+  if (t >= *num_tiles) return;
+  const int e = tile_expert[t], row0 = tile_row[t];
+  const int rows = min(kMoeTileRows, offsets[e + 1] - row0);
+  const auto* w = static_cast<const __nv_bfloat16*>(table[which * num_experts + e]);
+  if (w == nullptr) {
+    if (threadIdx.x == 0) ReportError(error, kErrorExpert);
+    return;
+  }
+  const int col0 = blockIdx.y * kTileCols;
+  __shared__ float bs[kMoeTileRows][kTileK];
+  __shared__ float ws[kTileCols][kTileK + 1];  // + 1: the compute loop reads a column per thread, conflict-free
+  float acc[kMoeTileRows];
+  for (int r = 0; r < kMoeTileRows; ++r) acc[r] = 0.f;
+  for (int k0 = 0; k0 < k; k0 += kTileK) {
+    for (int i = threadIdx.x; i < kMoeTileRows * kTileK; i += blockDim.x) {
+      const int r = i / kTileK, kk = i % kTileK;
+      bs[r][kk] = r < rows && k0 + kk < k ? __bfloat162float(b[static_cast<int64_t>(row0 + r) * ldb + k0 + kk]) : 0.f;
+    }
+    for (int i = threadIdx.x; i < kTileCols * kTileK; i += blockDim.x) {
+      const int cc = i / kTileK, kk = i % kTileK;  // consecutive threads read consecutive k of one weight row
+      ws[cc][kk] =
+          col0 + cc < m && k0 + kk < k ? __bfloat162float(w[static_cast<int64_t>(col0 + cc) * k + k0 + kk]) : 0.f;
+    }
+    __syncthreads();
+    const int cc = threadIdx.x;
+    for (int kk = 0; kk < kTileK; ++kk) {
+      const float wv = ws[cc][kk];
+      for (int r = 0; r < kMoeTileRows; ++r) acc[r] = fmaf(bs[r][kk], wv, acc[r]);
+    }
+    __syncthreads();
+  }
+  const int col = col0 + static_cast<int>(threadIdx.x);
+  if (col >= m) return;
+  for (int r = 0; r < rows; ++r) c[static_cast<int64_t>(row0 + r) * ldc + col] = __float2bfloat16(acc[r]);
+}
+
+// Tiles of the device schedule for n = num_tokens · top_k pairs over E experts: each active expert has
+// ceil(count / kMoeTileRows) <= count / kMoeTileRows + 1 of them, and at most min(E, n) experts are active.
+int64_t MaxTiles(int64_t n, int num_experts) { return n / kMoeTileRows + std::min<int64_t>(num_experts, n) + 1; }
+
 // ---- signature counts ----
 
 __global__ void SignatureCountKernel(const int32_t* __restrict__ ids, int num_tokens, int top_k, int block_size,
@@ -329,10 +410,15 @@ struct MoeLayout {
     o_weights = layout.Add(sizeof(void*) * 3 * E);
     o_gate_up = layout.Add(sizeof(void*) * 3 * 2 * E);
     o_down = layout.Add(sizeof(void*) * 3 * E);
+    const int64_t tiles = MaxTiles(n, E);
+    o_tile_expert = layout.Add(sizeof(int32_t) * tiles);
+    o_tile_row = layout.Add(sizeof(int32_t) * tiles);
+    o_num_tiles = layout.Add(sizeof(int32_t));
   }
   int64_t hs, is;
   ScratchLayout layout;
-  size_t o_offsets, o_pairs, o_rows, o_xp, o_g, o_u, o_h, o_y, o_weights, o_gate_up, o_down;
+  size_t o_offsets, o_pairs, o_rows, o_xp, o_g, o_u, o_h, o_y, o_weights, o_gate_up, o_down, o_tile_expert, o_tile_row,
+      o_num_tiles;
 };
 
 // [3, num_experts]: gate, then up, then down pointers.
@@ -344,6 +430,58 @@ std::vector<const void*> HostTable(const ExpertWeights& w) {
     table[2 * w.num_experts + e] = w.down_proj[e];
   }
   return table;
+}
+
+}  // namespace
+
+namespace {
+
+// The device schedule of MoeExperts (cuda_ops.h): nothing here waits for the host.
+void MoeExpertsOnDevice(const MoeParams& p, const MoeLayout& m, void* base, cudaStream_t stream) {
+  const ExpertWeights& w = *p.experts;
+  const int T = p.num_tokens, K = p.top_k, E = w.num_experts, H = w.hidden, I = w.intermediate, n = T * K;
+  int32_t* d_offsets = ScratchLayout::Get<int32_t>(base, m.o_offsets);
+  int32_t* d_pairs = ScratchLayout::Get<int32_t>(base, m.o_pairs);
+  int32_t* d_rows = ScratchLayout::Get<int32_t>(base, m.o_rows);
+  Bf16* xp = ScratchLayout::Get<Bf16>(base, m.o_xp);
+  Bf16* g = ScratchLayout::Get<Bf16>(base, m.o_g);
+  Bf16* u = ScratchLayout::Get<Bf16>(base, m.o_u);
+  Bf16* h = ScratchLayout::Get<Bf16>(base, m.o_h);
+  Bf16* y = ScratchLayout::Get<Bf16>(base, m.o_y);
+  const void** d_weights = ScratchLayout::Get<const void*>(base, m.o_weights);
+  int32_t* tile_expert = ScratchLayout::Get<int32_t>(base, m.o_tile_expert);
+  int32_t* tile_row = ScratchLayout::Get<int32_t>(base, m.o_tile_row);
+  int32_t* num_tiles = ScratchLayout::Get<int32_t>(base, m.o_num_tiles);
+
+  // Pairs an invalid id leaves unassigned stay -1: Permute and Combine skip them.
+  ELDR_CUDA_CHECK(cudaMemsetAsync(d_pairs, 0xFF, sizeof(int32_t) * n, stream));
+  ELDR_CUDA_CHECK(cudaMemsetAsync(d_rows, 0xFF, sizeof(int32_t) * n, stream));
+  LaunchGroupByExpert(p.topk_ids, T, K, E, d_offsets, d_pairs, d_rows, stream);
+  const void* const* table = w.device_table;
+  if (table == nullptr) {  // no resident table: this call's, from pageable memory (staged before the call returns)
+    const std::vector<const void*> host = HostTable(w);
+    ELDR_CUDA_CHECK(
+        cudaMemcpyAsync(d_weights, host.data(), sizeof(void*) * host.size(), cudaMemcpyHostToDevice, stream));
+    table = d_weights;
+  }
+  BuildTilesKernel<<<1, 1, 0, stream>>>(d_offsets, E, n, tile_expert, tile_row, num_tiles, p.error);
+  ELDR_CUDA_CHECK_LAUNCH();
+  Permute({p.x, d_pairs, n, K, H, xp, m.hs}, stream);
+
+  const unsigned tiles = static_cast<unsigned>(MaxTiles(n, E));
+  const dim3 gate_grid(tiles, static_cast<unsigned>(CeilDiv(I, kTileCols)));
+  for (int which = 0; which < 2; ++which) {  // gate, up
+    ExpertTileGemmKernel<<<gate_grid, kTileCols, 0, stream>>>(tile_expert, tile_row, num_tiles, d_offsets, table, which,
+                                                              E, I, H, AsBf16(xp), m.hs, AsBf16(which == 0 ? g : u),
+                                                              m.is, p.error);
+    ELDR_CUDA_CHECK_LAUNCH();
+  }
+  LaunchSwiGlu(g, u, h, n, I, m.is, stream);
+  const dim3 down_grid(tiles, static_cast<unsigned>(CeilDiv(H, kTileCols)));
+  ExpertTileGemmKernel<<<down_grid, kTileCols, 0, stream>>>(tile_expert, tile_row, num_tiles, d_offsets, table, 2, E, H,
+                                                            I, AsBf16(h), m.is, AsBf16(y), m.hs, p.error);
+  ELDR_CUDA_CHECK_LAUNCH();
+  Combine({y, m.hs, d_rows, p.topk_weights, T, K, H, p.out}, stream);
 }
 
 }  // namespace
@@ -391,6 +529,10 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
   void** d_gate_up = ScratchLayout::Get<void*>(base, o_gate_up);
   void** d_down = ScratchLayout::Get<void*>(base, o_down);
 
+  if (impl.device_schedule && p.error != nullptr) {
+    MoeExpertsOnDevice(p, m, base, stream);
+    return;
+  }
   LaunchGroupByExpert(p.topk_ids, T, K, E, d_offsets, d_pairs, d_rows, stream);
   if (grouped) {
     const void* const* table_on_device = w.device_table;

@@ -360,6 +360,7 @@ void CudaOps::CheckMoe(int T, int E, int K, int H, int I, const std::vector<int3
 
   DeviceBuffer<float> dx(x), dw(w), dout(init.size());
   DeviceBuffer<int32_t> dids(ids);
+  // The host schedule (no error word), both GEMM modes of cuBLAS.
   for (bool grouped : GemmModes()) {
     ctx_->set_grouped_gemm(grouped);
     dout.Upload(init);
@@ -371,14 +372,27 @@ void CudaOps::CheckMoe(int T, int E, int K, int H, int I, const std::vector<int3
         << what << (grouped ? " (grouped GEMM)" : " (GEMM per expert)");
   }
   ctx_->set_grouped_gemm(cuda::Context::GroupedGemmAvailable());
-  // The pointer table resident on the device (UploadExpertTable): the same result, no per-call table copy.
+  // The device schedule (an error word; the default), with the table copied per call: the same result, no error.
+  DeviceBuffer<int> error(std::vector<int>{0});
+  ASSERT_TRUE(ctx_->device_schedule());
+  dout.Upload(init);
+  cuda::MoeExperts(*ctx_, {dx.get(), dids.get(), dw.get(), T, K, &gpu_w, dout.get(), error.get()}, stream_);
+  Sync();
+  EXPECT_EQ(error.Download()[0], 0) << what << " (device schedule)";
+  EXPECT_TRUE(Close(Minus(dout.Download(), init), ref_delta, kTolMoe)) << what << " (device schedule)";
+  // The pointer table resident on the device (UploadExpertTable): the same result, no per-call table copy, under
+  // both schedules.
   DeviceBuffer<int64_t> dtable(3 * static_cast<int64_t>(E));
   cuda::UploadExpertTable(gpu_w, reinterpret_cast<const void**>(dtable.get()), stream_);
   gpu_w.device_table = reinterpret_cast<const void* const*>(dtable.get());
-  dout.Upload(init);
-  cuda::MoeExperts(*ctx_, {dx.get(), dids.get(), dw.get(), T, K, &gpu_w, dout.get()}, stream_);
-  Sync();
-  EXPECT_TRUE(Close(Minus(dout.Download(), init), ref_delta, kTolMoe)) << what << " (resident pointer table)";
+  for (int* word : {static_cast<int*>(nullptr), error.get()}) {
+    dout.Upload(init);
+    cuda::MoeExperts(*ctx_, {dx.get(), dids.get(), dw.get(), T, K, &gpu_w, dout.get(), word}, stream_);
+    Sync();
+    EXPECT_TRUE(Close(Minus(dout.Download(), init), ref_delta, kTolMoe))
+        << what << " (resident pointer table, " << (word ? "device" : "host") << " schedule)";
+  }
+  EXPECT_EQ(error.Download()[0], 0) << what;
 }
 
 // Scratch reserved for the largest batch: MoE layers at that batch and below never allocate again (no cudaFree,
@@ -448,6 +462,29 @@ TEST_F(CudaOps, MoeExpertsRejectsBadIdsAndMissingExperts) {
   w.down_proj[3] = nullptr;
   EXPECT_THROW(cuda::MoeExperts(*ctx_, {x.get(), good.get(), wt.get(), T, K, &w, out.get()}, stream_), eldr::Error);
   Sync();
+  // The device schedule cannot throw from a kernel: the same two cases set kErrorExpert and skip those pairs.
+  DeviceBuffer<int> error(std::vector<int>{0});
+  w.down_proj[3] = w.down_proj[2];
+  const std::vector<float> zero(T * H, 0.f);
+  out.Upload(zero);
+  cuda::MoeExperts(*ctx_, {x.get(), bad.get(), wt.get(), T, K, &w, out.get(), error.get()}, stream_);
+  Sync();
+  EXPECT_EQ(error.Download()[0], cuda::kErrorExpert);
+  // Token 1's valid pair (expert 2, weight 0.5) still contributes and its invalid one (id E) adds nothing: out row 1
+  // equals that of the call with ids {2, 2} and weights {0.5, 0}.
+  const std::vector<float> with_bad = out.Download();
+  DeviceBuffer<int32_t> twice(std::vector<int32_t>{0, 1, 2, 2});
+  DeviceBuffer<float> wt_one(std::vector<float>{0.5f, 0.5f, 0.5f, 0.f});
+  out.Upload(zero);
+  cuda::MoeExperts(*ctx_, {x.get(), twice.get(), wt_one.get(), T, K, &w, out.get(), error.get()}, stream_);
+  Sync();
+  const std::vector<float> alone = out.Download();
+  for (int c = 0; c < H; ++c) EXPECT_FLOAT_EQ(with_bad[H + c], alone[H + c]) << "column " << c;
+  DeviceBuffer<int> error2(std::vector<int>{0});
+  w.down_proj[3] = nullptr;
+  cuda::MoeExperts(*ctx_, {x.get(), good.get(), wt.get(), T, K, &w, out.get(), error2.get()}, stream_);
+  Sync();
+  EXPECT_EQ(error2.Download()[0], cuda::kErrorExpert);
 }
 
 TEST_F(CudaOps, Mlp) {

@@ -3,9 +3,11 @@
 // top-8), at batch 16 and 64. Cases read BM_MoeLayerDecode/experts:N/batch:B/manual_time.
 //
 // A step is what a decode worker runs for one MoE layer: the router GEMV and top-k (computed, then replaced by
-// the forced routing below), and MoeExperts (grouping, permute, expert GEMMs, SwiGLU, combine, with its one
-// host synchronisation). Time is measured with CUDA events around the step (manual time), so host gaps
-// inside the step count.
+// the forced routing below), and MoeExperts (grouping, permute, expert GEMMs, SwiGLU, combine). BM_MoeLayerDecode
+// and BM_MoeLayerDecodeGemmPerExpert run the host schedule (cuBLAS, one host synchronisation per layer),
+// BM_MoeLayerDecodeDeviceSchedule the device schedule (cuda_ops.h MoeExperts: tiles found on the device, no host
+// synchronisation). Time is measured with CUDA events around the step (manual time), so host gaps inside the
+// step count.
 //
 // Forcing exactly N distinct experts at batch B: token t's j-th expert is (t * top_k + j) mod N, distinct
 // within a token (top_k <= N) and covering all N experts (B * top_k >= N for every case here).
@@ -46,6 +48,8 @@ struct Layer {
   float* gate_weights = nullptr;  // [max_batch, top_k]
   int32_t* ids = nullptr;         // [max_batch, top_k] the forced routing
   float* topk_weights = nullptr;  // [max_batch, top_k]
+  int* error = nullptr;           // the device schedule's error word; null: the host schedule
+  int* error_word = nullptr;      // device memory for it
 
   Layer() {
     ELDR_CUDA_CHECK(cudaStreamCreate(&stream));
@@ -72,6 +76,8 @@ struct Layer {
     ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gate_weights), sizeof(float) * kMaxBatch * kTopK));
     ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ids), sizeof(int32_t) * kMaxBatch * kTopK));
     ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&topk_weights), sizeof(float) * kMaxBatch * kTopK));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_word), sizeof(int)));
+    ELDR_CUDA_CHECK(cudaMemset(error_word, 0, sizeof(int)));
     std::mt19937_64 rng(4);
     std::normal_distribution<float> g(0.f, 1.f);
     std::vector<float> hx(static_cast<size_t>(kMaxBatch) * kHidden);
@@ -93,7 +99,7 @@ struct Layer {
   void Step(int batch) {
     Linear(ctx, {x, router, logits, batch, kHidden, kExperts}, stream);
     GateTopK({logits, batch, kExperts, kTopK, true, gate_ids, gate_weights}, stream);
-    MoeExperts(ctx, {x, ids, topk_weights, batch, kTopK, &weights, out}, stream);
+    MoeExperts(ctx, {x, ids, topk_weights, batch, kTopK, &weights, out, error}, stream);
   }
 
   // Seconds of one call of `run` on the stream, by CUDA events.
@@ -114,7 +120,7 @@ Layer& GetLayer() {
   return *layer;
 }
 
-void RunMoeLayer(benchmark::State& state, bool grouped) {
+void RunMoeLayer(benchmark::State& state, bool grouped, bool device_schedule = false) {
   const int num_distinct = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
   Layer& layer = GetLayer();
   if (grouped && !Context::GroupedGemmAvailable()) {
@@ -122,6 +128,7 @@ void RunMoeLayer(benchmark::State& state, bool grouped) {
     return;
   }
   layer.ctx.set_grouped_gemm(grouped);
+  layer.error = device_schedule ? layer.error_word : nullptr;
   layer.ForceRouting(batch, num_distinct);
   for (int i = 0; i < 5; ++i) layer.Step(batch);  // warm-up: cuBLAS heuristics, scratch growth
   ELDR_CUDA_CHECK(cudaStreamSynchronize(layer.stream));
@@ -130,6 +137,12 @@ void RunMoeLayer(benchmark::State& state, bool grouped) {
     const double s = layer.Time([&] { layer.Step(batch); });
     state.SetIterationTime(s);
     total += s;
+  }
+  int error = 0;
+  ELDR_CUDA_CHECK(cudaMemcpy(&error, layer.error_word, sizeof(int), cudaMemcpyDeviceToHost));
+  if (error != 0) {
+    state.SkipWithError("the device schedule reported an error");
+    return;
   }
   const double mean = total / static_cast<double>(state.iterations());
   const double bytes = static_cast<double>(num_distinct) * 3 * kHidden * kIntermediate * sizeof(Bf16);
@@ -143,6 +156,7 @@ void RunMoeLayer(benchmark::State& state, bool grouped) {
 
 void BM_MoeLayerDecode(benchmark::State& state) { RunMoeLayer(state, Context::GroupedGemmAvailable()); }
 void BM_MoeLayerDecodeGemmPerExpert(benchmark::State& state) { RunMoeLayer(state, false); }
+void BM_MoeLayerDecodeDeviceSchedule(benchmark::State& state) { RunMoeLayer(state, false, true); }
 
 BENCHMARK(BM_MoeLayerDecode)
     ->ArgNames({"experts", "batch"})
@@ -150,6 +164,11 @@ BENCHMARK(BM_MoeLayerDecode)
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 BENCHMARK(BM_MoeLayerDecodeGemmPerExpert)
+    ->ArgNames({"experts", "batch"})
+    ->ArgsProduct({{16, 32, 64, 128}, {16, 64}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_MoeLayerDecodeDeviceSchedule)
     ->ArgNames({"experts", "batch"})
     ->ArgsProduct({{16, 32, 64, 128}, {16, 64}})
     ->UseManualTime()
@@ -173,6 +192,12 @@ void BM_DeviceCopy(benchmark::State& state) {
     const double s = layer.Time(copy);
     state.SetIterationTime(s);
     total += s;
+  }
+  int error = 0;
+  ELDR_CUDA_CHECK(cudaMemcpy(&error, layer.error_word, sizeof(int), cudaMemcpyDeviceToHost));
+  if (error != 0) {
+    state.SkipWithError("the device schedule reported an error");
+    return;
   }
   const double mean = total / static_cast<double>(state.iterations());
   state.counters["copy_TBps"] = 2.0 * bytes / mean / 1e12;  // read + write
