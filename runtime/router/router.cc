@@ -165,8 +165,17 @@ RoutingDecision CheapestDecoder(const DecisionInputs& in) {
   // A full decoder (in_flight >= max_batch) would queue the request: second choice, whatever its price; among
   // full ones the shortest queue first.
   auto full = [&](int k) { return in.max_batch > 0 && d[k].in_flight >= in.max_batch; };
+  // With load_bound ε > 0, a decoder whose predicted work reaches (1+ε)·(Σ_j w_j + w_r)/K is a second choice too
+  // (after the under-bound ones, before the full ones); the least-loaded decoder is always under it.
+  double cap = std::numeric_limits<double>::infinity();
+  if (in.load_bound > 0) {
+    double total = in.request_work;
+    for (int k = 0; k < K; ++k) total += d[k].work;
+    cap = (1.0 + in.load_bound) * total / K;
+  }
+  auto tier = [&](int k) { return full(k) ? 2 : d[k].work >= cap ? 1 : 0; };
   auto better = [&](int k, int b) {
-    if (full(k) != full(b)) return full(b);
+    if (tier(k) != tier(b)) return tier(k) < tier(b);
     if (full(k) && d[k].in_flight != d[b].in_flight) return d[k].in_flight < d[b].in_flight;
     const double c = in.marginal_cost[k], cb = in.marginal_cost[b];
     return c < cb || (c == cb && in.distances[k] < in.distances[b]);

@@ -63,7 +63,7 @@ struct DecisionInputs {
   const std::vector<DecoderState>* decoders = nullptr;  // [K]
   const double* distances = nullptr;                    // [K] d_k = 1 − s·μ_k (signature policies)
   double tau = 0.1;
-  double load_bound = 0;                           // ε of the bounded-load band (eldr, locality_top1); 0 = off
+  double load_bound = 0;  // ε of the bounded load (eldr_paper, locality_top1, eldr_tail, eldr; see below); 0 = off
   const std::vector<int>* domain_group = nullptr;  // decoders of the request's domain (domain policy); null/empty = all
   uint64_t random_a = 0, random_b = 0;             // uniform 64-bit draws (random: a; p2c: a and b)
   int64_t round_robin_next = 0;                    // the round-robin counter
@@ -90,6 +90,9 @@ struct DecisionInputs {
 //  eldr (the default; marginal cost, DESIGN.md §3 "Marginal-cost routing"): argmin marginal_cost[k] over eligible
 //        decoders with in_flight < max_batch (a full one would queue the request), tie → smaller d_k, then lower
 //        k; when every eligible decoder is full, the one of fewest in_flight (tie → the cheaper, then as above).
+//        With load_bound ε > 0 (off by default): a decoder whose work w_k >= (1+ε)·(Σ_j w_j + w_r)/K (eldr_tail's
+//        bound, w_r = request_work) is a second choice, after the eligible non-full decoders under the bound and
+//        before the full ones; among them, as above.
 //  locality_top1: eldr_paper with τ = 0.
 //  jsq: argmin load over eligible decoders, tie → lower index.
 //  p2c: two distinct decoders drawn from a and b among the eligible ones; the less loaded (tie → lower index).

@@ -214,6 +214,33 @@ TEST(DecideCost, CheapestEligibleDecoderTiesToTheNearerCentroid) {
   EXPECT_EQ(Decide(in).decoder, 1);  // equal queues: the cheapest
 }
 
+TEST(DecideCost, LoadBoundMakesAnOverloadedDecoderASecondChoice) {
+  // Works 10, 2, 0 and a request of 3: Σ = 15, K = 3. ε = 0.5: cap 1.5 · 15 / 3 = 7.5, so decoder 0 (the
+  // cheapest) is over it; decoders 1 and 2 are under it and 1 is the cheaper. ε = 3: cap 20, every decoder under it.
+  std::vector<DecoderState> d = {{1, 0, 10.0}, {1, 0, 2.0}, {0, 0, 0.0}};
+  std::vector<double> dist = {0.1, 0.2, 0.3}, cost = {1.0, 2.0, 3.0};
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldr;
+  in.decoders = &d;
+  in.distances = dist.data();
+  in.marginal_cost = cost.data();
+  in.request_work = 3;
+  EXPECT_EQ(Decide(in).decoder, 0);  // ε = 0: off
+  in.load_bound = 0.5;
+  EXPECT_EQ(Decide(in).decoder, 1);
+  in.load_bound = 3;
+  EXPECT_EQ(Decide(in).decoder, 0);
+  // Exactly at the cap is over it: works 5, 0, 0 and a request of 1 with ε = 1.5: cap 2.5 · 6 / 3 = 5.
+  d = {{1, 0, 5.0}, {0, 0, 0.0}, {0, 0, 0.0}};
+  in.request_work = 1;
+  in.load_bound = 1.5;
+  EXPECT_EQ(Decide(in).decoder, 1);
+  // A full decoder stays behind an over-bound one: max_batch 1, decoder 1 and 2 full, decoder 0 over the bound.
+  d = {{0, 0, 5.0}, {1, 0, 0.0}, {1, 0, 0.0}};
+  in.max_batch = 1;
+  EXPECT_EQ(Decide(in).decoder, 0);
+}
+
 TEST(Router, EldrNeedsACostModelAndExpertLoad) {
   Calibration calib = CostCalibration();
   RouterConfig rc;
