@@ -35,7 +35,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
       ->check(InRange(job_limits::kTau));
   cmd->add_option_function<double>(
          "--load-bound", [load_bound](const double& v) { *load_bound = v; },
-         "override routing.load_bound (bounded-load band ε; 0 = off)")
+         "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, eldr_tail: 0.25)")
       ->check(InRange(job_limits::kLoadBound));
   cmd->add_option("--output-dir", *out_dir, "override output.dir");
   cmd->callback([=] {

@@ -118,7 +118,7 @@ Status RunSimulation(const SimulateArgs& a) {
     ELDR_ASSIGN_OR_RETURN(c.policy, ParseRoutingPolicy(a.policy));
   }
   if (a.tau) c.tau = a.tau;
-  c.load_bound = a.load_bound.value_or(c.load_bound);
+  if (a.load_bound) c.load_bound = a.load_bound;
   c.harm_weight = a.harm_weight.value_or(c.harm_weight);
   c.request_rate = a.rate.value_or(c.request_rate);
   c.burstiness = a.burstiness.value_or(c.burstiness);
@@ -214,7 +214,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "locality_top1, eldr, eldr_paper, eldr_tail)");
   set("--tau", &a->tau, job_limits::kTau, "override routing.tau");
   set("--load-bound", &a->load_bound, job_limits::kLoadBound,
-      "override routing.load_bound (bounded-load band ε; 0 = off)");
+      "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, eldr_tail: 0.25)");
   set("--harm-weight", &a->harm_weight, job_limits::kHarm,
       "override routing.harm_weight (eldr's λ, 0..1: weight of the slowdown a request causes the running batch)");
   set("--rate", &a->rate, job_limits::kRate, "override workload.request_rate (requests/s; inf: all at once)");

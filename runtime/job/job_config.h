@@ -4,7 +4,7 @@
 //   topology:  {prefill_ranks: 1, decode_ranks: 4}        # world size = 1 (router) + prefill + decode · ep_size
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
-//               load_bound: 0,       # ε of the bounded-load band (router.h); 0 = off (eldr_tail: 0 → 0.25)
+//               load_bound: 0,       # ε of the bounded load (router.h); unset: eldr_tail 0.25, else off; 0 = off
 //               cost_model: FILE,    # eldr serve: its decode cost model (default: simulate: section, else derived)
 //               harm_weight: 0.75}   # eldr's λ: weight of the slowdown a request causes the running batch
 //              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert
@@ -81,8 +81,8 @@ struct JobConfig {
   uint64_t weight_seed = 0;
   bool replay_gates = true;  // gate source: the trace's routing (replay) or the model's router
   RoutingPolicy policy = RoutingPolicy::kEldr;
-  std::optional<double> tau;  // unset: the calibration's (0.1 without one)
-  double load_bound = 0;      // bounded-load band ε for eldr / locality_top1 (router.h); 0 = off
+  std::optional<double> tau;         // unset: the calibration's (0.1 without one)
+  std::optional<double> load_bound;  // bounded-load ε (router.h); unset: the policy's DefaultLoadBound; 0 = off
   std::string calibration;
   double harm_weight = kHarmWeight;  // routing.harm_weight: eldr's λ (router.h)
   std::string routing_cost_model;    // routing.cost_model: eldr's decode cost model YAML (empty: see JobStepCost)

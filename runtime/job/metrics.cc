@@ -209,7 +209,7 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   nlohmann::json j = SummarizeServing(records, {});
   j["policy"] = RoutingPolicyName(c.policy);
   j["tau"] = routing.tau;
-  j["load_bound"] = c.load_bound;
+  j["load_bound"] = c.load_bound.value_or(DefaultLoadBound(c.policy));  // the ε routed with
   j["num_prompts"] = static_cast<int64_t>(records.size());
   j["request_rate"] = std::isinf(c.request_rate) ? nlohmann::json("inf") : nlohmann::json(c.request_rate);
   j["burstiness"] = c.burstiness;
@@ -266,7 +266,7 @@ nlohmann::json JobConfigJson(const JobConfig& c) {
             {"calibration", c.calibration},
             {"admission_cap", c.admission_cap},
             {"seed", c.routing_seed},
-            {"load_bound", c.load_bound},
+            {"load_bound", c.load_bound.value_or(DefaultLoadBound(c.policy))},
             {"harm_weight", c.harm_weight}}},
           {"kv_cache",
            {{"block_size", c.block_size},

@@ -264,14 +264,26 @@ RoutingDecision Decide(const DecisionInputs& in) {
   return out;
 }
 
+double DefaultLoadBound(RoutingPolicy policy) {
+  switch (policy) {
+    case RoutingPolicy::kEldrTail:
+      return kTailLoadBound;
+    default:
+      return 0.0;
+  }
+}
+
 Result<Router> Router::Create(const RouterConfig& config, const Calibration* calib) {
   if (config.num_decoders < 1) {
     return Status::InvalidArgument("the job needs at least one decoder, got " + std::to_string(config.num_decoders));
   }
   if (config.admission_cap < 0) return Status::InvalidArgument("admission cap must be >= 0");
-  if (!(config.load_bound >= 0)) return Status::InvalidArgument("load_bound must be >= 0 (0 = off)");
+  if (config.load_bound && !(*config.load_bound >= 0)) {
+    return Status::InvalidArgument("load_bound must be >= 0 (0 = off)");
+  }
   Router r;
   r.config_ = config;
+  if (!r.config_.load_bound) r.config_.load_bound = DefaultLoadBound(config.policy);
   r.decoders_.assign(config.num_decoders, DecoderState{0, config.admission_cap});
   r.rng_.seed(config.seed);
   if (calib) {
@@ -362,7 +374,7 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
   in.decoders = &decoders_;
   in.distances = distances;
   in.tau = *config_.tau;
-  in.load_bound = config_.load_bound;
+  in.load_bound = *config_.load_bound;
   in.domain_group = config_.policy == RoutingPolicy::kDomain ? DomainGroup(domain) : nullptr;
   if (config_.policy == RoutingPolicy::kRandom || config_.policy == RoutingPolicy::kP2c) {
     in.random_a = rng_();

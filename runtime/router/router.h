@@ -105,15 +105,22 @@ RoutingDecision Decide(const DecisionInputs& in);
 // eldr's default λ (RouterConfig::harm_weight).
 inline constexpr double kHarmWeight = 0.75;
 
-// eldr_tail's ε when routing.load_bound is 0.
+// eldr_tail's ε when routing.load_bound is 0 or unset.
 inline constexpr double kTailLoadBound = 0.25;
+
+// The ε a policy routes with when routing.load_bound is unset: kTailLoadBound for eldr_tail, 0 (off) for the others.
+// eldr's bound stays off by default: ε = 0.3 removes the --like s = 1 tail misses at K = 8 / 16 but takes the
+// demo's locality at K = 2, where (1 + ε)/K caps a decoder at 65 % of the work (bench/README "A load bound for
+// eldr").
+double DefaultLoadBound(RoutingPolicy policy);
 
 struct RouterConfig {
   RoutingPolicy policy = RoutingPolicy::kEldr;
   int num_decoders = 1;
   std::optional<double> tau = 0.1;  // eldr band width; std::nullopt: the calibration's (0.1 without one)
-  double load_bound = 0;            // bounded-load band ε (see Decide); 0 = off (eldr_tail: 0 → kTailLoadBound)
-  int64_t admission_cap = 0;        // per decoder; 0 = none
+  // ε of the bounded load (see Decide); unset: DefaultLoadBound(policy); 0 = off (eldr_tail: 0 → kTailLoadBound).
+  std::optional<double> load_bound;
+  int64_t admission_cap = 0;  // per decoder; 0 = none
   uint64_t seed = 0;
   TraceShape job_shape;  // the model of the job; must match the calibration's
   // Domain labels for the domain policy (its decoder groups); empty = the calibration's labels.
@@ -168,7 +175,8 @@ class Router {
   const SignatureParams& signature_params() const { return params_; }
   int signature_dim() const { return params_.dim(); }
   RoutingPolicy policy() const { return config_.policy; }
-  double tau() const { return *config_.tau; }  // resolved by Create: always set
+  double tau() const { return *config_.tau; }                // resolved by Create: always set
+  double load_bound() const { return *config_.load_bound; }  // resolved by Create: always set
   // d_k of the last signature routed ([K]).
   const std::vector<double>& last_distances() const { return distances_; }
 

@@ -241,6 +241,27 @@ TEST(DecideCost, LoadBoundMakesAnOverloadedDecoderASecondChoice) {
   EXPECT_EQ(Decide(in).decoder, 0);
 }
 
+TEST(Router, LoadBoundDefaultsPerPolicy) {
+  EXPECT_EQ(DefaultLoadBound(RoutingPolicy::kEldr), 0.0);
+  EXPECT_EQ(DefaultLoadBound(RoutingPolicy::kEldrTail), kTailLoadBound);
+  EXPECT_EQ(DefaultLoadBound(RoutingPolicy::kEldrPaper), 0.0);  // the published band
+  EXPECT_EQ(DefaultLoadBound(RoutingPolicy::kJsq), 0.0);
+  const Calibration calib = CostCalibration();
+  EXPECT_EQ(CostRouter(calib, 1e-4, 1e-7, 0, 64).load_bound(), 0.0);
+  RouterConfig rc;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = 2;
+  rc.job_shape = calib.shape;
+  rc.step_cost = CostModel();
+  rc.load_bound = 0.3;
+  EXPECT_EQ(Router::Create(rc, &calib).value().load_bound(), 0.3);
+  rc.policy = RoutingPolicy::kEldrTail;
+  rc.load_bound.reset();
+  EXPECT_EQ(Router::Create(rc, &calib).value().load_bound(), kTailLoadBound);
+  rc.load_bound = -0.1;
+  EXPECT_FALSE(Router::Create(rc, &calib).ok());
+}
+
 TEST(Router, EldrNeedsACostModelAndExpertLoad) {
   Calibration calib = CostCalibration();
   RouterConfig rc;

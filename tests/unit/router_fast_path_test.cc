@@ -169,7 +169,7 @@ void RunRandomSequence(const RouterConfig& rc, const Calibration& calib, uint64_
     in.decoders = &decoders;
     in.distances = dist.data();
     in.tau = *rc.tau;
-    in.load_bound = rc.load_bound;
+    in.load_bound = router.load_bound();
     in.request_work = router.PriorDecodeTokens(nearest);
     std::vector<double> cost(calib.num_clusters);
     if (rc.policy == RoutingPolicy::kEldr) {
