@@ -117,10 +117,11 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
       "calibrate",
       "Fit signatures (IDF, greedy layer mask) and Hungarian-balanced clusters into calibration.h5, or "
       "--refit stored signatures for a new decoder count");
-  cmd->add_option("--trace", a->trace, "HDF5 routing trace to calibrate on");
-  cmd->add_option("--refit", a->refit, "existing calibration.h5 to re-cluster (no trace needed)");
+  cmd->add_option("--trace", a->trace, "HDF5 routing trace to calibrate on")->check(NonEmptyPath());
+  cmd->add_option("--refit", a->refit, "existing calibration.h5 to re-cluster (no trace needed)")
+      ->check(NonEmptyPath());
   cmd->add_option("--decoders,-K", a->options.num_decoders, "number of decode workers K")->required();
-  cmd->add_option("--out,-o", a->out, "calibration.h5 to write")->required();
+  cmd->add_option("--out,-o", a->out, "calibration.h5 to write")->required()->check(NonEmptyPath());
   cmd->add_option("--signature", a->variant, "signature variant: count_idf, count, sqrt, binary, gate_prob")
       ->capture_default_str();
   cmd->add_option("--features", a->features,
@@ -152,7 +153,7 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--unbalanced", a->unbalanced, "plain spherical k-means without the capacity (ablation)");
   cmd->add_flag("--work-balanced", a->options.work_balanced,
                 "balance clusters by expected decode work (Σ decode tokens) instead of request count");
-  cmd->add_option("--report", a->report, "also write the report as JSON to this file");
+  cmd->add_option("--report", a->report, "also write the report as JSON to this file")->check(NonEmptyPath());
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
   cmd->callback([=] {
@@ -169,8 +170,9 @@ void AddInspectCommand(CLI::App& app, Action* action) {
   auto trace_path = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("inspect", "Summarise a calibration.h5; with --trace, check it against a trace");
-  cmd->add_option("calibration", *path, "calibration.h5")->required();
-  cmd->add_option("--trace", *trace_path, "routing trace to score with this calibration (rho, nearest centroids)");
+  cmd->add_option("calibration", *path, "calibration.h5")->required()->check(NonEmptyPath());
+  cmd->add_option("--trace", *trace_path, "routing trace to score with this calibration (rho, nearest centroids)")
+      ->check(NonEmptyPath());
   cmd->add_flag("--json", *as_json, "print JSON");
   cmd->callback([=] {
     *action = [=]() -> Status {

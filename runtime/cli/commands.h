@@ -43,6 +43,17 @@ inline CLI::Validator InRange(const IntRange& range) {
       range.Describe());
 }
 
+// A path option given as "" (an unset variable in a script) is refused ("--out: the path is empty"), never taken
+// for the option's absence and its default (place calib would update --calib in place, simulate would keep the
+// config's --trace, calibrate would skip --report).
+inline CLI::Validator NonEmptyPath() {
+  return CLI::Validator(
+      [](std::string& text) {
+        return text.empty() ? std::string("the path is empty; give a file name") : std::string();
+      },
+      "");
+}
+
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);
 

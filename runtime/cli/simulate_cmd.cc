@@ -197,9 +197,11 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       "for a GPU.");
   cmd->add_option("--config,-c", a->config,
                   "job config YAML, the same as eldr serve's; its simulate: section gives "
-                  "the cost model (cost_model: FILE and/or inline keys)");
-  cmd->add_option("--calib", a->calib, "override routing.calibration");
-  cmd->add_option("--trace", a->trace, "override workload.trace (a real or synthetic routing trace)");
+                  "the cost model (cost_model: FILE and/or inline keys)")
+      ->check(NonEmptyPath());
+  cmd->add_option("--calib", a->calib, "override routing.calibration")->check(NonEmptyPath());
+  cmd->add_option("--trace", a->trace, "override workload.trace (a real or synthetic routing trace)")
+      ->check(NonEmptyPath());
   // An override into its optional, checked against the range of the key it replaces.
   auto set = [cmd](const std::string& name, auto* field, const auto& range, const std::string& help) {
     using T = typename std::remove_pointer_t<decltype(field)>::value_type;
@@ -233,15 +235,17 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "is handed each request's decode-token counts, with a calibration from 'eldr calibrate --features "
                   "decode': the ceiling of any signature)")
       ->capture_default_str();
-  cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)");
-  cmd->add_option("--output-dir", a->output_dir, "override output.dir");
+  cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)")
+      ->check(NonEmptyPath());
+  cmd->add_option("--output-dir", a->output_dir, "override output.dir")->check(NonEmptyPath());
   cmd->add_flag("--no-output", a->no_output, "write no files (print only)");
   cmd->add_flag("--json", a->json, "print the metrics JSON to stdout (no table, no progress bar)");
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->add_option("--fit", a->fit,
                   "fit a cost model to these files: steps.jsonl of eldr serve runs and/or "
                   "moe_layer_bench --benchmark_format=json output")
-      ->expected(1, -1);
+      ->expected(1, -1)
+      ->check(NonEmptyPath());
   cmd->add_option("--derive", a->derive, "derive a bandwidth-bound cost model for a device: h200");
   cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)")
       ->check(InRange(NumberRange::Above(0)));
@@ -249,8 +253,9 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
                   "rank); the fit removes the sharing and the model simulates it")
       ->check(InRange(NumberRange::AtLeast(0)));
-  cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML");
-  cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)");
+  cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML")->check(NonEmptyPath());
+  cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)")
+      ->check(NonEmptyPath());
   cmd->callback([=] {
     *action = [=]() -> Status {
       InstallInterruptHandlers();

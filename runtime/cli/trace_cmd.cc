@@ -121,8 +121,10 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto* cmd =
         trace->add_subcommand("import", "Convert a JSONL routing trace (plain or .gz) into the HDF5 trace format");
     auto in = std::make_shared<std::string>(), out = std::make_shared<std::string>();
-    cmd->add_option("--in", *in, "JSONL routing trace (DESIGN.md §5); gzip is read transparently")->required();
-    cmd->add_option("--out", *out, "HDF5 trace to write")->required();
+    cmd->add_option("--in", *in, "JSONL routing trace (DESIGN.md §5); gzip is read transparently")
+        ->required()
+        ->check(NonEmptyPath());
+    cmd->add_option("--out", *out, "HDF5 trace to write")->required()->check(NonEmptyPath());
     cmd->callback([=] {
       *action = [=]() -> Status {
         InstallInterruptHandlers();
@@ -174,7 +176,7 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
     cmd->add_option("--model", o->model, "model name stored in the trace")->capture_default_str();
     cmd->add_flag("--no-weights", *no_weights, "do not emit topk_weights");
-    cmd->add_option("--out", *out, "HDF5 trace to write")->required();
+    cmd->add_option("--out", *out, "HDF5 trace to write")->required()->check(NonEmptyPath());
     // --like: a generative model fitted to a real trace (runtime/trace/synth_like.h); shape, domains, mix and
     // lengths come from that trace, so the parametric options above (except --requests, --seed, --no-weights)
     // do not apply.
@@ -222,7 +224,7 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto path = std::make_shared<std::string>();
     auto as_json = std::make_shared<bool>(false);
     auto o = std::make_shared<TraceStatsOptions>();
-    cmd->add_option("trace", *path, "HDF5 trace")->required();
+    cmd->add_option("trace", *path, "HDF5 trace")->required()->check(NonEmptyPath());
     cmd->add_flag("--json", *as_json, "print JSON instead of tables");
     cmd->add_option("--batch-sizes", o->batch_sizes, "decode batch sizes B")->capture_default_str();
     cmd->add_option("--batches", o->num_batches, "sampled batches per B and kind")->capture_default_str();
