@@ -8,6 +8,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
+#include <utility>
 
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/memory_budget.h"
@@ -119,6 +120,14 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
   }
   out->shape.model.clear();
   if ((it = j.find("model")) != j.end() && it->is_string()) out->shape.model = it->get<std::string>();
+  // HDF5 strings end at a NUL: "a\u0000b" would be stored as "a" (another request's id, or another label).
+  for (const auto& [key, text] : {std::pair<const char*, const std::string*>{"id", &out->meta.id},
+                                  {"domain", &out->meta.domain},
+                                  {"model", &out->shape.model}}) {
+    if (text->find('\0') != std::string::npos) {
+      return Status::InvalidArgument(std::string("field '") + key + "' contains a NUL character (\\u0000)");
+    }
+  }
   int64_t L = 0, E = 0, K = 0, T = 0, P = 0;
   ELDR_RETURN_IF_ERROR(get_int("num_layers", &L, true));
   ELDR_RETURN_IF_ERROR(get_int("num_experts", &E, true));

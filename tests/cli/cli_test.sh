@@ -193,6 +193,13 @@ printf '%s\n%s\n' "$line" "${line/\[\[0,1\]\]/[[0,NaN]]}" | sed '2s/"a"/"b"/' > 
 expect_error "NaN in a JSONL line" "nan.jsonl:2: not valid JSON" out.h5 "$ELDR" trace import --in nan.jsonl --out out.h5
 printf '%s\n%s\n' "$line" "${line/\"x\"/\"\"}" | sed '2s/"a"/"b"/' > emptydom.jsonl
 expect_error "empty domain label" "emptydom.jsonl:2: field 'domain' is an empty string" out.h5 "$ELDR" trace import --in emptydom.jsonl --out out.h5
+# HDF5 strings end at a NUL: "a\u0000b" and "a\u0000c" were stored as two requests "a", which every reader refuses.
+printf '%s\n%s\n' "${line/\"a\"/\"a\\u0000b\"}" "${line/\"a\"/\"a\\u0000c\"}" > nulid.jsonl
+expect_error "NUL in a JSONL id" "nulid.jsonl:1: field 'id' contains a NUL character" out.h5 \
+  "$ELDR" trace import --in nulid.jsonl --out out.h5
+printf '%s\n' "${line/\"x\"/\"x\\u0000y\"}" > nuldom.jsonl
+expect_error "NUL in a JSONL domain" "nuldom.jsonl:1: field 'domain' contains a NUL character" out.h5 \
+  "$ELDR" trace import --in nuldom.jsonl --out out.h5
 printf '%s\n%s\n' "$line" "${line/\[\[2,3\]\]/[[2,9]]}" | sed '2s/"a"/"b"/' > badid.jsonl
 expect_error "expert id >= num_experts" "badid.jsonl:2: .*expert id 9" out.h5 "$ELDR" trace import --in badid.jsonl --out out.h5
 expect_error "missing JSONL" "nothere.jsonl: cannot open" out.h5 "$ELDR" trace import --in nothere.jsonl --out out.h5
