@@ -70,6 +70,7 @@ Status RunFit(const SimulateArgs& a) {
   if (r.model.kv_latency == 0) r.model.kv_latency = 1e-4;
   if (r.model.kv_bandwidth == 0) r.model.kv_bandwidth = 5e9;
   r.model.name = "fit-" + mc.name;
+  ELDR_RETURN_IF_ERROR(CheckCostModel(r.model, "the fitted cost model (check the step times of the --fit files)"));
   std::fprintf(stderr, "%s", r.Summary().c_str());
   if (a.json) {
     nlohmann::json j = CostModelJson(r.model);
@@ -101,6 +102,7 @@ Status RunDerive(const SimulateArgs& a) {
   }
   if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;  // 0: not given (the option's range is > 0)
   const CostModel m = DeriveCostModel(mc, dev);
+  ELDR_RETURN_IF_ERROR(CheckCostModel(m, "the derived cost model (check --bandwidth, in bytes/s)"));
   std::fprintf(stderr, "%s\n", m.source.c_str());
   return WriteOrPrint(a.out, a.json ? DumpJson(CostModelJson(m)) + "\n" : CostModelYaml(m));
 }

@@ -20,23 +20,26 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Every coefficient and where it lives in the YAML.
+// Every coefficient, where it lives in the YAML and its valid values. A time is at most an hour: beyond that a
+// model costs nothing real, and its sums overflow the metrics (1e304 s per step printed ttft inf and null).
+const NumberRange kSeconds = NumberRange::Between(0, 3600);
 struct Key {
   const char* section;
   const char* name;
   double CostModel::*field;
+  NumberRange range;
 };
 const Key kKeys[] = {
-    {"decode", "a", &CostModel::decode_a},
-    {"decode", "b", &CostModel::decode_b},
-    {"decode", "c", &CostModel::decode_c},
-    {"decode", "d", &CostModel::decode_d},
-    {"prefill", "a", &CostModel::prefill_a},
-    {"prefill", "b", &CostModel::prefill_b},
-    {"kv_transfer", "latency_s", &CostModel::kv_latency},
-    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth},
-    {"", "control_latency_s", &CostModel::control_latency},
-    {"", "cores", &CostModel::cores},
+    {"decode", "a", &CostModel::decode_a, kSeconds},
+    {"decode", "b", &CostModel::decode_b, kSeconds},
+    {"decode", "c", &CostModel::decode_c, kSeconds},
+    {"decode", "d", &CostModel::decode_d, kSeconds},
+    {"prefill", "a", &CostModel::prefill_a, kSeconds},
+    {"prefill", "b", &CostModel::prefill_b, kSeconds},
+    {"kv_transfer", "latency_s", &CostModel::kv_latency, kSeconds},
+    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth, NumberRange::AtLeast(0)},
+    {"", "control_latency_s", &CostModel::control_latency, kSeconds},
+    {"", "cores", &CostModel::cores, NumberRange::AtLeast(0)},
 };
 
 // Applies the keys present in `y` to `m`, against the cost model's schema; `required`: every coefficient of
@@ -56,7 +59,7 @@ Status ApplyYaml(const YAML::Node& y, const std::string& where, bool required, b
     } else if (must) {
       section.Require(k.name);
     }
-    section.Get(k.name, &(m->*k.field), NumberRange::AtLeast(0));
+    section.Get(k.name, &(m->*k.field), k.range);
   }
   return root.Finish();
 }
@@ -346,6 +349,19 @@ Status CheckJobCostKeys(const std::string& job_path) {
   if (!sim) return Status::Ok();
   CostModel unused;
   return ApplyYaml(sim, job_path, /*required=*/false, /*job_keys=*/true, &unused);
+}
+
+Status CheckCostModel(const CostModel& m, const std::string& what) {
+  for (const Key& k : kKeys) {
+    const double v = m.*k.field;
+    if (!k.range.Contains(v)) {
+      std::ostringstream text;
+      text << what << ": " << k.section << (*k.section ? "." : "") << k.name << " = " << v << ", must be "
+           << k.range.Describe();
+      return Status::InvalidArgument(text.str());
+    }
+  }
+  return Status::Ok();
 }
 
 std::string CostModelYaml(const CostModel& m) {

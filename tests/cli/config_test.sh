@@ -100,6 +100,18 @@ expect_error "cost model with decode: misspelt" "typo.yaml:1: unknown key 'decdo
 printf 'decode: {a: 1, b: 1, c: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > nod.yaml
 expect_error "cost model without decode.d" "nod.yaml: decode.d is required" - \
   "$ELDR" simulate -c job.yaml --cost-model nod.yaml --no-output
+# Times are at most an hour (runtime/cost/cost_model.cc kSeconds): 1e304 s per step simulated to ttft inf and null
+# metrics with exit 0; the writers refuse what the reader refuses (--bandwidth 1e-320 wrote decode.a: inf).
+printf 'decode: {a: 7.8e304, b: 1, c: 1, d: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > huge.yaml
+expect_error "cost model: a step of 7.8e304 s" "huge.yaml:1: decode.a must be in \[0, 3600\], got '7.8e304'" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --cost-model huge.yaml --quiet
+expect_error "derive: --bandwidth 1e-320 (an infinite model)" "the derived cost model .*decode.a = inf, must be in \[0, 3600\]" \
+  derived-inf.yaml "$ELDR" simulate --derive h200 --model "$SRC/configs/models/tiny.yaml" --bandwidth 1e-320 -o derived-inf.yaml
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  echo "{\"kind\":\"decode\",\"worker\":0,\"time\":$i,\"seconds\":1e300,\"batch\":$i,\"distinct_experts\":$((i + 1)),\"context_tokens\":5}"
+done > huge-steps.jsonl
+expect_error "fit: steps of 1e300 s" "the fitted cost model .*: decode.d = 2e\+299, must be in \[0, 3600\]" fit-huge.yaml \
+  "$ELDR" simulate --fit huge-steps.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit-huge.yaml
 sed 's/^  decode:/  decdoe:/' job.yaml > simtypo.yaml
 expect_error "inline cost model misspelt" "simtypo.yaml:10: unknown key 'simulate.decdoe' \(did you mean 'decode'\?\)" \
   - "$ELDR" simulate -c simtypo.yaml --no-output
