@@ -260,6 +260,11 @@ import h5py, numpy as np
 f = h5py.File('negid.h5', 'r+'); a = f['/tokens/topk_ids'][:].astype(np.int32); a[0, 0, 0] = -1
 del f['/tokens/topk_ids']; f['/tokens/topk_ids'] = a"
 expect_error "negative expert id stored as int32" "negid.h5: .*topk_ids" out.h5 "$ELDR" calibrate --trace negid.h5 -K 2 --out out.h5
+# A trace of another format version is refused by every reader (it was read as version 1).
+cp good.h5 v2.h5 && $PY -c "import h5py; h5py.File('v2.h5', 'r+').attrs['format_version'] = 2"
+expect_error "trace format_version 2 (stats)" "v2.h5: trace format_version 2 is not supported" - "$ELDR" trace stats v2.h5
+expect_error "trace format_version 2 (calibrate)" "v2.h5: trace format_version 2 is not supported" out.h5 \
+  "$ELDR" calibrate --trace v2.h5 -K 1 --out out.h5
 expect_error "unwritable --report: no calibration either" "no/dir/r.json: cannot write" c9.h5 \
   "$ELDR" calibrate --trace real.h5 -K 2 --out c9.h5 --report no/dir/r.json
 run_ok "calibrate with tau 0.3" "$ELDR" calibrate --trace real.h5 -K 4 --tau 0.3 --out tau.h5
