@@ -387,6 +387,12 @@ expect_error "evaluate: no /placement and no --ranks" "calib.h5 has no /placemen
   "$ELDR" place evaluate --trace real.h5 --calib calib.h5 --out ev.json
 expect_error "evaluate: nothing held out" "real.h5: no held-out request" ev.json \
   "$ELDR" place evaluate --trace real.h5 --calib tau.h5 -R 8 --holdout-from-calib --out ev.json
+# /placement's node count out of range: 2^32 + 1 was read as 1 node; -4 was reported as a bad rank or slot count.
+for nodes in 4294967297 -4; do
+  cp placed.h5 nodes.h5 && $PY -c "import h5py; h5py.File('nodes.h5', 'r+')['/placement'].attrs['num_nodes'] = $nodes"
+  expect_error "evaluate: /placement num_nodes = $nodes" "nodes.h5: /placement has .*num_nodes = $nodes.*re-run eldr place calib" \
+    ev.json "$ELDR" place evaluate --trace real.h5 --calib nodes.h5 --out ev.json
+done
 # A missing required option or subcommand is CLI11's error (and its "Run with --help" line).
 "$ELDR" place evaluate --calib placed.h5 >"$WORK/out.txt" 2>"$WORK/err.txt"
 [ $? -ne 0 ] && grep -q -- "--trace is required" "$WORK/err.txt" && ok "evaluate: without --trace" \
