@@ -182,6 +182,12 @@ cp calib.h5 nan.h5 && $PY -c "import h5py,numpy as np; f=h5py.File('nan.h5','r+'
 expect_error "NaN in calibration signatures" "nan.h5: .*NaN" out.h5 "$ELDR" calibrate --refit nan.h5 -K 2 --out out.h5
 cp calib.h5 neg.h5 && $PY -c "import h5py; f=h5py.File('neg.h5','r+'); d=f['/signature/idf']; a=d[:]; a[0,0]=-1; d[...]=a"
 expect_error "negative IDF in calibration" "neg.h5: .*negative" - "$ELDR" inspect neg.h5
+# expert_load is a per-token activation probability: -5 or 1e38 was accepted and routed on (route priced with it).
+for v in -5 1e38; do
+  cp calib.h5 load.h5 && $PY -c "import h5py; f=h5py.File('load.h5','r+'); d=f['/clusters/expert_load']; a=d[:]; a[0,0,0]=$v; d[...]=a"
+  expect_error "expert_load $v in calibration" "load.h5: /clusters/expert_load has values outside \[0, 1\]" - \
+    "$ELDR" route --calib load.h5 --trace real.h5
+done
 cp real.h5 negw.h5 && $PY -c "import h5py; f=h5py.File('negw.h5','r+'); d=f['/tokens/topk_weights']; a=d[0:1]; a[0,0,0]=-2; d[0:1]=a"
 # calibrate reads the gate weights only for gate_prob signatures (the other variants never use them).
 expect_error "negative weight in HDF5 trace" "negw.h5: .*negative" out.h5 "$ELDR" calibrate --trace negw.h5 -K 2 \
