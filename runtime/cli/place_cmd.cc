@@ -6,6 +6,7 @@
 //             (runtime/eval/placement_replay.h).
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "placement/placement.h"
@@ -87,9 +88,11 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
   if (path.empty()) return std::unique_ptr<Placement>();
   std::ifstream f(path);
   if (!f) return Status::NotFound(path + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto parsed = ParseJson(text);
+  if (!parsed.ok()) return parsed.status().WithPrefix(path);
   try {
-    nlohmann::json j;
-    f >> j;
+    const nlohmann::json& j = parsed.value();
     auto prev = PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
                                      j.at("phy2log").get<std::vector<int32_t>>());
     if (!prev.ok()) return prev.status().WithPrefix(path);

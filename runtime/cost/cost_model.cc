@@ -164,7 +164,9 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
     if (line.empty()) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
+      auto parsed = ParseJson(line);
+      if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
+      j = std::move(parsed).value();
       const std::string kind = j.at("kind").get<std::string>();
       const double seconds = j.at("seconds").get<double>();
       if (!(seconds >= 0) || !std::isfinite(seconds)) throw std::runtime_error("seconds must be >= 0");
@@ -438,6 +440,10 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
   if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
   Samples s;
   for (const std::string& f : files) {
+    std::error_code ec;
+    if (fs::is_directory(f, ec)) {
+      return Status::InvalidArgument(f + ": is a directory, expected a steps.jsonl or moe_layer_bench JSON file");
+    }
     std::ifstream in(f);
     if (!in) return Status::NotFound(f + ": no such file");
     std::string first;

@@ -14,6 +14,7 @@
 #include <random>
 
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/json_util.h"
 
 namespace eldr {
 
@@ -219,12 +220,9 @@ Result<ModelWeights> LoadSafetensors(const ModelConfig& config, const std::strin
   uint64_t header_len = 0;
   std::memcpy(&header_len, base, 8);  // little-endian u64
   if (header_len > map->size - 8) return Status::Corrupt(path + ": header length exceeds the file (truncated?)");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(base + 8), header_len));
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corrupt(path + ": safetensors header is not valid JSON");
-  }
+  auto parsed = ParseJson(std::string(reinterpret_cast<const char*>(base + 8), header_len));
+  if (!parsed.ok()) return Status::Corrupt(path + ": safetensors header: " + parsed.status().message());
+  const nlohmann::json header = std::move(parsed).value();
   const uint8_t* data = base + 8 + header_len;
   const uint64_t data_size = map->size - 8 - header_len;
   ModelWeights w;

@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/json_util.h"
 #include "runtime/common/memory_budget.h"
 #include "runtime/common/progress.h"
 #include "runtime/common/signals.h"
@@ -84,12 +85,7 @@ struct ParsedRequest {
 
 // Parses and validates one line. Errors are the problem only; the caller adds file and line.
 Status ParseLine(const std::string& line, ParsedRequest* out) {
-  json j;
-  try {
-    j = json::parse(line);
-  } catch (const json::parse_error& e) {
-    return Status::InvalidArgument(std::string("not valid JSON (") + e.what() + ")");
-  }
+  ELDR_ASSIGN_OR_RETURN(json j, ParseJson(line));
   if (!j.is_object()) return Status::InvalidArgument("a line must be a JSON object");
   auto get_int = [&](const char* key, int64_t* v, bool required) -> Status {
     auto it = j.find(key);

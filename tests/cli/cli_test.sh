@@ -206,6 +206,10 @@ expect_error "NUL in a JSONL id" "nulid.jsonl:1: field 'id' contains a NUL chara
 printf '%s\n' "${line/\"x\"/\"x\\u0000y\"}" > nuldom.jsonl
 expect_error "NUL in a JSONL domain" "nuldom.jsonl:1: field 'domain' contains a NUL character" out.h5 \
   "$ELDR" trace import --in nuldom.jsonl --out out.h5
+# A key twice in one JSON object was read as its last value (another id, another domain): refused, as in YAML.
+printf '%s\n' "${line/\"domain\":\"x\"/\"domain\":\"x\",\"domain\":\"y\"}" > dupkey.jsonl
+expect_error "duplicate key in a JSONL line" "dupkey.jsonl:1: duplicate key \"domain\" in a JSON object" out.h5 \
+  "$ELDR" trace import --in dupkey.jsonl --out out.h5
 printf '%s\n%s\n' "$line" "${line/\[\[2,3\]\]/[[2,9]]}" | sed '2s/"a"/"b"/' > badid.jsonl
 expect_error "expert id >= num_experts" "badid.jsonl:2: .*expert id 9" out.h5 "$ELDR" trace import --in badid.jsonl --out out.h5
 expect_error "missing JSONL" "nothere.jsonl: cannot open" out.h5 "$ELDR" trace import --in nothere.jsonl --out out.h5

@@ -244,6 +244,20 @@ expect_error "JSONL topk_weights 1e39" "w39.jsonl:1: topk_weights\[0\]\[1\] has 
   "$ELDR" trace import --in w39.jsonl --out w39.h5
 expect_error "place: loads of 1e308" "prof-huge.json: the loads sum to .*above 1e300" - \
   "$ELDR" place profile --load prof-huge.json -P 2 -R 2
+echo '{"token_scores": {"1": {"0": 1, "1": 2, "2": 3, "3": 4}}, "token_scores": {"1": {"0": 9, "1": 2, "2": 3, "3": 4}}}' \
+  > prof-dup.json
+expect_error "place: token_scores twice" "prof-dup.json: duplicate key \"token_scores\" in a JSON object" - \
+  "$ELDR" place profile --load prof-dup.json -P 4 -R 2
+echo '{"token_scores": {"1": {"0": 1, "1": 2, "1": 3, "3": 4}}}' > prof-dup2.json
+expect_error "place: an expert twice in a layer" "prof-dup2.json: duplicate key \"1\" in a JSON object" - \
+  "$ELDR" place profile --load prof-dup2.json -P 4 -R 2
+echo '{"kind":"decode","kind":"prefill","worker":0,"time":0,"seconds":0.004,"batch":1,"distinct_experts":2,"context_tokens":5}' \
+  > steps-dup.jsonl
+expect_error "simulate --fit: a step record with kind twice" "steps-dup.jsonl:1: not a step record: duplicate key \"kind\"" - \
+  "$ELDR" simulate --fit steps-dup.jsonl --model "$SRC/configs/models/tiny.yaml"
+mkdir -p stepsdir
+expect_error "simulate --fit DIR" "stepsdir: is a directory, expected a steps.jsonl" - \
+  "$ELDR" simulate --fit stepsdir --model "$SRC/configs/models/tiny.yaml"
 expect_error "place: layer keys 0, 1, 5" "prof-gap.json: token_scores layer keys must be consecutive; layer \"2\" is missing" - \
   "$ELDR" place profile --load prof-gap.json -P 2 -R 2
 run_ok "place: layer keys starting at 1" "$ELDR" place profile --load prof.json -P 4 -R 2
