@@ -241,6 +241,8 @@ cp real.h5 prompt_only.h5 && $PY -c "
 import h5py; f = h5py.File('prompt_only.h5', 'r+'); f['/requests/prompt_len'][...] = f['/requests/num_tokens'][:]"
 expect_error "synth --like a trace without decode tokens" "prompt_only.h5: .*--like trace has no decode tokens" out.h5 \
   "$ELDR" trace synth --like prompt_only.h5 --out out.h5
+expect_error "calibrate a trace without decode tokens" "prompt_only.h5: none of the trace's 108 requests has both prompt and decode tokens" \
+  out.h5 "$ELDR" calibrate --trace prompt_only.h5 -K 2 --out out.h5
 expect_error "synth --like --requests 0" "--requests: must be an integer in \[1, [0-9]+\], got '0'" out.h5 "$ELDR" trace synth --like real.h5 --requests 0 --out out.h5
 expect_error "synth --like with a domain count unlike the trace's" "--domains 3 does not match the 4 domains" out.h5 \
   "$ELDR" trace synth --like real.h5 --domains 3 --out out.h5
