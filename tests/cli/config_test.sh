@@ -217,6 +217,8 @@ expect_error "route --repeat 100000000" "--repeat 100000000 x 40 requests: needs
   "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 100000000
 expect_error "route --repeat over a small budget" "--repeat 1000 x 40 requests: needs 2.6 MB, this machine has 1.0 MB" - \
   env ELDR_MEMORY_BUDGET=1000000 "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 1000
+expect_error "simulate -n 10^13 (was: 'out of memory')" "job.yaml: workload.num_requests 10000000000000: needs .*, this machine has" \
+  - "$ELDR" simulate -c job.yaml -n 10000000000000 --no-output
 expect_error "synth over the memory budget" "synthetic trace of [0-9]+ routing entries: needs" big.h5 \
   env ELDR_MEMORY_BUDGET=1000000 "$ELDR" trace synth --requests 10000 --layers 4 --experts 8 --top-k 2 --out big.h5
 $PY - <<'PY'
