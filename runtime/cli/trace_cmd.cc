@@ -168,11 +168,14 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     cmd->add_option("--mix", *mix, "domain mix: uniform, wildchat (two domains ~75%) or weights w1,w2,...")
         ->capture_default_str();
     cmd->add_option("--domain-affinity", o->domain_affinity, "probability mass on the domain's experts")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 1)));
     cmd->add_option("--shared-fraction", o->shared_fraction, "probability mass on the shared popular experts")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 1)));
     cmd->add_option("--request-affinity", o->request_affinity, "per-request preference strength")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 1)));
     cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
     cmd->add_option("--model", o->model, "model name stored in the trace")->capture_default_str();
     cmd->add_flag("--no-weights", *no_weights, "do not emit topk_weights");
@@ -184,13 +187,30 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto lo = std::make_shared<LikeSynthOptions>();
     auto* like_opt = cmd->add_option("--like", *like, "fit the generator to this real HDF5 trace (unique requests)");
     cmd->add_option("--separation", lo->separation, "with --like: domain separation, 1 = as fitted, >1 apart")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 100)));
     cmd->add_option("--length-jitter", lo->length_jitter, "with --like: log-normal sigma on resampled lengths")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 5)));
     auto* domains_opt = cmd->get_option("--domains");
     auto* requests_opt = cmd->get_option("--requests");
     cmd->callback([=] {
       *action = [=]() -> Status {
+        // An option of the other mode would be ignored: refuse it instead.
+        const bool with_like = like_opt->count() > 0;
+        for (const char* name : {"--layers", "--experts", "--top-k", "--prompt-len", "--output-len", "--mix",
+                                 "--domain-affinity", "--shared-fraction", "--request-affinity", "--model"}) {
+          if (with_like && cmd->count(name) > 0) {
+            return Status::InvalidArgument(std::string(name) +
+                                           " does not apply with --like (the shape, domains and lengths come from "
+                                           "the trace); omit it");
+          }
+        }
+        for (const char* name : {"--separation", "--length-jitter"}) {
+          if (!with_like && cmd->count(name) > 0) {
+            return Status::InvalidArgument(std::string(name) + " applies only with --like TRACE");
+          }
+        }
         if (!like->empty()) {
           LikeSynthOptions lopts = *lo;
           lopts.num_requests = o->num_requests;

@@ -246,7 +246,7 @@ expect_error "calibrate a trace without decode tokens" "prompt_only.h5: none of 
 expect_error "synth --like --requests 0" "--requests: must be an integer in \[1, [0-9]+\], got '0'" out.h5 "$ELDR" trace synth --like real.h5 --requests 0 --out out.h5
 expect_error "synth --like with a domain count unlike the trace's" "--domains 3 does not match the 4 domains" out.h5 \
   "$ELDR" trace synth --like real.h5 --domains 3 --out out.h5
-expect_error "synth --like negative separation" "--separation must be in" out.h5 \
+expect_error "synth --like negative separation" "--separation: must be in \[0, 100\], got '-1'" out.h5 \
   "$ELDR" trace synth --like real.h5 --separation -1 --out out.h5
 expect_error "synth --like missing trace" "nope.h5: no such file" out.h5 "$ELDR" trace synth --like nope.h5 --out out.h5
 expect_error "gate_prob without weights" "gate_prob" out.h5 "$ELDR" calibrate --trace good.h5 -K 1 --signature gate_prob --out out.h5

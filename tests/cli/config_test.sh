@@ -137,6 +137,17 @@ expect_error "synth --requests 0" "--requests: must be an integer in \[1, [0-9]+
   "$ELDR" trace synth --requests 0 --out s0.h5
 expect_error "synth --requests abc" "--requests: must be an integer in \[1, [0-9]+\], got 'abc'" s0.h5 \
   "$ELDR" trace synth --requests abc --out s0.h5
+expect_error "synth --domain-affinity 1.5" "--domain-affinity: must be in \[0, 1\], got '1.5'" s0.h5 \
+  "$ELDR" trace synth --domain-affinity 1.5 --out s0.h5
+expect_error "synth --like --separation 1e300 (was: 301 digits)" "--separation: must be in \[0, 100\], got '1e300'" s0.h5 \
+  "$ELDR" trace synth --like trace.h5 --separation 1e300 --out s0.h5
+# Options of the other mode were ignored silently (--like takes the shape from its trace).
+expect_error "synth --like with --layers" "--layers does not apply with --like" s0.h5 \
+  "$ELDR" trace synth --like trace.h5 --layers 3 --out s0.h5
+expect_error "synth --like with --mix" "--mix does not apply with --like" s0.h5 \
+  "$ELDR" trace synth --like trace.h5 --mix wildchat --out s0.h5
+expect_error "synth --separation without --like" "--separation applies only with --like" s0.h5 \
+  "$ELDR" trace synth --separation 2 --out s0.h5
 
 # ---- the run directory (output.dir): refused when it holds files, replaced whole with output.replace ----
 sed 's|^output: {dir: run}|output: {dir: rd}|' job.yaml > rd.yaml
