@@ -107,6 +107,29 @@ Status RunDerive(const SimulateArgs& a) {
   return WriteOrPrint(a.out, a.json ? DumpJson(CostModelJson(m)) + "\n" : CostModelYaml(m));
 }
 
+// simulate runs one of three modes (--fit, --derive, a simulation); an option of another mode would be ignored, so it
+// is refused, naming the option and the mode.
+Status CheckModeOptions(const CLI::App& cmd) {
+  const bool fit = cmd.count("--fit") > 0, derive = cmd.count("--derive") > 0;
+  if (fit && derive) return Status::InvalidArgument("--fit and --derive are two modes; give one");
+  const char* mode = fit ? "--fit" : derive ? "--derive" : nullptr;
+  const auto given = [&](const char* name) { return cmd.count(name) > 0; };
+  for (const char* name :
+       {"--config",     "--calib",           "--trace",       "--decoders",      "--prefill",       "--policy",
+        "--tau",        "--load-bound",      "--harm-weight", "--rate",          "--burstiness",    "--num-requests",
+        "--output-len", "--max-concurrency", "--max-batch",   "--decode-blocks", "--admission-cap", "--seed",
+        "--route-on",   "--cost-model",      "--output-dir",  "--no-output"}) {
+    if (mode && given(name)) return Status::InvalidArgument(std::string(name) + " does not apply with " + mode);
+  }
+  for (const char* name : {"--model", "--out"}) {
+    if (!mode && given(name))
+      return Status::InvalidArgument(std::string(name) + " applies only with --fit or --derive");
+  }
+  if (!derive && given("--bandwidth")) return Status::InvalidArgument("--bandwidth applies only with --derive");
+  if (!fit && given("--cores")) return Status::InvalidArgument("--cores applies only with --fit");
+  return Status::Ok();
+}
+
 Status RunSimulation(const SimulateArgs& a) {
   if (a.config.empty()) return Status::InvalidArgument("--config is required (the job config of eldr serve)");
   ELDR_ASSIGN_OR_RETURN(JobConfig c, LoadJobConfig(a.config));
@@ -260,6 +283,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       ->check(NonEmptyPath());
   cmd->callback([=] {
     *action = [=]() -> Status {
+      ELDR_RETURN_IF_ERROR(CheckModeOptions(*cmd));
       InstallInterruptHandlers();
       if (!a->fit.empty()) return RunFit(*a);
       if (!a->derive.empty()) return RunDerive(*a);
