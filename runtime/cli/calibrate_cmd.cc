@@ -30,7 +30,7 @@ struct CalibrateArgs {
   bool tau_given = false;
   bool as_json = false;
   bool quiet = false;
-  std::vector<std::string> fit_only_given;  // --signature / --layers on the command line (a fit's, not --refit's)
+  std::vector<std::string> fit_only_given;  // fit options on the command line (--signature, --layers, --holdout, ...)
 };
 
 Status RunCalibrate(const CalibrateArgs& a) {
@@ -50,8 +50,8 @@ Status RunCalibrate(const CalibrateArgs& a) {
   ELDR_RETURN_IF_ERROR(outputs.CheckWritable({{a.trace, "--trace"}, {a.refit, "--refit"}}));
   if (!a.refit.empty() && !a.fit_only_given.empty()) {
     return Status::InvalidArgument(a.fit_only_given[0] +
-                                   " is a fit option: --refit re-clusters the stored signatures (their variant and "
-                                   "layer mask); fit again with --trace to change it");
+                                   " is a fit option: --refit re-clusters the stored signatures (their variant, "
+                                   "layer mask and rho); fit again with --trace to change it");
   }
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t) {
@@ -158,7 +158,7 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
   cmd->callback([=] {
     a->fit_only_given.clear();
-    for (const char* fit_only : {"--signature", "--layers", "--features"}) {
+    for (const char* fit_only : {"--signature", "--layers", "--features", "--holdout", "--max-pairs"}) {
       if (cmd->count(fit_only) > 0) a->fit_only_given.push_back(fit_only);
     }
     *action = [=] { return RunCalibrate(*a); };

@@ -219,6 +219,9 @@ expect_error "place --expert-bytes -5" "--expert-bytes: must be an integer in \[
 expect_error "refit --signature" "--signature is a fit option: --refit re-clusters" out.h5 \
   "$ELDR" calibrate --refit cal2.h5 -K 2 --signature count --out out.h5
 expect_error "refit --layers" "--layers is a fit option" out.h5 "$ELDR" calibrate --refit cal2.h5 -K 2 --layers 1 --out out.h5
+# --refit computes no rho: --holdout and --max-pairs were ignored silently.
+expect_error "refit --holdout" "--holdout is a fit option" out.h5 "$ELDR" calibrate --refit cal2.h5 -K 2 --holdout 0.5 --out out.h5
+expect_error "refit --max-pairs" "--max-pairs is a fit option" out.h5 "$ELDR" calibrate --refit cal2.h5 -K 2 --max-pairs 5 --out out.h5
 expect_error "CLI11 error: one line" "^eldr: error: The following argument was not expected: --bogus" - \
   "$ELDR" simulate -c job.yaml --bogus
 expect_error "CLI11 missing option: one line" "^eldr: error: --out is required" - "$ELDR" calibrate --trace trace.h5 -K 2
