@@ -140,7 +140,8 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
          "routing band width stored for the router (default 0.1; --refit keeps the stored value)")
       ->check(InRange(NumberRange::AtLeast(0)));
   cmd->add_option("--seed", a->options.seed, "seed for k-means++, restarts, holdout and pair sampling")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(SeedValue());
   cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 20)));

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -50,6 +52,20 @@ inline CLI::Validator NonEmptyPath() {
   return CLI::Validator(
       [](std::string& text) {
         return text.empty() ? std::string("the path is empty; give a file name") : std::string();
+      },
+      "");
+}
+
+// A seed: a whole number in [0, 2^64 - 1]. CLI11 converts "-1" and "99999999999999999999" to 2^64 - 1 silently.
+inline CLI::Validator SeedValue() {
+  return CLI::Validator(
+      [](std::string& text) {
+        uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+          return "must be an integer in [0, 18446744073709551615], got '" + text + "'";
+        }
+        return std::string();
       },
       "");
 }

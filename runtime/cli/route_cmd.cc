@@ -39,7 +39,9 @@ void AddRouteCommand(CLI::App& app, Action* action) {
   cmd->add_option("--repeat", a->options.repeat, "replay the trace this many times")
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 30)));
-  cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")
+      ->capture_default_str()
+      ->check(SeedValue());
   cmd->add_option("--cost-model", a->cost_model,
                   "decode cost model YAML that eldr prices its routing in (configs/costs/*.yaml; default: a step "
                   "costs its distinct experts)")

@@ -254,7 +254,8 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   set("--decode-blocks", &a->decode_blocks, job_limits::kBlocks, "override kv_cache.decode_blocks");
   set("--admission-cap", &a->admission_cap, job_limits::kCount, "override routing.admission_cap");
   cmd->add_option_function<uint64_t>(
-      "--seed", [a](const uint64_t& s) { a->seed = s; }, "override workload.seed");
+         "--seed", [a](const uint64_t& s) { a->seed = s; }, "override workload.seed")
+      ->check(SeedValue());
   cmd->add_option("--route-on", a->route_on,
                   "evaluation option: prefill (default: the prompt's expert counts, as serve) or decode (the router "
                   "is handed each request's decode-token counts, with a calibration from 'eldr calibrate --features "

@@ -176,7 +176,7 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     cmd->add_option("--request-affinity", o->request_affinity, "per-request preference strength")
         ->capture_default_str()
         ->check(InRange(NumberRange::Between(0, 1)));
-    cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+    cmd->add_option("--seed", o->seed, "random seed")->capture_default_str()->check(SeedValue());
     cmd->add_option("--model", o->model, "model name stored in the trace")->capture_default_str();
     cmd->add_flag("--no-weights", *no_weights, "do not emit topk_weights");
     cmd->add_option("--out", *out, "HDF5 trace to write")->required()->check(NonEmptyPath());
@@ -248,7 +248,7 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     cmd->add_flag("--json", *as_json, "print JSON instead of tables");
     cmd->add_option("--batch-sizes", o->batch_sizes, "decode batch sizes B")->capture_default_str();
     cmd->add_option("--batches", o->num_batches, "sampled batches per B and kind")->capture_default_str();
-    cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+    cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str()->check(SeedValue());
     cmd->callback([=] {
       *action = [=]() -> Status {
         ELDR_ASSIGN_OR_RETURN(Trace t, ReadTrace(*path));

@@ -137,6 +137,13 @@ expect_error "synth --requests 0" "--requests: must be an integer in \[1, [0-9]+
   "$ELDR" trace synth --requests 0 --out s0.h5
 expect_error "synth --requests abc" "--requests: must be an integer in \[1, [0-9]+\], got 'abc'" s0.h5 \
   "$ELDR" trace synth --requests abc --out s0.h5
+# A seed CLI11 would wrap: -1 and 10^20 were both taken as 2^64 - 1.
+for s in -1 99999999999999999999; do
+  expect_error "synth --seed $s" "--seed: must be an integer in \[0, 18446744073709551615\], got '$s'" s0.h5 \
+    "$ELDR" trace synth --seed "$s" --out s0.h5
+done
+expect_error "simulate --seed -1" "--seed: must be an integer in \[0, 18446744073709551615\], got '-1'" - \
+  "$ELDR" simulate -c job.yaml --seed -1 --no-output
 expect_error "synth --domain-affinity 1.5" "--domain-affinity: must be in \[0, 1\], got '1.5'" s0.h5 \
   "$ELDR" trace synth --domain-affinity 1.5 --out s0.h5
 expect_error "synth --like --separation 1e300 (was: 301 digits)" "--separation: must be in \[0, 100\], got '1e300'" s0.h5 \
