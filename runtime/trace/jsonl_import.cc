@@ -115,7 +115,10 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
     }
   }
   out->shape.model.clear();
-  if ((it = j.find("model")) != j.end() && it->is_string()) out->shape.model = it->get<std::string>();
+  if ((it = j.find("model")) != j.end() && !it->is_null()) {
+    if (!it->is_string()) return Status::InvalidArgument("field 'model' must be a string");
+    out->shape.model = it->get<std::string>();
+  }
   // HDF5 strings end at a NUL: "a\u0000b" would be stored as "a" (another request's id, or another label).
   for (const auto& [key, text] : {std::pair<const char*, const std::string*>{"id", &out->meta.id},
                                   {"domain", &out->meta.domain},
@@ -265,6 +268,11 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
       if (!req.shape.SameAs(shape)) {
         return Status::InvalidArgument(where + "shape " + req.shape.ToString() + " differs from the first request's " +
                                        shape.ToString());
+      }
+      // One trace, one model: the file stores the first line's name.
+      if (!req.shape.model.empty() && !shape.model.empty() && req.shape.model != shape.model) {
+        return Status::InvalidArgument(where + "model '" + req.shape.model + "' differs from the first request's '" +
+                                       shape.model + "'");
       }
       if (with_weights != !req.weights.empty()) {
         return Status::InvalidArgument(where + (with_weights ? "has no topk_weights but earlier lines do"

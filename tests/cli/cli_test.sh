@@ -210,6 +210,14 @@ expect_error "NUL in a JSONL domain" "nuldom.jsonl:1: field 'domain' contains a 
 printf '%s\n' "${line/\"domain\":\"x\"/\"domain\":\"x\",\"domain\":\"y\"}" > dupkey.jsonl
 expect_error "duplicate key in a JSONL line" "dupkey.jsonl:1: duplicate key \"domain\" in a JSON object" out.h5 \
   "$ELDR" trace import --in dupkey.jsonl --out out.h5
+# The model name: a second one was dropped silently (the file keeps the first), a number was ignored.
+printf '%s\n%s\n' "${line/\"domain\"/\"model\":\"m1\",\"domain\"}" "${line/\"domain\"/\"model\":\"m2\",\"domain\"}" \
+  | sed '2s/"a"/"b"/' > twomodels.jsonl
+expect_error "two model names in one JSONL" "twomodels.jsonl:2: model 'm2' differs from the first request's 'm1'" out.h5 \
+  "$ELDR" trace import --in twomodels.jsonl --out out.h5
+printf '%s\n' "${line/\"domain\"/\"model\":5,\"domain\"}" > nummodel.jsonl
+expect_error "a numeric model name in JSONL" "nummodel.jsonl:1: field 'model' must be a string" out.h5 \
+  "$ELDR" trace import --in nummodel.jsonl --out out.h5
 printf '%s\n%s\n' "$line" "${line/\[\[2,3\]\]/[[2,9]]}" | sed '2s/"a"/"b"/' > badid.jsonl
 expect_error "expert id >= num_experts" "badid.jsonl:2: .*expert id 9" out.h5 "$ELDR" trace import --in badid.jsonl --out out.h5
 expect_error "missing JSONL" "nothere.jsonl: cannot open" out.h5 "$ELDR" trace import --in nothere.jsonl --out out.h5
