@@ -3,6 +3,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <utility>
 
@@ -54,12 +55,10 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
   if (!std::filesystem::exists(path, ec)) return Status::NotFound(path + ": no such file");
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::IoError(path + ": cannot open for reading");
-  json doc;
-  try {
-    doc = json::parse(in);
-  } catch (const json::exception& e) {
-    return Status::Corrupt(path + ": not valid JSON (" + e.what() + ")");
-  }
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto parsed = ParseJson(text);
+  if (!parsed.ok()) return Status::Corrupt(path + ": " + parsed.status().message());
+  const json doc = std::move(parsed).value();
   if (!doc.is_object() || !doc.contains("token_scores") || !doc["token_scores"].is_object()) {
     return Status::Corrupt(path + ": expected an object with \"token_scores\": {layer: {expert: load}}");
   }

@@ -145,6 +145,11 @@ Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions&
     if (IsUsableRequest(r.prompt_len, r.decode_len())) usable.push_back(static_cast<int32_t>(i));
   }
   rep.num_skipped = static_cast<int>(counts.requests.size() - usable.size());
+  if (usable.empty()) {  // say so, not "K must be in [1, 0]"
+    if (counts.requests.empty()) return Status::InvalidArgument("the trace has no requests");
+    return Status::InvalidArgument("none of the trace's " + std::to_string(counts.requests.size()) +
+                                   " requests has both prompt and decode tokens, which calibration needs");
+  }
   std::vector<int32_t> calib_idx = usable, holdout_idx;
   if (o.holdout > 0) {
     std::mt19937_64 rng(o.seed + 0x5bd1e995);

@@ -99,6 +99,10 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (c.sizes != sizes) return bad("/clusters/sizes does not match the assignment");
   if (c.expert_load.size() != static_cast<size_t>(K) * row) return bad("/clusters/expert_load must be [K, L, E]");
   if (!AllFinite(c.expert_load)) return bad("/clusters/expert_load has NaN or infinite values");
+  // Per-token activation probabilities (the router's 1 - q goes negative above 1); 1e-5: float rounding of a mean.
+  for (float v : c.expert_load) {
+    if (v < 0 || v > 1 + 1e-5f) return bad("/clusters/expert_load has values outside [0, 1]");
+  }
   if (!c.decode_lens.empty()) {
     if (c.decode_lens.size() != static_cast<size_t>(N)) return bad("/calibration/decode_lens must be [N]");
     for (int64_t v : c.decode_lens) {

@@ -66,9 +66,14 @@ Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, Sto
   }
   const int64_t nodes = OptionalInt(f, "num_nodes", 1), groups = OptionalInt(f, "num_groups", 1);
   const int64_t R = ranks.value(), P = slots.value();
-  if (R < 1 || R > (1 << 20) || P < num_experts || P > (1 << 24) || nodes < 1 || groups < 1) {
-    return Status::Corrupt(path + ": /placement has num_ranks = " + std::to_string(R) + ", num_slots = " +
-                           std::to_string(P) + " (needs R >= 1 and P >= E = " + std::to_string(num_experts) + ")");
+  constexpr int64_t kMaxRanks = 1 << 20, kMaxSlots = 1 << 24;
+  if (R < 1 || R > kMaxRanks || P < num_experts || P > kMaxSlots || nodes < 1 || nodes > kMaxRanks || groups < 1 ||
+      groups > kMaxRanks) {
+    return Status::Corrupt(path + ": /placement has num_ranks = " + std::to_string(R) +
+                           ", num_slots = " + std::to_string(P) + ", num_nodes = " + std::to_string(nodes) +
+                           ", num_groups = " + std::to_string(groups) + " (needs ranks, nodes and groups in [1, " +
+                           std::to_string(kMaxRanks) + "] and slots in [E = " + std::to_string(num_experts) + ", " +
+                           std::to_string(kMaxSlots) + "]); re-run eldr place calib");
   }
   out->num_ranks = static_cast<int>(R);
   out->num_slots = static_cast<int>(P);

@@ -30,7 +30,7 @@ struct CalibrateArgs {
   bool tau_given = false;
   bool as_json = false;
   bool quiet = false;
-  std::vector<std::string> fit_only_given;  // --signature / --layers on the command line (a fit's, not --refit's)
+  std::vector<std::string> fit_only_given;  // fit options on the command line (--signature, --layers, --holdout, ...)
 };
 
 Status RunCalibrate(const CalibrateArgs& a) {
@@ -50,8 +50,8 @@ Status RunCalibrate(const CalibrateArgs& a) {
   ELDR_RETURN_IF_ERROR(outputs.CheckWritable({{a.trace, "--trace"}, {a.refit, "--refit"}}));
   if (!a.refit.empty() && !a.fit_only_given.empty()) {
     return Status::InvalidArgument(a.fit_only_given[0] +
-                                   " is a fit option: --refit re-clusters the stored signatures (their variant and "
-                                   "layer mask); fit again with --trace to change it");
+                                   " is a fit option: --refit re-clusters the stored signatures (their variant, "
+                                   "layer mask and rho); fit again with --trace to change it");
   }
   using Clock = std::chrono::steady_clock;
   const auto seconds_since = [](Clock::time_point t) {
@@ -117,10 +117,11 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
       "calibrate",
       "Fit signatures (IDF, greedy layer mask) and Hungarian-balanced clusters into calibration.h5, or "
       "--refit stored signatures for a new decoder count");
-  cmd->add_option("--trace", a->trace, "HDF5 routing trace to calibrate on");
-  cmd->add_option("--refit", a->refit, "existing calibration.h5 to re-cluster (no trace needed)");
+  cmd->add_option("--trace", a->trace, "HDF5 routing trace to calibrate on")->check(NonEmptyPath());
+  cmd->add_option("--refit", a->refit, "existing calibration.h5 to re-cluster (no trace needed)")
+      ->check(NonEmptyPath());
   cmd->add_option("--decoders,-K", a->options.num_decoders, "number of decode workers K")->required();
-  cmd->add_option("--out,-o", a->out, "calibration.h5 to write")->required();
+  cmd->add_option("--out,-o", a->out, "calibration.h5 to write")->required()->check(NonEmptyPath());
   cmd->add_option("--signature", a->variant, "signature variant: count_idf, count, sqrt, binary, gate_prob")
       ->capture_default_str();
   cmd->add_option("--features", a->features,
@@ -139,7 +140,8 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
          "routing band width stored for the router (default 0.1; --refit keeps the stored value)")
       ->check(InRange(NumberRange::AtLeast(0)));
   cmd->add_option("--seed", a->options.seed, "seed for k-means++, restarts, holdout and pair sampling")
-      ->capture_default_str();
+      ->capture_default_str()
+      ->check(SeedValue());
   cmd->add_option("--restarts", a->options.restarts, "k-means restarts (best objective kept)")
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 20)));
@@ -152,12 +154,12 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--unbalanced", a->unbalanced, "plain spherical k-means without the capacity (ablation)");
   cmd->add_flag("--work-balanced", a->options.work_balanced,
                 "balance clusters by expected decode work (Σ decode tokens) instead of request count");
-  cmd->add_option("--report", a->report, "also write the report as JSON to this file");
+  cmd->add_option("--report", a->report, "also write the report as JSON to this file")->check(NonEmptyPath());
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
   cmd->callback([=] {
     a->fit_only_given.clear();
-    for (const char* fit_only : {"--signature", "--layers", "--features"}) {
+    for (const char* fit_only : {"--signature", "--layers", "--features", "--holdout", "--max-pairs"}) {
       if (cmd->count(fit_only) > 0) a->fit_only_given.push_back(fit_only);
     }
     *action = [=] { return RunCalibrate(*a); };
@@ -169,8 +171,9 @@ void AddInspectCommand(CLI::App& app, Action* action) {
   auto trace_path = std::make_shared<std::string>();
   auto as_json = std::make_shared<bool>(false);
   auto* cmd = app.add_subcommand("inspect", "Summarise a calibration.h5; with --trace, check it against a trace");
-  cmd->add_option("calibration", *path, "calibration.h5")->required();
-  cmd->add_option("--trace", *trace_path, "routing trace to score with this calibration (rho, nearest centroids)");
+  cmd->add_option("calibration", *path, "calibration.h5")->required()->check(NonEmptyPath());
+  cmd->add_option("--trace", *trace_path, "routing trace to score with this calibration (rho, nearest centroids)")
+      ->check(NonEmptyPath());
   cmd->add_flag("--json", *as_json, "print JSON");
   cmd->callback([=] {
     *action = [=]() -> Status {

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <charconv>
+#include <cstdint>
 #include <functional>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -41,6 +43,31 @@ inline CLI::Validator InRange(const IntRange& range) {
         return st.ok() ? std::string() : st.message().substr(1);
       },
       range.Describe());
+}
+
+// A path option given as "" (an unset variable in a script) is refused ("--out: the path is empty"), never taken
+// for the option's absence and its default (place calib would update --calib in place, simulate would keep the
+// config's --trace, calibrate would skip --report).
+inline CLI::Validator NonEmptyPath() {
+  return CLI::Validator(
+      [](std::string& text) {
+        return text.empty() ? std::string("the path is empty; give a file name") : std::string();
+      },
+      "");
+}
+
+// A seed: a whole number in [0, 2^64 - 1]. CLI11 converts "-1" and "99999999999999999999" to 2^64 - 1 silently.
+inline CLI::Validator SeedValue() {
+  return CLI::Validator(
+      [](std::string& text) {
+        uint64_t v = 0;
+        const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+        if (text.empty() || ec != std::errc() || end != text.data() + text.size()) {
+          return "must be an integer in [0, 18446744073709551615], got '" + text + "'";
+        }
+        return std::string();
+      },
+      "");
 }
 
 // Prints `text` to stdout, or `json` (indented) when as_json.

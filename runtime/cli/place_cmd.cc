@@ -6,6 +6,7 @@
 //             (runtime/eval/placement_replay.h).
 #include <chrono>
 #include <fstream>
+#include <iterator>
 #include <memory>
 
 #include "placement/placement.h"
@@ -87,9 +88,11 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
   if (path.empty()) return std::unique_ptr<Placement>();
   std::ifstream f(path);
   if (!f) return Status::NotFound(path + ": cannot open");
+  const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+  auto parsed = ParseJson(text);
+  if (!parsed.ok()) return parsed.status().WithPrefix(path);
   try {
-    nlohmann::json j;
-    f >> j;
+    const nlohmann::json& j = parsed.value();
     auto prev = PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
                                      j.at("phy2log").get<std::vector<int32_t>>());
     if (!prev.ok()) return prev.status().WithPrefix(path);
@@ -156,11 +159,13 @@ void AddProfileCommand(CLI::App* place, Action* action) {
   auto* cmd = place->add_subcommand("profile", "One placement for an expert-load profile [L, E] (JSON or HDF5)");
   cmd->add_option("--load", a->load,
                   "load [L, E]: a JSON expert-load profile ({\"token_scores\": {layer: {expert: share}}}) or HDF5")
-      ->required();
+      ->required()
+      ->check(NonEmptyPath());
   cmd->add_option("--dataset", a->dataset, "HDF5 dataset holding the [L, E] load")->capture_default_str();
   AddSpecOptions(cmd, &a->spec, true, "physical expert slots per layer (experts + redundant)", "expert-parallel ranks");
   cmd->add_option("--previous", a->previous,
-                  "JSON output of an earlier eldr place profile (its phy2log): minimise moves");
+                  "JSON output of an earlier eldr place profile (its phy2log): minimise moves")
+      ->check(NonEmptyPath());
   cmd->add_option("--move-slack", a->move_slack, "eldr: bottleneck increase accepted to avoid moves (fraction)")
       ->capture_default_str()
       ->check(InRange(NumberRange::AtLeast(0)));
@@ -216,8 +221,9 @@ void AddCalibCommand(CLI::App* place, Action* action) {
       "calib",
       "One placement per decoder cluster of a calibration (/clusters/expert_load) and the global one, "
       "written under its /placement");
-  cmd->add_option("--calib", a->calib, "calibration.h5")->required();
-  cmd->add_option("--out", a->out, "the calibration file to write (default: update --calib in place)");
+  cmd->add_option("--calib", a->calib, "calibration.h5")->required()->check(NonEmptyPath());
+  cmd->add_option("--out", a->out, "the calibration file to write (default: update --calib in place)")
+      ->check(NonEmptyPath());
   AddSpecOptions(cmd, &a->spec, true, "physical expert slots per layer (experts + redundant)", "expert-parallel ranks");
   cmd->add_flag("--json", a->as_json, "print each placement's balancedness as JSON");
   cmd->footer(
@@ -306,9 +312,11 @@ void AddEvaluateCommand(CLI::App* place, Action* action) {
       "evaluate",
       "Replay the decode steps of a trace through the contiguous, global and per-cluster placements of "
       "a calibration and report per-step balancedness (mean, p1) and max-rank load");
-  cmd->add_option("--trace", a->trace, "HDF5 routing trace whose decode steps are replayed")->required();
-  cmd->add_option("--calib", a->calib, "calibration.h5, with or without /placement")->required();
-  cmd->add_option("--out", a->out, "also write the JSON report here");
+  cmd->add_option("--trace", a->trace, "HDF5 routing trace whose decode steps are replayed")
+      ->required()
+      ->check(NonEmptyPath());
+  cmd->add_option("--calib", a->calib, "calibration.h5, with or without /placement")->required()->check(NonEmptyPath());
+  cmd->add_option("--out", a->out, "also write the JSON report here")->check(NonEmptyPath());
   cmd->add_flag("--holdout-from-calib", a->holdout_from_calib,
                 "only the requests of --trace that are not calibration members (on the calibrated trace: the ones "
                 "eldr calibrate --holdout kept out)");

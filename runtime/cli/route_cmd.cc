@@ -17,8 +17,10 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       "route",
       "Replay a trace through the router (every policy side by side): requests per decoder, domain purity, "
       "band sizes, distinct experts per decode step");
-  cmd->add_option("--calib", a->calib, "calibration.h5 (its K is the number of decoders)")->required();
-  cmd->add_option("--trace", a->trace, "HDF5 routing trace to replay")->required();
+  cmd->add_option("--calib", a->calib, "calibration.h5 (its K is the number of decoders)")
+      ->required()
+      ->check(NonEmptyPath());
+  cmd->add_option("--trace", a->trace, "HDF5 routing trace to replay")->required()->check(NonEmptyPath());
   cmd->add_option("--policy", a->policy,
                   "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail")
       ->capture_default_str();
@@ -37,10 +39,13 @@ void AddRouteCommand(CLI::App& app, Action* action) {
   cmd->add_option("--repeat", a->options.repeat, "replay the trace this many times")
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 30)));
-  cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")->capture_default_str();
+  cmd->add_option("--seed", a->options.seed, "seed of arrivals and random policies")
+      ->capture_default_str()
+      ->check(SeedValue());
   cmd->add_option("--cost-model", a->cost_model,
                   "decode cost model YAML that eldr prices its routing in (configs/costs/*.yaml; default: a step "
-                  "costs its distinct experts)");
+                  "costs its distinct experts)")
+      ->check(NonEmptyPath());
   cmd->add_option("--max-batch", a->options.max_batch, "eldr: sequences per decode step")
       ->capture_default_str()
       ->check(InRange(IntRange::Between(1, 1 << 20)));

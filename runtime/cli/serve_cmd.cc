@@ -26,7 +26,8 @@ void AddServeCommand(CLI::App& app, Action* action) {
                                  "Run the serving job (rank 0 router, prefill and decode ranks); start it "
                                  "with mpirun -np N or srun --mpi=pmix -n N");
   cmd->add_option("--config,-c", *config, "job config YAML (topology, model, routing, KV cache, workload, output)")
-      ->required();
+      ->required()
+      ->check(NonEmptyPath());
   cmd->add_flag("--quiet", *quiet, "no progress bar");
   cmd->add_flag("--print-ranks", *print_ranks, "print the world size and the rank → role map, and exit (no MPI)");
   cmd->add_option("--policy", *policy, "override routing.policy");
@@ -37,7 +38,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
          "--load-bound", [load_bound](const double& v) { *load_bound = v; },
          "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, eldr_tail: 0.25)")
       ->check(InRange(job_limits::kLoadBound));
-  cmd->add_option("--output-dir", *out_dir, "override output.dir");
+  cmd->add_option("--output-dir", *out_dir, "override output.dir")->check(NonEmptyPath());
   cmd->callback([=] {
     *action = [=]() -> Status {
       if (*print_ranks) {

@@ -70,6 +70,7 @@ Status RunFit(const SimulateArgs& a) {
   if (r.model.kv_latency == 0) r.model.kv_latency = 1e-4;
   if (r.model.kv_bandwidth == 0) r.model.kv_bandwidth = 5e9;
   r.model.name = "fit-" + mc.name;
+  ELDR_RETURN_IF_ERROR(CheckCostModel(r.model, "the fitted cost model (check the step times of the --fit files)"));
   std::fprintf(stderr, "%s", r.Summary().c_str());
   if (a.json) {
     nlohmann::json j = CostModelJson(r.model);
@@ -101,8 +102,32 @@ Status RunDerive(const SimulateArgs& a) {
   }
   if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;  // 0: not given (the option's range is > 0)
   const CostModel m = DeriveCostModel(mc, dev);
+  ELDR_RETURN_IF_ERROR(CheckCostModel(m, "the derived cost model (check --bandwidth, in bytes/s)"));
   std::fprintf(stderr, "%s\n", m.source.c_str());
   return WriteOrPrint(a.out, a.json ? DumpJson(CostModelJson(m)) + "\n" : CostModelYaml(m));
+}
+
+// simulate runs one of three modes (--fit, --derive, a simulation); an option of another mode would be ignored, so it
+// is refused, naming the option and the mode.
+Status CheckModeOptions(const CLI::App& cmd) {
+  const bool fit = cmd.count("--fit") > 0, derive = cmd.count("--derive") > 0;
+  if (fit && derive) return Status::InvalidArgument("--fit and --derive are two modes; give one");
+  const char* mode = fit ? "--fit" : derive ? "--derive" : nullptr;
+  const auto given = [&](const char* name) { return cmd.count(name) > 0; };
+  for (const char* name :
+       {"--config",     "--calib",           "--trace",       "--decoders",      "--prefill",       "--policy",
+        "--tau",        "--load-bound",      "--harm-weight", "--rate",          "--burstiness",    "--num-requests",
+        "--output-len", "--max-concurrency", "--max-batch",   "--decode-blocks", "--admission-cap", "--seed",
+        "--route-on",   "--cost-model",      "--output-dir",  "--no-output"}) {
+    if (mode && given(name)) return Status::InvalidArgument(std::string(name) + " does not apply with " + mode);
+  }
+  for (const char* name : {"--model", "--out"}) {
+    if (!mode && given(name))
+      return Status::InvalidArgument(std::string(name) + " applies only with --fit or --derive");
+  }
+  if (!derive && given("--bandwidth")) return Status::InvalidArgument("--bandwidth applies only with --derive");
+  if (!fit && given("--cores")) return Status::InvalidArgument("--cores applies only with --fit");
+  return Status::Ok();
 }
 
 Status RunSimulation(const SimulateArgs& a) {
@@ -197,9 +222,11 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       "for a GPU.");
   cmd->add_option("--config,-c", a->config,
                   "job config YAML, the same as eldr serve's; its simulate: section gives "
-                  "the cost model (cost_model: FILE and/or inline keys)");
-  cmd->add_option("--calib", a->calib, "override routing.calibration");
-  cmd->add_option("--trace", a->trace, "override workload.trace (a real or synthetic routing trace)");
+                  "the cost model (cost_model: FILE and/or inline keys)")
+      ->check(NonEmptyPath());
+  cmd->add_option("--calib", a->calib, "override routing.calibration")->check(NonEmptyPath());
+  cmd->add_option("--trace", a->trace, "override workload.trace (a real or synthetic routing trace)")
+      ->check(NonEmptyPath());
   // An override into its optional, checked against the range of the key it replaces.
   auto set = [cmd](const std::string& name, auto* field, const auto& range, const std::string& help) {
     using T = typename std::remove_pointer_t<decltype(field)>::value_type;
@@ -227,21 +254,24 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   set("--decode-blocks", &a->decode_blocks, job_limits::kBlocks, "override kv_cache.decode_blocks");
   set("--admission-cap", &a->admission_cap, job_limits::kCount, "override routing.admission_cap");
   cmd->add_option_function<uint64_t>(
-      "--seed", [a](const uint64_t& s) { a->seed = s; }, "override workload.seed");
+         "--seed", [a](const uint64_t& s) { a->seed = s; }, "override workload.seed")
+      ->check(SeedValue());
   cmd->add_option("--route-on", a->route_on,
                   "evaluation option: prefill (default: the prompt's expert counts, as serve) or decode (the router "
                   "is handed each request's decode-token counts, with a calibration from 'eldr calibrate --features "
                   "decode': the ceiling of any signature)")
       ->capture_default_str();
-  cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)");
-  cmd->add_option("--output-dir", a->output_dir, "override output.dir");
+  cmd->add_option("--cost-model", a->cost_model, "cost model YAML (instead of the config's simulate: section)")
+      ->check(NonEmptyPath());
+  cmd->add_option("--output-dir", a->output_dir, "override output.dir")->check(NonEmptyPath());
   cmd->add_flag("--no-output", a->no_output, "write no files (print only)");
   cmd->add_flag("--json", a->json, "print the metrics JSON to stdout (no table, no progress bar)");
   cmd->add_flag("--quiet", a->quiet, "no progress bar");
   cmd->add_option("--fit", a->fit,
                   "fit a cost model to these files: steps.jsonl of eldr serve runs and/or "
                   "moe_layer_bench --benchmark_format=json output")
-      ->expected(1, -1);
+      ->expected(1, -1)
+      ->check(NonEmptyPath());
   cmd->add_option("--derive", a->derive, "derive a bandwidth-bound cost model for a device: h200");
   cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)")
       ->check(InRange(NumberRange::Above(0)));
@@ -249,10 +279,12 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
                   "rank); the fit removes the sharing and the model simulates it")
       ->check(InRange(NumberRange::AtLeast(0)));
-  cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML");
-  cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)");
+  cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML")->check(NonEmptyPath());
+  cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)")
+      ->check(NonEmptyPath());
   cmd->callback([=] {
     *action = [=]() -> Status {
+      ELDR_RETURN_IF_ERROR(CheckModeOptions(*cmd));
       InstallInterruptHandlers();
       if (!a->fit.empty()) return RunFit(*a);
       if (!a->derive.empty()) return RunDerive(*a);

@@ -121,8 +121,10 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto* cmd =
         trace->add_subcommand("import", "Convert a JSONL routing trace (plain or .gz) into the HDF5 trace format");
     auto in = std::make_shared<std::string>(), out = std::make_shared<std::string>();
-    cmd->add_option("--in", *in, "JSONL routing trace (DESIGN.md §5); gzip is read transparently")->required();
-    cmd->add_option("--out", *out, "HDF5 trace to write")->required();
+    cmd->add_option("--in", *in, "JSONL routing trace (DESIGN.md §5); gzip is read transparently")
+        ->required()
+        ->check(NonEmptyPath());
+    cmd->add_option("--out", *out, "HDF5 trace to write")->required()->check(NonEmptyPath());
     cmd->callback([=] {
       *action = [=]() -> Status {
         InstallInterruptHandlers();
@@ -166,15 +168,18 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     cmd->add_option("--mix", *mix, "domain mix: uniform, wildchat (two domains ~75%) or weights w1,w2,...")
         ->capture_default_str();
     cmd->add_option("--domain-affinity", o->domain_affinity, "probability mass on the domain's experts")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 1)));
     cmd->add_option("--shared-fraction", o->shared_fraction, "probability mass on the shared popular experts")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 1)));
     cmd->add_option("--request-affinity", o->request_affinity, "per-request preference strength")
-        ->capture_default_str();
-    cmd->add_option("--seed", o->seed, "random seed")->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 1)));
+    cmd->add_option("--seed", o->seed, "random seed")->capture_default_str()->check(SeedValue());
     cmd->add_option("--model", o->model, "model name stored in the trace")->capture_default_str();
     cmd->add_flag("--no-weights", *no_weights, "do not emit topk_weights");
-    cmd->add_option("--out", *out, "HDF5 trace to write")->required();
+    cmd->add_option("--out", *out, "HDF5 trace to write")->required()->check(NonEmptyPath());
     // --like: a generative model fitted to a real trace (runtime/trace/synth_like.h); shape, domains, mix and
     // lengths come from that trace, so the parametric options above (except --requests, --seed, --no-weights)
     // do not apply.
@@ -182,13 +187,30 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto lo = std::make_shared<LikeSynthOptions>();
     auto* like_opt = cmd->add_option("--like", *like, "fit the generator to this real HDF5 trace (unique requests)");
     cmd->add_option("--separation", lo->separation, "with --like: domain separation, 1 = as fitted, >1 apart")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 100)));
     cmd->add_option("--length-jitter", lo->length_jitter, "with --like: log-normal sigma on resampled lengths")
-        ->capture_default_str();
+        ->capture_default_str()
+        ->check(InRange(NumberRange::Between(0, 5)));
     auto* domains_opt = cmd->get_option("--domains");
     auto* requests_opt = cmd->get_option("--requests");
     cmd->callback([=] {
       *action = [=]() -> Status {
+        // An option of the other mode would be ignored: refuse it instead.
+        const bool with_like = like_opt->count() > 0;
+        for (const char* name : {"--layers", "--experts", "--top-k", "--prompt-len", "--output-len", "--mix",
+                                 "--domain-affinity", "--shared-fraction", "--request-affinity", "--model"}) {
+          if (with_like && cmd->count(name) > 0) {
+            return Status::InvalidArgument(std::string(name) +
+                                           " does not apply with --like (the shape, domains and lengths come from "
+                                           "the trace); omit it");
+          }
+        }
+        for (const char* name : {"--separation", "--length-jitter"}) {
+          if (!with_like && cmd->count(name) > 0) {
+            return Status::InvalidArgument(std::string(name) + " applies only with --like TRACE");
+          }
+        }
         if (!like->empty()) {
           LikeSynthOptions lopts = *lo;
           lopts.num_requests = o->num_requests;
@@ -222,11 +244,11 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto path = std::make_shared<std::string>();
     auto as_json = std::make_shared<bool>(false);
     auto o = std::make_shared<TraceStatsOptions>();
-    cmd->add_option("trace", *path, "HDF5 trace")->required();
+    cmd->add_option("trace", *path, "HDF5 trace")->required()->check(NonEmptyPath());
     cmd->add_flag("--json", *as_json, "print JSON instead of tables");
     cmd->add_option("--batch-sizes", o->batch_sizes, "decode batch sizes B")->capture_default_str();
     cmd->add_option("--batches", o->num_batches, "sampled batches per B and kind")->capture_default_str();
-    cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str();
+    cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str()->check(SeedValue());
     cmd->callback([=] {
       *action = [=]() -> Status {
         ELDR_ASSIGN_OR_RETURN(Trace t, ReadTrace(*path));

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstdio>
 #include <sstream>
+#include <unordered_set>
 
 #include "runtime/common/atomic_file.h"
 
@@ -41,6 +42,31 @@ std::string Fmt(double value, int decimals) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "%.*f", decimals, value);
   return buf;
+}
+
+Result<nlohmann::json> ParseJson(const std::string& text) {
+  using json = nlohmann::json;
+  std::vector<std::unordered_set<std::string>> keys;  // [open objects] the keys seen in each
+  std::string duplicate;
+  const json::parser_callback_t check = [&](int, json::parse_event_t event, json& parsed) {
+    if (event == json::parse_event_t::object_start) {
+      keys.emplace_back();
+    } else if (event == json::parse_event_t::object_end) {
+      keys.pop_back();
+    } else if (event == json::parse_event_t::key && !keys.back().insert(parsed.get<std::string>()).second &&
+               duplicate.empty()) {
+      duplicate = parsed.get<std::string>();
+    }
+    return true;
+  };
+  json j;
+  try {
+    j = json::parse(text, check);
+  } catch (const json::exception& e) {
+    return Status::InvalidArgument(std::string("not valid JSON (") + e.what() + ")");
+  }
+  if (!duplicate.empty()) return Status::InvalidArgument("duplicate key \"" + duplicate + "\" in a JSON object");
+  return j;
 }
 
 std::string DumpJson(const nlohmann::json& value) {

@@ -9,6 +9,11 @@
 
 namespace eldr {
 
+// nlohmann::json::parse, but an object that holds a key twice is refused (parse keeps the last value silently; a
+// duplicate YAML key is an error too). InvalidArgument: "not valid JSON (...)" or "duplicate key \"id\" in a JSON
+// object"; the caller adds the file and line.
+Result<nlohmann::json> ParseJson(const std::string& text);
+
 // Left-aligned first column, right-aligned others, a rule under the header.
 std::string FormatTable(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);
 // printf-style number formatting for table cells.

@@ -20,23 +20,26 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Every coefficient and where it lives in the YAML.
+// Every coefficient, where it lives in the YAML and its valid values. A time is at most an hour: beyond that a
+// model costs nothing real, and its sums overflow the metrics (1e304 s per step printed ttft inf and null).
+const NumberRange kSeconds = NumberRange::Between(0, 3600);
 struct Key {
   const char* section;
   const char* name;
   double CostModel::*field;
+  NumberRange range;
 };
 const Key kKeys[] = {
-    {"decode", "a", &CostModel::decode_a},
-    {"decode", "b", &CostModel::decode_b},
-    {"decode", "c", &CostModel::decode_c},
-    {"decode", "d", &CostModel::decode_d},
-    {"prefill", "a", &CostModel::prefill_a},
-    {"prefill", "b", &CostModel::prefill_b},
-    {"kv_transfer", "latency_s", &CostModel::kv_latency},
-    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth},
-    {"", "control_latency_s", &CostModel::control_latency},
-    {"", "cores", &CostModel::cores},
+    {"decode", "a", &CostModel::decode_a, kSeconds},
+    {"decode", "b", &CostModel::decode_b, kSeconds},
+    {"decode", "c", &CostModel::decode_c, kSeconds},
+    {"decode", "d", &CostModel::decode_d, kSeconds},
+    {"prefill", "a", &CostModel::prefill_a, kSeconds},
+    {"prefill", "b", &CostModel::prefill_b, kSeconds},
+    {"kv_transfer", "latency_s", &CostModel::kv_latency, kSeconds},
+    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth, NumberRange::AtLeast(0)},
+    {"", "control_latency_s", &CostModel::control_latency, kSeconds},
+    {"", "cores", &CostModel::cores, NumberRange::AtLeast(0)},
 };
 
 // Applies the keys present in `y` to `m`, against the cost model's schema; `required`: every coefficient of
@@ -56,7 +59,7 @@ Status ApplyYaml(const YAML::Node& y, const std::string& where, bool required, b
     } else if (must) {
       section.Require(k.name);
     }
-    section.Get(k.name, &(m->*k.field), NumberRange::AtLeast(0));
+    section.Get(k.name, &(m->*k.field), k.range);
   }
   return root.Finish();
 }
@@ -161,7 +164,9 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
     if (line.empty()) continue;
     nlohmann::json j;
     try {
-      j = nlohmann::json::parse(line);
+      auto parsed = ParseJson(line);
+      if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
+      j = std::move(parsed).value();
       const std::string kind = j.at("kind").get<std::string>();
       const double seconds = j.at("seconds").get<double>();
       if (!(seconds >= 0) || !std::isfinite(seconds)) throw std::runtime_error("seconds must be >= 0");
@@ -348,6 +353,19 @@ Status CheckJobCostKeys(const std::string& job_path) {
   return ApplyYaml(sim, job_path, /*required=*/false, /*job_keys=*/true, &unused);
 }
 
+Status CheckCostModel(const CostModel& m, const std::string& what) {
+  for (const Key& k : kKeys) {
+    const double v = m.*k.field;
+    if (!k.range.Contains(v)) {
+      std::ostringstream text;
+      text << what << ": " << k.section << (*k.section ? "." : "") << k.name << " = " << v << ", must be "
+           << k.range.Describe();
+      return Status::InvalidArgument(text.str());
+    }
+  }
+  return Status::Ok();
+}
+
 std::string CostModelYaml(const CostModel& m) {
   std::ostringstream o;
   o.precision(6);
@@ -422,6 +440,10 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
   if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
   Samples s;
   for (const std::string& f : files) {
+    std::error_code ec;
+    if (fs::is_directory(f, ec)) {
+      return Status::InvalidArgument(f + ": is a directory, expected a steps.jsonl or moe_layer_bench JSON file");
+    }
     std::ifstream in(f);
     if (!in) return Status::NotFound(f + ": no such file");
     std::string first;

@@ -62,6 +62,10 @@ Result<CostModel> LoadJobCostModel(const std::string& job_config_path);
 // without reading its cost_model file: what `eldr serve` checks (it runs no cost model, yet a misspelled key is an
 // error there too). Errors: one "PATH:LINE: …" line naming the dotted key, as LoadJobCostModel's.
 Status CheckJobCostKeys(const std::string& job_config_path);
+// The coefficients against the ranges LoadCostModel accepts (times in [0, 3600] s, bandwidth and cores >= 0), so
+// that a writer (--fit, --derive) never writes a model its reader refuses. InvalidArgument: "WHAT: decode.a = inf,
+// must be in [0, 3600]".
+Status CheckCostModel(const CostModel& m, const std::string& what);
 // YAML text of a cost model (what LoadCostModel reads), with a comment header.
 std::string CostModelYaml(const CostModel& m);
 

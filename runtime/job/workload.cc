@@ -4,6 +4,8 @@
 #include <cmath>
 #include <random>
 
+#include "runtime/common/memory_budget.h"
+
 namespace eldr {
 
 Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& o) {
@@ -28,6 +30,10 @@ Result<JobRequests> LoadJobRequests(const JobConfig& c) {
   ELDR_ASSIGN_OR_RETURN(in.trace, ReadTrace(c.trace));
   if (in.trace.requests.empty()) return Status::InvalidArgument(c.trace + ": the trace has no requests");
   const int64_t n = c.num_requests > 0 ? c.num_requests : static_cast<int64_t>(in.trace.requests.size());
+  // Before the first allocation: order and output length here, then each request's arrival, Frontend record
+  // and simulator state (~256 B in all), so that an absurd count is one line instead of "out of memory".
+  ELDR_RETURN_IF_ERROR(
+      CheckMemoryBudget(static_cast<double>(n) * 256, c.path + ": workload.num_requests " + std::to_string(n)));
   std::mt19937_64 rng(c.workload_seed);
   std::vector<int32_t> perm;
   in.order.reserve(n);

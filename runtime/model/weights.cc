@@ -14,6 +14,7 @@
 #include <random>
 
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/json_util.h"
 
 namespace eldr {
 
@@ -202,7 +203,10 @@ Result<ModelWeights> LoadSafetensors(const ModelConfig& config, const std::strin
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return Status::NotFound(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};
-  ::fstat(fd, &st);
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    return Status::InvalidArgument(path + ": is not a regular file (expected a .safetensors file)");
+  }
   auto map = std::make_shared<MappedFile>();
   map->size = static_cast<size_t>(st.st_size);
   if (map->size < 8) {
@@ -216,12 +220,9 @@ Result<ModelWeights> LoadSafetensors(const ModelConfig& config, const std::strin
   uint64_t header_len = 0;
   std::memcpy(&header_len, base, 8);  // little-endian u64
   if (header_len > map->size - 8) return Status::Corrupt(path + ": header length exceeds the file (truncated?)");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(std::string(reinterpret_cast<const char*>(base + 8), header_len));
-  } catch (const nlohmann::json::exception& e) {
-    return Status::Corrupt(path + ": safetensors header is not valid JSON");
-  }
+  auto parsed = ParseJson(std::string(reinterpret_cast<const char*>(base + 8), header_len));
+  if (!parsed.ok()) return Status::Corrupt(path + ": safetensors header: " + parsed.status().message());
+  const nlohmann::json header = std::move(parsed).value();
   const uint8_t* data = base + 8 + header_len;
   const uint64_t data_size = map->size - 8 - header_len;
   ModelWeights w;
@@ -231,7 +232,17 @@ Result<ModelWeights> LoadSafetensors(const ModelConfig& config, const std::strin
   for (auto& s : Specs(config, &w)) {
     auto it = header.find(s.name);
     if (it == header.end()) return Status::InvalidArgument(path + ": missing tensor " + s.name);
-    const std::string dt = it->value("dtype", "");
+    if (!it->is_object()) return Status::Corrupt(path + ": " + s.name + ": its header entry is not a JSON object");
+    std::string dt;
+    std::vector<int64_t> shape;
+    std::vector<uint64_t> off;
+    try {
+      dt = it->value("dtype", "");
+      shape = it->value("shape", std::vector<int64_t>{});
+      off = it->value("data_offsets", std::vector<uint64_t>{});
+    } catch (const nlohmann::json::exception&) {
+      return Status::Corrupt(path + ": " + s.name + ": dtype, shape or data_offsets has the wrong JSON type");
+    }
     DType dtype;
     if (dt == "F32") {
       dtype = DType::kF32;
@@ -240,12 +251,10 @@ Result<ModelWeights> LoadSafetensors(const ModelConfig& config, const std::strin
     } else {
       return Status::InvalidArgument(path + ": " + s.name + ": dtype " + dt + " is not supported (F32 or BF16)");
     }
-    std::vector<int64_t> shape = it->value("shape", std::vector<int64_t>{});
     if (shape != s.shape) {
       return Status::InvalidArgument(path + ": " + s.name + ": shape " + ShapeString(shape) + ", expected " +
                                      ShapeString(s.shape));
     }
-    const auto off = it->value("data_offsets", std::vector<uint64_t>{});
     const uint64_t bytes = static_cast<uint64_t>(Elements(shape)) * kernels::DTypeBytes(dtype);
     if (off.size() != 2 || off[1] < off[0] || off[1] - off[0] != bytes || off[1] > data_size) {
       return Status::Corrupt(path + ": " + s.name + ": data_offsets do not match its shape or the file size");

@@ -235,14 +235,12 @@ class RouterLink {
   std::optional<ShutdownMsg> pending_shutdown_;
 };
 
-Result<ModelWeights> LoadWeights(const JobConfig& c, const ModelConfig& mc, int num_domains) {
-  if (c.weights == "synthetic") {
-    SyntheticWeightOptions o;
-    o.seed = c.weight_seed;
-    o.num_domains = std::max(1, num_domains);
-    return MakeSyntheticWeights(mc, o);
-  }
-  return LoadSafetensors(mc, c.weights);
+// model.weights: synthetic (a weights file is opened by LoadJobInputs, on every rank).
+Result<ModelWeights> SyntheticJobWeights(const JobConfig& c, const ModelConfig& mc, int num_domains) {
+  SyntheticWeightOptions o;
+  o.seed = c.weight_seed;
+  o.num_domains = std::max(1, num_domains);
+  return MakeSyntheticWeights(mc, o);
 }
 
 Status CheckShapes(const JobConfig& c, const ModelConfig& mc, const Trace& t) {
@@ -981,7 +979,8 @@ class RouterRank {
 struct JobInputs {
   ModelConfig mc;
   JobRequests in;
-  std::vector<Placement> placements;  // [decode_ranks]
+  std::vector<Placement> placements;    // [decode_ranks]
+  std::optional<ModelWeights> weights;  // model.weights when it is a file (a memory map); synthetic: made later
 };
 
 // An error about the file a config key names, prefixed with that key ("workload.trace: t.h5: no such file").
@@ -996,10 +995,17 @@ Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   if (!in.ok()) return ForKey(in.status(), "workload.trace", c.trace);
   ELDR_RETURN_IF_ERROR(CheckShapes(c, *mc, in->trace));
   ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));  // before the run, not after it
-  JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}};
+  JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}, std::nullopt};
   for (int d = 0; d < c.decode_ranks; ++d) {
     ELDR_ASSIGN_OR_RETURN(Placement p, LoadDecoderPlacement(c, inputs.mc, d));
     inputs.placements.push_back(std::move(p));
+  }
+  // Every rank opens and checks a weights file (a memory map: the header and the norms are read), so that a
+  // missing or malformed one is agreed on and printed once, by rank 0, naming the key.
+  if (c.weights != "synthetic") {
+    auto w = LoadSafetensors(inputs.mc, c.weights);
+    if (!w.ok()) return ForKey(w.status(), "model.weights", c.weights);
+    inputs.weights = std::move(w).value();
   }
   return inputs;
 }
@@ -1084,8 +1090,16 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
   }
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
-  if (rank == 0) return RouterRank(c, tr, in, mc, kv_name, plan.compute).Run(progress);
-  ELDR_ASSIGN_OR_RETURN(ModelWeights w, LoadWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
+  if (rank == 0) {
+    inputs->weights.reset();  // the router needs no weights
+    return RouterRank(c, tr, in, mc, kv_name, plan.compute).Run(progress);
+  }
+  ModelWeights w;
+  if (inputs->weights) {
+    w = std::move(*inputs->weights);
+  } else {
+    ELDR_ASSIGN_OR_RETURN(w, SyntheticJobWeights(c, mc, static_cast<int>(in.trace.Domains().size())));
+  }
   SendMsg(tr, 0, ReadyMsg{});
   // Every worker watches rank 0; rank 1 alone says so when rank 0 goes silent (one line per job).
   auto* watch = new RouterWatch(c.watchdog_s + kRouterGraceS, c.RoleOf(rank) + " (rank " + std::to_string(rank) + ")",

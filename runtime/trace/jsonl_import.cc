@@ -8,8 +8,10 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <unordered_set>
+#include <utility>
 
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/json_util.h"
 #include "runtime/common/memory_budget.h"
 #include "runtime/common/progress.h"
 #include "runtime/common/signals.h"
@@ -83,12 +85,7 @@ struct ParsedRequest {
 
 // Parses and validates one line. Errors are the problem only; the caller adds file and line.
 Status ParseLine(const std::string& line, ParsedRequest* out) {
-  json j;
-  try {
-    j = json::parse(line);
-  } catch (const json::parse_error& e) {
-    return Status::InvalidArgument(std::string("not valid JSON (") + e.what() + ")");
-  }
+  ELDR_ASSIGN_OR_RETURN(json j, ParseJson(line));
   if (!j.is_object()) return Status::InvalidArgument("a line must be a JSON object");
   auto get_int = [&](const char* key, int64_t* v, bool required) -> Status {
     auto it = j.find(key);
@@ -118,7 +115,18 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
     }
   }
   out->shape.model.clear();
-  if ((it = j.find("model")) != j.end() && it->is_string()) out->shape.model = it->get<std::string>();
+  if ((it = j.find("model")) != j.end() && !it->is_null()) {
+    if (!it->is_string()) return Status::InvalidArgument("field 'model' must be a string");
+    out->shape.model = it->get<std::string>();
+  }
+  // HDF5 strings end at a NUL: "a\u0000b" would be stored as "a" (another request's id, or another label).
+  for (const auto& [key, text] : {std::pair<const char*, const std::string*>{"id", &out->meta.id},
+                                  {"domain", &out->meta.domain},
+                                  {"model", &out->shape.model}}) {
+    if (text->find('\0') != std::string::npos) {
+      return Status::InvalidArgument(std::string("field '") + key + "' contains a NUL character (\\u0000)");
+    }
+  }
   int64_t L = 0, E = 0, K = 0, T = 0, P = 0;
   ELDR_RETURN_IF_ERROR(get_int("num_layers", &L, true));
   ELDR_RETURN_IF_ERROR(get_int("num_experts", &E, true));
@@ -260,6 +268,11 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
       if (!req.shape.SameAs(shape)) {
         return Status::InvalidArgument(where + "shape " + req.shape.ToString() + " differs from the first request's " +
                                        shape.ToString());
+      }
+      // One trace, one model: the file stores the first line's name.
+      if (!req.shape.model.empty() && !shape.model.empty() && req.shape.model != shape.model) {
+        return Status::InvalidArgument(where + "model '" + req.shape.model + "' differs from the first request's '" +
+                                       shape.model + "'");
       }
       if (with_weights != !req.weights.empty()) {
         return Status::InvalidArgument(where + (with_weights ? "has no topk_weights but earlier lines do"

@@ -146,6 +146,12 @@ Status ReadTraceShape(const h5::File& f, const std::string& path, TraceShape* sh
   if (fmt.ok() && fmt.value() != "eldr-trace") {
     return Status::InvalidArgument(path + ": is a '" + fmt.value() + "' file, not a routing trace");
   }
+  // Absent in traces written by other tools (as format is); present, it must be the one this reader knows.
+  auto version = f.ReadIntAttribute("/", "format_version");
+  if (version.ok() && version.value() != kTraceFormatVersion) {
+    return Status::InvalidArgument(path + ": trace format_version " + std::to_string(version.value()) +
+                                   " is not supported (this eldr reads " + std::to_string(kTraceFormatVersion) + ")");
+  }
   if (f.Exists("/tokens/topk_ids") == false) {
     return Status::InvalidArgument(
         path + ": not a routing trace (no /tokens/topk_ids); import JSONL with 'eldr trace import'");

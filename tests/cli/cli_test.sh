@@ -182,6 +182,12 @@ cp calib.h5 nan.h5 && $PY -c "import h5py,numpy as np; f=h5py.File('nan.h5','r+'
 expect_error "NaN in calibration signatures" "nan.h5: .*NaN" out.h5 "$ELDR" calibrate --refit nan.h5 -K 2 --out out.h5
 cp calib.h5 neg.h5 && $PY -c "import h5py; f=h5py.File('neg.h5','r+'); d=f['/signature/idf']; a=d[:]; a[0,0]=-1; d[...]=a"
 expect_error "negative IDF in calibration" "neg.h5: .*negative" - "$ELDR" inspect neg.h5
+# expert_load is a per-token activation probability: -5 or 1e38 was accepted and routed on (route priced with it).
+for v in -5 1e38; do
+  cp calib.h5 load.h5 && $PY -c "import h5py; f=h5py.File('load.h5','r+'); d=f['/clusters/expert_load']; a=d[:]; a[0,0,0]=$v; d[...]=a"
+  expect_error "expert_load $v in calibration" "load.h5: /clusters/expert_load has values outside \[0, 1\]" - \
+    "$ELDR" route --calib load.h5 --trace real.h5
+done
 cp real.h5 negw.h5 && $PY -c "import h5py; f=h5py.File('negw.h5','r+'); d=f['/tokens/topk_weights']; a=d[0:1]; a[0,0,0]=-2; d[0:1]=a"
 # calibrate reads the gate weights only for gate_prob signatures (the other variants never use them).
 expect_error "negative weight in HDF5 trace" "negw.h5: .*negative" out.h5 "$ELDR" calibrate --trace negw.h5 -K 2 \
@@ -193,6 +199,25 @@ printf '%s\n%s\n' "$line" "${line/\[\[0,1\]\]/[[0,NaN]]}" | sed '2s/"a"/"b"/' > 
 expect_error "NaN in a JSONL line" "nan.jsonl:2: not valid JSON" out.h5 "$ELDR" trace import --in nan.jsonl --out out.h5
 printf '%s\n%s\n' "$line" "${line/\"x\"/\"\"}" | sed '2s/"a"/"b"/' > emptydom.jsonl
 expect_error "empty domain label" "emptydom.jsonl:2: field 'domain' is an empty string" out.h5 "$ELDR" trace import --in emptydom.jsonl --out out.h5
+# HDF5 strings end at a NUL: "a\u0000b" and "a\u0000c" were stored as two requests "a", which every reader refuses.
+printf '%s\n%s\n' "${line/\"a\"/\"a\\u0000b\"}" "${line/\"a\"/\"a\\u0000c\"}" > nulid.jsonl
+expect_error "NUL in a JSONL id" "nulid.jsonl:1: field 'id' contains a NUL character" out.h5 \
+  "$ELDR" trace import --in nulid.jsonl --out out.h5
+printf '%s\n' "${line/\"x\"/\"x\\u0000y\"}" > nuldom.jsonl
+expect_error "NUL in a JSONL domain" "nuldom.jsonl:1: field 'domain' contains a NUL character" out.h5 \
+  "$ELDR" trace import --in nuldom.jsonl --out out.h5
+# A key twice in one JSON object was read as its last value (another id, another domain): refused, as in YAML.
+printf '%s\n' "${line/\"domain\":\"x\"/\"domain\":\"x\",\"domain\":\"y\"}" > dupkey.jsonl
+expect_error "duplicate key in a JSONL line" "dupkey.jsonl:1: duplicate key \"domain\" in a JSON object" out.h5 \
+  "$ELDR" trace import --in dupkey.jsonl --out out.h5
+# The model name: a second one was dropped silently (the file keeps the first), a number was ignored.
+printf '%s\n%s\n' "${line/\"domain\"/\"model\":\"m1\",\"domain\"}" "${line/\"domain\"/\"model\":\"m2\",\"domain\"}" \
+  | sed '2s/"a"/"b"/' > twomodels.jsonl
+expect_error "two model names in one JSONL" "twomodels.jsonl:2: model 'm2' differs from the first request's 'm1'" out.h5 \
+  "$ELDR" trace import --in twomodels.jsonl --out out.h5
+printf '%s\n' "${line/\"domain\"/\"model\":5,\"domain\"}" > nummodel.jsonl
+expect_error "a numeric model name in JSONL" "nummodel.jsonl:1: field 'model' must be a string" out.h5 \
+  "$ELDR" trace import --in nummodel.jsonl --out out.h5
 printf '%s\n%s\n' "$line" "${line/\[\[2,3\]\]/[[2,9]]}" | sed '2s/"a"/"b"/' > badid.jsonl
 expect_error "expert id >= num_experts" "badid.jsonl:2: .*expert id 9" out.h5 "$ELDR" trace import --in badid.jsonl --out out.h5
 expect_error "missing JSONL" "nothere.jsonl: cannot open" out.h5 "$ELDR" trace import --in nothere.jsonl --out out.h5
@@ -224,10 +249,12 @@ cp real.h5 prompt_only.h5 && $PY -c "
 import h5py; f = h5py.File('prompt_only.h5', 'r+'); f['/requests/prompt_len'][...] = f['/requests/num_tokens'][:]"
 expect_error "synth --like a trace without decode tokens" "prompt_only.h5: .*--like trace has no decode tokens" out.h5 \
   "$ELDR" trace synth --like prompt_only.h5 --out out.h5
+expect_error "calibrate a trace without decode tokens" "prompt_only.h5: none of the trace's 108 requests has both prompt and decode tokens" \
+  out.h5 "$ELDR" calibrate --trace prompt_only.h5 -K 2 --out out.h5
 expect_error "synth --like --requests 0" "--requests: must be an integer in \[1, [0-9]+\], got '0'" out.h5 "$ELDR" trace synth --like real.h5 --requests 0 --out out.h5
 expect_error "synth --like with a domain count unlike the trace's" "--domains 3 does not match the 4 domains" out.h5 \
   "$ELDR" trace synth --like real.h5 --domains 3 --out out.h5
-expect_error "synth --like negative separation" "--separation must be in" out.h5 \
+expect_error "synth --like negative separation" "--separation: must be in \[0, 100\], got '-1'" out.h5 \
   "$ELDR" trace synth --like real.h5 --separation -1 --out out.h5
 expect_error "synth --like missing trace" "nope.h5: no such file" out.h5 "$ELDR" trace synth --like nope.h5 --out out.h5
 expect_error "gate_prob without weights" "gate_prob" out.h5 "$ELDR" calibrate --trace good.h5 -K 1 --signature gate_prob --out out.h5
@@ -253,6 +280,11 @@ import h5py, numpy as np
 f = h5py.File('negid.h5', 'r+'); a = f['/tokens/topk_ids'][:].astype(np.int32); a[0, 0, 0] = -1
 del f['/tokens/topk_ids']; f['/tokens/topk_ids'] = a"
 expect_error "negative expert id stored as int32" "negid.h5: .*topk_ids" out.h5 "$ELDR" calibrate --trace negid.h5 -K 2 --out out.h5
+# A trace of another format version is refused by every reader (it was read as version 1).
+cp good.h5 v2.h5 && $PY -c "import h5py; h5py.File('v2.h5', 'r+').attrs['format_version'] = 2"
+expect_error "trace format_version 2 (stats)" "v2.h5: trace format_version 2 is not supported" - "$ELDR" trace stats v2.h5
+expect_error "trace format_version 2 (calibrate)" "v2.h5: trace format_version 2 is not supported" out.h5 \
+  "$ELDR" calibrate --trace v2.h5 -K 1 --out out.h5
 expect_error "unwritable --report: no calibration either" "no/dir/r.json: cannot write" c9.h5 \
   "$ELDR" calibrate --trace real.h5 -K 2 --out c9.h5 --report no/dir/r.json
 run_ok "calibrate with tau 0.3" "$ELDR" calibrate --trace real.h5 -K 4 --tau 0.3 --out tau.h5
@@ -375,6 +407,12 @@ expect_error "evaluate: no /placement and no --ranks" "calib.h5 has no /placemen
   "$ELDR" place evaluate --trace real.h5 --calib calib.h5 --out ev.json
 expect_error "evaluate: nothing held out" "real.h5: no held-out request" ev.json \
   "$ELDR" place evaluate --trace real.h5 --calib tau.h5 -R 8 --holdout-from-calib --out ev.json
+# /placement's node count out of range: 2^32 + 1 was read as 1 node; -4 was reported as a bad rank or slot count.
+for nodes in 4294967297 -4; do
+  cp placed.h5 nodes.h5 && $PY -c "import h5py; h5py.File('nodes.h5', 'r+')['/placement'].attrs['num_nodes'] = $nodes"
+  expect_error "evaluate: /placement num_nodes = $nodes" "nodes.h5: /placement has .*num_nodes = $nodes.*re-run eldr place calib" \
+    ev.json "$ELDR" place evaluate --trace real.h5 --calib nodes.h5 --out ev.json
+done
 # A missing required option or subcommand is CLI11's error (and its "Run with --help" line).
 "$ELDR" place evaluate --calib placed.h5 >"$WORK/out.txt" 2>"$WORK/err.txt"
 [ $? -ne 0 ] && grep -q -- "--trace is required" "$WORK/err.txt" && ok "evaluate: without --trace" \

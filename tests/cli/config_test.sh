@@ -100,6 +100,18 @@ expect_error "cost model with decode: misspelt" "typo.yaml:1: unknown key 'decdo
 printf 'decode: {a: 1, b: 1, c: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > nod.yaml
 expect_error "cost model without decode.d" "nod.yaml: decode.d is required" - \
   "$ELDR" simulate -c job.yaml --cost-model nod.yaml --no-output
+# Times are at most an hour (runtime/cost/cost_model.cc kSeconds): 1e304 s per step simulated to ttft inf and null
+# metrics with exit 0; the writers refuse what the reader refuses (--bandwidth 1e-320 wrote decode.a: inf).
+printf 'decode: {a: 7.8e304, b: 1, c: 1, d: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > huge.yaml
+expect_error "cost model: a step of 7.8e304 s" "huge.yaml:1: decode.a must be in \[0, 3600\], got '7.8e304'" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --cost-model huge.yaml --quiet
+expect_error "derive: --bandwidth 1e-320 (an infinite model)" "the derived cost model .*decode.a = inf, must be in \[0, 3600\]" \
+  derived-inf.yaml "$ELDR" simulate --derive h200 --model "$SRC/configs/models/tiny.yaml" --bandwidth 1e-320 -o derived-inf.yaml
+for i in 1 2 3 4 5 6 7 8 9 10; do
+  echo "{\"kind\":\"decode\",\"worker\":0,\"time\":$i,\"seconds\":1e300,\"batch\":$i,\"distinct_experts\":$((i + 1)),\"context_tokens\":5}"
+done > huge-steps.jsonl
+expect_error "fit: steps of 1e300 s" "the fitted cost model .*: decode.d = 2e\+299, must be in \[0, 3600\]" fit-huge.yaml \
+  "$ELDR" simulate --fit huge-steps.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit-huge.yaml
 sed 's/^  decode:/  decdoe:/' job.yaml > simtypo.yaml
 expect_error "inline cost model misspelt" "simtypo.yaml:10: unknown key 'simulate.decdoe' \(did you mean 'decode'\?\)" \
   - "$ELDR" simulate -c simtypo.yaml --no-output
@@ -125,6 +137,24 @@ expect_error "synth --requests 0" "--requests: must be an integer in \[1, [0-9]+
   "$ELDR" trace synth --requests 0 --out s0.h5
 expect_error "synth --requests abc" "--requests: must be an integer in \[1, [0-9]+\], got 'abc'" s0.h5 \
   "$ELDR" trace synth --requests abc --out s0.h5
+# A seed CLI11 would wrap: -1 and 10^20 were both taken as 2^64 - 1.
+for s in -1 99999999999999999999; do
+  expect_error "synth --seed $s" "--seed: must be an integer in \[0, 18446744073709551615\], got '$s'" s0.h5 \
+    "$ELDR" trace synth --seed "$s" --out s0.h5
+done
+expect_error "simulate --seed -1" "--seed: must be an integer in \[0, 18446744073709551615\], got '-1'" - \
+  "$ELDR" simulate -c job.yaml --seed -1 --no-output
+expect_error "synth --domain-affinity 1.5" "--domain-affinity: must be in \[0, 1\], got '1.5'" s0.h5 \
+  "$ELDR" trace synth --domain-affinity 1.5 --out s0.h5
+expect_error "synth --like --separation 1e300 (was: 301 digits)" "--separation: must be in \[0, 100\], got '1e300'" s0.h5 \
+  "$ELDR" trace synth --like trace.h5 --separation 1e300 --out s0.h5
+# Options of the other mode were ignored silently (--like takes the shape from its trace).
+expect_error "synth --like with --layers" "--layers does not apply with --like" s0.h5 \
+  "$ELDR" trace synth --like trace.h5 --layers 3 --out s0.h5
+expect_error "synth --like with --mix" "--mix does not apply with --like" s0.h5 \
+  "$ELDR" trace synth --like trace.h5 --mix wildchat --out s0.h5
+expect_error "synth --separation without --like" "--separation applies only with --like" s0.h5 \
+  "$ELDR" trace synth --separation 2 --out s0.h5
 
 # ---- the run directory (output.dir): refused when it holds files, replaced whole with output.replace ----
 sed 's|^output: {dir: run}|output: {dir: rd}|' job.yaml > rd.yaml
@@ -196,6 +226,9 @@ expect_error "place --expert-bytes -5" "--expert-bytes: must be an integer in \[
 expect_error "refit --signature" "--signature is a fit option: --refit re-clusters" out.h5 \
   "$ELDR" calibrate --refit cal2.h5 -K 2 --signature count --out out.h5
 expect_error "refit --layers" "--layers is a fit option" out.h5 "$ELDR" calibrate --refit cal2.h5 -K 2 --layers 1 --out out.h5
+# --refit computes no rho: --holdout and --max-pairs were ignored silently.
+expect_error "refit --holdout" "--holdout is a fit option" out.h5 "$ELDR" calibrate --refit cal2.h5 -K 2 --holdout 0.5 --out out.h5
+expect_error "refit --max-pairs" "--max-pairs is a fit option" out.h5 "$ELDR" calibrate --refit cal2.h5 -K 2 --max-pairs 5 --out out.h5
 expect_error "CLI11 error: one line" "^eldr: error: The following argument was not expected: --bogus" - \
   "$ELDR" simulate -c job.yaml --bogus
 expect_error "CLI11 missing option: one line" "^eldr: error: --out is required" - "$ELDR" calibrate --trace trace.h5 -K 2
@@ -205,6 +238,8 @@ expect_error "route --repeat 100000000" "--repeat 100000000 x 40 requests: needs
   "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 100000000
 expect_error "route --repeat over a small budget" "--repeat 1000 x 40 requests: needs 2.6 MB, this machine has 1.0 MB" - \
   env ELDR_MEMORY_BUDGET=1000000 "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 1000
+expect_error "simulate -n 10^13 (was: 'out of memory')" "job.yaml: workload.num_requests 10000000000000: needs .*, this machine has" \
+  - "$ELDR" simulate -c job.yaml -n 10000000000000 --no-output
 expect_error "synth over the memory budget" "synthetic trace of [0-9]+ routing entries: needs" big.h5 \
   env ELDR_MEMORY_BUDGET=1000000 "$ELDR" trace synth --requests 10000 --layers 4 --experts 8 --top-k 2 --out big.h5
 $PY - <<'PY'
@@ -232,6 +267,20 @@ expect_error "JSONL topk_weights 1e39" "w39.jsonl:1: topk_weights\[0\]\[1\] has 
   "$ELDR" trace import --in w39.jsonl --out w39.h5
 expect_error "place: loads of 1e308" "prof-huge.json: the loads sum to .*above 1e300" - \
   "$ELDR" place profile --load prof-huge.json -P 2 -R 2
+echo '{"token_scores": {"1": {"0": 1, "1": 2, "2": 3, "3": 4}}, "token_scores": {"1": {"0": 9, "1": 2, "2": 3, "3": 4}}}' \
+  > prof-dup.json
+expect_error "place: token_scores twice" "prof-dup.json: duplicate key \"token_scores\" in a JSON object" - \
+  "$ELDR" place profile --load prof-dup.json -P 4 -R 2
+echo '{"token_scores": {"1": {"0": 1, "1": 2, "1": 3, "3": 4}}}' > prof-dup2.json
+expect_error "place: an expert twice in a layer" "prof-dup2.json: duplicate key \"1\" in a JSON object" - \
+  "$ELDR" place profile --load prof-dup2.json -P 4 -R 2
+echo '{"kind":"decode","kind":"prefill","worker":0,"time":0,"seconds":0.004,"batch":1,"distinct_experts":2,"context_tokens":5}' \
+  > steps-dup.jsonl
+expect_error "simulate --fit: a step record with kind twice" "steps-dup.jsonl:1: not a step record: duplicate key \"kind\"" - \
+  "$ELDR" simulate --fit steps-dup.jsonl --model "$SRC/configs/models/tiny.yaml"
+mkdir -p stepsdir
+expect_error "simulate --fit DIR" "stepsdir: is a directory, expected a steps.jsonl" - \
+  "$ELDR" simulate --fit stepsdir --model "$SRC/configs/models/tiny.yaml"
 expect_error "place: layer keys 0, 1, 5" "prof-gap.json: token_scores layer keys must be consecutive; layer \"2\" is missing" - \
   "$ELDR" place profile --load prof-gap.json -P 2 -R 2
 run_ok "place: layer keys starting at 1" "$ELDR" place profile --load prof.json -P 4 -R 2

@@ -168,6 +168,21 @@ expect_untouched "simulate: requests.jsonl is the trace" "run/requests.jsonl: ou
   tiny.h5 sh -c "ln tiny.h5 run/requests.jsonl && '$ELDR' simulate -c job-replace.yaml --quiet"
 rm -rf run
 
+# ---- a path given as "" (an unset variable in a script): refused, never taken for the option's default ----
+expect_untouched "place calib --out '' (was: update --calib in place)" "--out: the path is empty" c.h5 \
+  "$ELDR" place calib --calib c.h5 -P 16 -R 2 --out ""
+expect_error "calibrate --out '' (was: refused only after the work)" "--out: the path is empty" - \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out "" --quiet
+expect_error "calibrate --report '' (was: no report, exit 0)" "--report: the path is empty" c2.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --out c2.h5 --report "" --quiet
+expect_error "place evaluate --out '' (was: no report, exit 0)" "--out: the path is empty" - \
+  "$ELDR" place evaluate --trace t.h5 --calib c.h5 -R 2 --out ""
+expect_error "simulate --trace '' (was: the config's trace)" "--trace: the path is empty" - \
+  "$ELDR" simulate -c job.yaml --trace "" --no-output
+expect_error "simulate --fit -o '' (was: stdout)" "--out: the path is empty" - \
+  "$ELDR" simulate --fit steps.jsonl --model "$SRC/configs/models/tiny.yaml" -o ""
+expect_error "trace stats ''" "trace: the path is empty" - "$ELDR" trace stats ""
+
 # ---- messages ----
 gzip -c g.jsonl >g.jsonl.gz
 head -c $(( $(stat -c %s g.jsonl.gz) / 2 )) g.jsonl.gz >cut.jsonl.gz

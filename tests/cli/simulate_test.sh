@@ -133,6 +133,17 @@ assert abs(d['a'] - 2e-3) < 1e-9 and abs(d['b'] - 2e-5) < 1e-11 and abs(d['c'] -
 assert abs(d['d'] - 384 / 10e9) < 1e-15, d
 " && ok "bench fit scaled to the model" || bad "bench fit scaled to the model" "$(cat fit.json)"
 
+# The three modes' options do not mix: one that another mode would ignore is refused (it was ignored silently:
+# --fit with --derive fitted, --derive with -c derived, -c with --cores simulated without it).
+expect_error "--fit and --derive" "--fit and --derive are two modes; give one" fitx.yaml \
+  "$ELDR" simulate --fit bench.json --derive h200 --model "$SRC/configs/models/tiny.yaml" -o fitx.yaml
+expect_error "--derive with -c" "--config does not apply with --derive" - \
+  "$ELDR" simulate --derive h200 --model "$SRC/configs/models/tiny.yaml" -c job.yaml
+expect_error "--fit with --bandwidth" "--bandwidth applies only with --derive" - \
+  "$ELDR" simulate --fit bench.json --model "$SRC/configs/models/tiny.yaml" --bandwidth 1e12
+expect_error "a simulation with --cores" "--cores applies only with --fit" - "$ELDR" simulate -c job.yaml --cores 2 --no-output
+expect_error "a simulation with -o" "--out applies only with --fit or --derive" - "$ELDR" simulate -c job.yaml -o x.yaml --no-output
+
 # The shipped H200 models are what --derive produces.
 for m in qwen3-30b-a3b deepseek-v2-lite; do
   "$ELDR" simulate --derive h200 --model "$SRC/configs/models/$m.yaml" -o derived.yaml 2>/dev/null
@@ -163,7 +174,7 @@ expect_error "eldr policy without calibration" "needs routing.calibration" - \
   "$ELDR" simulate -c nocal.yaml --no-output
 expect_error "calibration of another K" "refit" - "$ELDR" simulate -c job.yaml -K 5 --no-output
 printf 'decode: {a: -1}\n' > neg.yaml
-expect_error "negative coefficient" "neg.yaml:1: decode.a must be >= 0" - \
+expect_error "negative coefficient" "neg.yaml:1: decode.a must be in \[0, 3600\], got '-1'" - \
   "$ELDR" simulate -c job.yaml --cost-model neg.yaml --no-output
 printf '{"kind":"decode","seconds":1}\n' > badsteps.jsonl
 expect_error "malformed step log" "badsteps.jsonl:1: not a step record" fit2.yaml \

@@ -326,6 +326,58 @@ head -c 3000 trace.h5 > cut.h5
 job cuttrace 1 2 jsq ""
 sed -i "s|trace: $WORK/trace.h5|trace: $WORK/cut.h5|" cuttrace.yaml
 expect_fail "truncated workload trace" "cut.h5" 4 cuttrace.yaml
+# model.weights: a safetensors file is opened by every rank before the job starts, so an error in it is one line from
+# rank 0 naming the key (it used to be one line per worker, or none: a worker's "missing tensor" was never printed).
+$PY - st.safetensors <<'PYEOF'
+# A valid safetensors file for configs/models/tiny.yaml (weights.cc Specs), small random F32 values.
+import json, struct, sys
+import numpy as np
+H, D, I, F, V, E, S = 32, 8, 16, 48, 64, 8, 16
+shapes = {"model.embed_tokens.weight": (V, H)}
+for l in range(3):
+    p = f"model.layers.{l}."
+    shapes.update({p + "input_layernorm.weight": (H,), p + "self_attn.q_proj.weight": (4 * D, H),
+                   p + "self_attn.k_proj.weight": (2 * D, H), p + "self_attn.v_proj.weight": (2 * D, H),
+                   p + "self_attn.o_proj.weight": (H, 4 * D), p + "post_attention_layernorm.weight": (H,)})
+    if l == 0:
+        shapes.update({p + "mlp.gate_proj.weight": (F, H), p + "mlp.up_proj.weight": (F, H), p + "mlp.down_proj.weight": (H, F)})
+    else:
+        shapes[p + "mlp.gate.weight"] = (E, H)
+        for e in range(E):
+            q = p + f"mlp.experts.{e}."
+            shapes.update({q + "gate_proj.weight": (I, H), q + "up_proj.weight": (I, H), q + "down_proj.weight": (H, I)})
+        shapes.update({p + "mlp.shared_experts.gate_proj.weight": (S, H), p + "mlp.shared_experts.up_proj.weight": (S, H),
+                       p + "mlp.shared_experts.down_proj.weight": (H, S)})
+shapes.update({"model.norm.weight": (H,), "lm_head.weight": (V, H)})
+rng = np.random.default_rng(0)
+header, blobs, off = {}, [], 0
+for name, shape in shapes.items():
+    a = (np.ones(shape) if len(shape) == 1 else rng.normal(0, 0.1, shape)).astype("<f4").tobytes()
+    header[name] = {"dtype": "F32", "shape": list(shape), "data_offsets": [off, off + len(a)]}
+    blobs.append(a); off += len(a)
+h = json.dumps(header).encode()
+open(sys.argv[1], "wb").write(struct.pack("<Q", len(h)) + h + b"".join(blobs))
+PYEOF
+weights_job() {  # NAME WEIGHTS
+  job "$1" 1 2 jsq ""
+  sed -i "s|weights: synthetic|weights: $2|" "$1.yaml"
+}
+weights_job stok "$WORK/st.safetensors"
+if "${MPIRUN[@]}" -np 4 "$ELDR" serve -c stok.yaml --quiet >f.out 2>f.err && grep -q "Successful requests: *30" f.out; then
+  ok "model.weights: a safetensors file serves"
+else bad "model.weights: a safetensors file serves" "$(grep eldr f.err | head -2)"; fi
+weights_job stmissing "$WORK/nope.safetensors"
+expect_fail_once "model.weights: missing file" "router \(rank 0\): model.weights: .*nope.safetensors: cannot open" 4 stmissing.yaml
+printf '\x02\0\0\0\0\0\0\0{}' > empty.safetensors
+weights_job stempty "$WORK/empty.safetensors"
+expect_fail_once "model.weights: a tensor is missing" "model.weights: .*empty.safetensors: missing tensor model.embed_tokens.weight" \
+  4 stempty.yaml
+printf '\x20\0\0\0\0\0\0\0{"model.embed_tokens.weight": 5}' > num.safetensors
+weights_job stnum "$WORK/num.safetensors"
+expect_fail_once "model.weights: a header entry of the wrong type" "num.safetensors: model.embed_tokens.weight: its header entry is not a JSON object" \
+  4 stnum.yaml
+weights_job stdir "$WORK"
+expect_fail_once "model.weights: a directory" "model.weights: .*: is not a regular file" 4 stdir.yaml
 
 # KV transport (kv_cache.transport; runtime/comm/kv_transport.h). mpi: the KV inside the control message, as in
 # every job above; auto: nccl only where every rank has a GPU of its own, else mpi; metrics.json records the one
