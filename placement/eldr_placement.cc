@@ -487,7 +487,7 @@ class EldrLayerPlacer {
       while (swaps_left-- > 0 && by_load_.back().first > target && BottleneckSwap()) {
       }
       if (MaxLoad() <= target) return true;
-      if (round == max_rounds || !ReplicationMove()) break;
+      if (round == max_rounds || !ReplicationMayImprove() || !ReplicationMove()) break;
     }
     return MaxLoad() <= target;
   }
@@ -708,6 +708,11 @@ class EldrLayerPlacer {
       if (r != q && !Has(r, y)) m = std::max(m, rank_load_[r] + dx);
     }
     return m;
+  }
+
+  bool ReplicationMayImprove() const {
+    return placement_internal::ReplicationMayImprove(
+        {slot_.data(), cnt_.data(), load_, rank_load_.data(), has_.data(), E_, R_, spr_, eps_});
   }
 
   // Best re-replication that leaves every touched rank below the maximum: either an expert on the most
@@ -1125,6 +1130,36 @@ class EldrLayerPlacer {
 };
 
 }  // namespace
+
+bool ReplicationMayImprove(const RankState& st) {
+  const int E = st.num_experts, R = st.num_ranks, spr = st.slots_per_rank;
+  auto has = [&](int r, int e) { return st.has[static_cast<size_t>(e) * R + r] != 0; };
+  auto share = [&](int e, int replicas) { return st.load[e] / replicas; };
+  const int rmax = static_cast<int>(std::max_element(st.rank_load, st.rank_load + R) - st.rank_load);
+  const double limit = st.rank_load[rmax] - st.eps;
+  const double gap = limit - *std::min_element(st.rank_load, st.rank_load + R);
+  for (int e = 0; e < E; ++e) {
+    if (st.cnt[e] >= 2 && share(e, st.cnt[e] - 1) - share(e, st.cnt[e]) < gap + st.eps) return true;
+  }
+  for (int t = 0; t < R; ++t) {
+    const int32_t* on_t = st.slot + static_cast<size_t>(t) * spr;
+    for (int k = 0; k < spr; ++k) {
+      const int x = on_t[k];
+      if (st.cnt[x] < 2) continue;
+      const double need = st.rank_load[t] + (share(x, st.cnt[x] - 1) - share(x, st.cnt[x])) - limit - st.eps;
+      const bool x_on_max = has(rmax, x);
+      for (int j = 0; j < spr; ++j) {
+        const int y = on_t[j];
+        if (y == x || st.cnt[y] >= R || (!x_on_max && !has(rmax, y))) continue;
+        if (share(y, st.cnt[y]) - share(y, st.cnt[y] + 1) <= need) continue;
+        int lacking = 0;
+        for (int r = 0; r < R; ++r) lacking += has(r, x) && !has(r, y);
+        if (lacking <= 1) return true;
+      }
+    }
+  }
+  return false;
+}
 
 Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   const int L = p.num_layers, E = p.num_experts, P = p.num_slots;
