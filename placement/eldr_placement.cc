@@ -24,8 +24,11 @@
 // All scratch lives in one EldrLayerPlacer per thread; nothing is allocated per layer.
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <limits>
+#include <mutex>
 #include <numeric>
+#include <thread>
 
 #include "placement/placement_internal.h"
 #include "runtime/common/check.h"
@@ -225,6 +228,10 @@ class EldrLayerPlacer {
   // Recomputes has_, rank_load_ and per_replica_ from slot_ and cnt_ (all ranks full).
   void Rebuild() {
     for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
+    RebuildRanks();
+  }
+  // The same when the counts (and so per_replica_) did not change, only the slots.
+  void RebuildRanks() {
     std::memset(has_.data(), 0, has_.size());  // std::fill with an int 0 would loop byte by byte
     std::fill(rank_load_.begin(), rank_load_.end(), 0.0);
     for (int r = 0; r < R_; ++r) {
@@ -615,16 +622,26 @@ class EldrLayerPlacer {
   // load lq + wa − wb only grows with wa; it also skips pairs for reasons this test ignores, so a true here
   // may still find nothing. Most ranks of a search that ends without a swap fail here.
   bool MayImprove(int q, const SwapSearch& s) const {
+    // Four replicas b at a time: the lightest heavier a is the minimum of the a > wb (+inf if none); padding
+    // lanes hold wb = +inf, whose test (inf - inf = NaN) fails.
+    typedef double V4d __attribute__((vector_size(32)));
+    typedef int64_t V4 __attribute__((vector_size(32)));
+    constexpr double kInf = std::numeric_limits<double>::infinity();
     const double lq = rank_load_[q];
     const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
-    bool may = false;
-    for (int j = 0; j < spr_; ++j) {
-      const double wb = per_replica_[q_slots[j]];
-      int c = 0;
-      for (int ia = 0; ia < s.num_a; ++ia) c += s.a_load[ia] <= wb;
-      may |= lq + s.a_load[c] - wb < s.limit;
+    V4 may = {0, 0, 0, 0};
+    for (int j0 = 0; j0 < spr_; j0 += 4) {
+      V4d wb;
+      for (int lane = 0; lane < 4; ++lane) wb[lane] = j0 + lane < spr_ ? per_replica_[q_slots[j0 + lane]] : kInf;
+      V4d next = {kInf, kInf, kInf, kInf};
+      for (int ia = 0; ia < s.num_a; ++ia) {
+        const double a = s.a_load[ia];
+        const V4d a4 = {a, a, a, a};
+        next = (a4 > wb) & (a4 < next) ? a4 : next;
+      }
+      may |= lq + next - wb < s.limit;
     }
-    return may;
+    return (may[0] | may[1] | may[2] | may[3]) != 0;
   }
 
   // Updates s with the swaps between s.rmax and q; returns whether q offers any improving swap.
@@ -919,7 +936,7 @@ class EldrLayerPlacer {
                   tmp_slot_.begin() + static_cast<size_t>(rank_map_[r]) * spr_);
     }
     slot_.swap(tmp_slot_);
-    Rebuild();
+    RebuildRanks();  // a permutation of the ranks: counts unchanged
   }
 
   // --- previous placement ---
@@ -1170,18 +1187,40 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   // thread about as long to start: a thread per kLayersPerThread layers at most.
   constexpr int kLayersPerThread = 16;
   const int threads = std::max(1, std::min(DefaultThreads(), L / kLayersPerThread));
-  ParallelFor(
-      threads,
-      [&](int64_t t) {
-        EldrLayerPlacer placer(p);
-        for (int l = static_cast<int>(t); l < L; l += threads) {
-          placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
-                            previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
-                            out.phy2log.data() + static_cast<size_t>(l) * P,
-                            out.logcnt.data() + static_cast<size_t>(l) * E);
-        }
-      },
-      threads);
+  auto place_share = [&](int t) {
+    EldrLayerPlacer placer(p);
+    for (int l = t; l < L; l += threads) {
+      placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
+                        previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
+                        out.phy2log.data() + static_cast<size_t>(l) * P,
+                        out.logcnt.data() + static_cast<size_t>(l) * E);
+    }
+  };
+  // The calling thread places share 0 itself (ParallelFor would start a thread for it and wait): one thread
+  // start less per placement. A worker's exception is rethrown here after every thread joined.
+  std::vector<std::thread> workers;
+  std::exception_ptr first_error;
+  std::mutex mu;
+  auto keep_error = [&] {
+    std::lock_guard<std::mutex> lock(mu);
+    if (!first_error) first_error = std::current_exception();
+  };
+  for (int t = 1; t < threads; ++t) {
+    workers.emplace_back([&, t] {
+      try {
+        place_share(t);
+      } catch (...) {
+        keep_error();
+      }
+    });
+  }
+  try {
+    place_share(0);
+  } catch (...) {
+    keep_error();
+  }
+  for (std::thread& w : workers) w.join();
+  if (first_error) std::rethrow_exception(first_error);
   FinishPlacement(&out, nullptr);
   return out;
 }
