@@ -1152,20 +1152,26 @@ bool ReplicationMayImprove(const RankState& st) {
   for (int e = 0; e < E; ++e) {
     if (st.cnt[e] >= 2 && share(e, st.cnt[e] - 1) - share(e, st.cnt[e]) < gap + st.eps) return true;
   }
-  for (int t = 0; t < R; ++t) {
-    const int32_t* on_t = st.slot + static_cast<size_t>(t) * spr;
-    for (int k = 0; k < spr; ++k) {
-      const int x = on_t[k];
-      if (st.cnt[x] < 2) continue;
-      const double need = st.rank_load[t] + (share(x, st.cnt[x] - 1) - share(x, st.cnt[x])) - limit - st.eps;
-      const bool x_on_max = has(rmax, x);
+  // Rank t holds x (>= 2 replicas) and y (< R replicas): the necessary condition for that pair.
+  auto passes = [&](int t, int x, int y) {
+    if (st.cnt[x] < 2 || st.cnt[y] >= R) return false;
+    const double need = st.rank_load[t] + (share(x, st.cnt[x] - 1) - share(x, st.cnt[x])) - limit - st.eps;
+    if (share(y, st.cnt[y]) - share(y, st.cnt[y] + 1) <= need) return false;
+    int lacking = 0;
+    for (int r = 0; r < R; ++r) lacking += has(r, x) && !has(r, y);
+    return lacking <= 1;
+  };
+  // x or y is on the most loaded rank: the pairs of every rank t that holds an expert z of that rank, with z
+  // as x or as y (P/R experts times their ranks, instead of every pair of every rank).
+  const int32_t* on_max = st.slot + static_cast<size_t>(rmax) * spr;
+  for (int i = 0; i < spr; ++i) {
+    const int z = on_max[i];
+    for (int t = 0; t < R; ++t) {
+      if (!has(t, z)) continue;
+      const int32_t* on_t = st.slot + static_cast<size_t>(t) * spr;
       for (int j = 0; j < spr; ++j) {
-        const int y = on_t[j];
-        if (y == x || st.cnt[y] >= R || (!x_on_max && !has(rmax, y))) continue;
-        if (share(y, st.cnt[y]) - share(y, st.cnt[y] + 1) <= need) continue;
-        int lacking = 0;
-        for (int r = 0; r < R; ++r) lacking += has(r, x) && !has(r, y);
-        if (lacking <= 1) return true;
+        const int o = on_t[j];
+        if (o != z && (passes(t, z, o) || passes(t, o, z))) return true;
       }
     }
   }

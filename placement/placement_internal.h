@@ -43,15 +43,15 @@ struct RankState {
                    // max(rank_load) - eps
 };
 
-// A necessary condition, in O(E + P * P/R) (plus O(R) per candidate pair, which are rare), for the
-// re-replication search of kEldr to find a move: false proves that no move exists, so the search is skipped.
-// A re-replication takes the replica of an expert x (cnt >= 2) on rank q and gives the slot to a new replica
-// of y (cnt < R, not on q); it must touch the most loaded rank (x or y on it) and leave every rank it touches
-// below the limit. Every other rank t of x grows by dx = load/(cnt-1) - load/cnt of x, less dy = load/cnt -
-// load/(cnt+1) of y where t holds y. If dx >= limit - (lightest rank) for every such x, each of x's ranks but
-// q must hold y (at most one rank of x lacks y), and a rank t holding both needs dy > L_t + dx - limit; if no
-// (x, y, t) passes, no move can. Loose by eps against rounding. tests/unit/placement_test.cc checks it
-// against every move, by brute force.
+// A necessary condition, in O(E + P/R * (R + P/R * replicas)) (plus O(R) per candidate pair, which are
+// rare), for the re-replication search of kEldr to find a move: false proves that no move exists, so the
+// search is skipped. A re-replication takes the replica of an expert x (cnt >= 2) on rank q and gives the slot
+// to a new replica of y (cnt < R, not on q); it must touch the most loaded rank (x or y on it) and leave every
+// rank it touches below the limit. Every other rank t of x grows by dx = load/(cnt-1) - load/cnt of x, less
+// dy = load/cnt - load/(cnt+1) of y where t holds y. If dx >= limit - (lightest rank) for every such x, each of
+// x's ranks but q must hold y (at most one rank of x lacks y), and a rank t holding both needs
+// dy > L_t + dx - limit; if no (x, y, t) passes, no move can. Loose by eps against rounding.
+// tests/unit/placement_test.cc checks it against every move, by brute force.
 bool ReplicationMayImprove(const RankState& state);
 
 // The packs (ranks) that still have room, lightest first: the top is the pack with the lowest load and,
