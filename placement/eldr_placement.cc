@@ -8,7 +8,8 @@
 //      of a full rank that lacks it moves to the free slot.
 //   3. Bottleneck search: while a move lowers the most loaded rank and leaves every rank it touches below
 //      that load, take the best one. Moves: swap two replicas between ranks; or give the slot of one
-//      replica of a multi-replica expert to another expert (re-replication). A second start (see
+//      replica of a multi-replica expert to another expert (re-replication; a round is skipped where
+//      ReplicationMayImprove, placement_internal.h, proves that none exists). A second start (see
 //      TryFromDuplicatePacking) learns from eplb.py's packing where that packing would have duplicated an
 //      expert on a rank; the better of the two starts is kept. The result fixes the bottleneck M.
 //   4. Node awareness, never at the cost of M: groups get home nodes (heaviest group first onto the
