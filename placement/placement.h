@@ -82,22 +82,24 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // log2phy order: DeepSeek variants list replicas in eplb.py's replica-rank order (the original slot
 // first, then redundant copies in the order they were created); kEldr lists slots in ascending order.
 // Performance. Per layer, the DeepSeek variants take O(E log E + P log R). kEldr takes O(E log E + P * R) to
-// replicate and pack (per replica, one branch-free pass over the R ranks, four at a time, finds the lightest rank
-// with room); its bottleneck search sorts the ranks by O(R^2) branch-free comparisons at the start of each round,
-// then makes at most 4P swaps of O(P * P/R) each (the P/R x P/R replica pairs of the most loaded rank with each
-// lighter rank; a branch-free O((P/R)^2) test skips a rank that cannot take a swap, and the replicas of the most
-// loaded rank are scanned by ascending load, so a pair scan stops at the first that would lift the lighter rank to
-// the limit) and at most 32 re-replications of O(P * (P + E)) each (experts whose best case already fails a bound
-// are skipped without a search); the node steps O(R log R + P^2); a previous placement adds
-// O(R * E + N * (R/N)^3 + N^3).
+// replicate and pack (per replica, one branch-free pass over the R ranks finds the lightest rank with room); its
+// bottleneck search sorts the ranks by O(R^2) branch-free comparisons at the start of each round, then makes at
+// most 4P swaps of O(P * P/R) each (the P/R x P/R replica pairs of the most loaded rank with each lighter rank; a
+// branch-free O((P/R)^2) test, four replicas at a time, skips a rank that cannot take a swap, and the replicas of
+// the most loaded rank are scanned by ascending load, so a pair scan stops at the first that would lift the
+// lighter rank to the limit) and at most 32 re-replication rounds, each first a necessary test of
+// O(E + P/R * (R + P/R * replicas)) (placement_internal.h, ReplicationMayImprove) and only where it does not prove
+// that no move exists a search of O(P * (P + E)) (experts whose best case already fails a bound are skipped); the
+// node steps O(R log R + P^2); a previous placement adds O(R * E + N * (R/N)^3 + N^3).
 // The searches end as soon as no move improves, far from those bounds: on the benchmark case below a layer
-// takes about 21 swaps and one re-replication search (that finds nothing). Scratch buffers are allocated once
-// per thread, not per layer. kEldr places the layers on up to DefaultThreads() threads (ELDR_NUM_THREADS,
-// runtime/common/parallel.h), one per 16 layers or more; the result does not depend on the number of threads.
-// Measured (bench/placement_bench, BM_Place: 94 layers x 128 experts into 160 slots on 32 ranks in 4 nodes):
-// DeepSeek variants about 1-2 ms; kEldr 2.74 ms single-threaded on a quiet 2-core VM before three rounds of
-// bit-identical speed-ups, projected about 1.8-2.2 ms after the first two and 0.88x of that CPU time after the third
-// (bench/README.md, "Expert placement"; the <= 1 ms target of issue 15 is not met on one thread).
+// takes about 22 swaps and one re-replication test, which proves that no move exists in all but about one
+// layer of the 94 (where the search runs and finds nothing). Scratch buffers are allocated once per thread. kEldr
+// places the layers on up to DefaultThreads() threads (ELDR_NUM_THREADS, runtime/common/parallel.h), one per 16 layers
+// or more, the calling thread among them; the result does not depend on the number of threads. Measured
+// (bench/placement_bench, BM_Place: 94 layers x 128 experts into 160 slots on 32 ranks in 4 nodes): DeepSeek variants
+// about 1-2 ms; kEldr 2.62 ms single-threaded on a quiet 2-core VM after three rounds of bit-identical speed-ups,
+// then 0.92-0.94x of that CPU time after a fifth, again bit-identical (bench/README.md, "Expert placement"):
+// about 2.4 ms projected, so the <= 1 ms target of issue 15 is not met on one thread.
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
 

@@ -31,6 +31,29 @@ Placement PlaceDeepSeek(const PlacementProblem& problem, int num_groups, int num
 // The kEldr algorithm. REQUIRES: ValidateProblem passed, P / R <= E, `previous` null or of the same shape.
 Placement PlaceEldr(const PlacementProblem& problem, const Placement* previous);
 
+// One layer of a kEldr placement in progress, as the bottleneck search sees it.
+struct RankState {
+  const int32_t* slot = nullptr;      // [R, P/R] expert in each slot, no expert twice on a rank
+  const int32_t* cnt = nullptr;       // [E] replicas, >= 1
+  const double* load = nullptr;       // [E]; a replica of e carries load[e] / cnt[e]
+  const double* rank_load = nullptr;  // [R] the loads of the ranks' replicas, summed
+  const uint8_t* has = nullptr;       // [E, R] 1 where the rank holds the expert
+  int num_experts = 0, num_ranks = 0, slots_per_rank = 0;
+  double eps = 0;  // the search's tolerance: a move must end every rank it touches below
+                   // max(rank_load) - eps
+};
+
+// A necessary condition, in O(E + P/R * (R + P/R * replicas)) (plus O(R) per candidate pair, which are
+// rare), for the re-replication search of kEldr to find a move: false proves that no move exists, so the
+// search is skipped. A re-replication takes the replica of an expert x (cnt >= 2) on rank q and gives the slot
+// to a new replica of y (cnt < R, not on q); it must touch the most loaded rank (x or y on it) and leave every
+// rank it touches below the limit. Every other rank t of x grows by dx = load/(cnt-1) - load/cnt of x, less
+// dy = load/cnt - load/(cnt+1) of y where t holds y. If dx >= limit - (lightest rank) for every such x, each of
+// x's ranks but q must hold y (at most one rank of x lacks y), and a rank t holding both needs
+// dy > L_t + dx - limit; if no (x, y, t) passes, no move can. Loose by eps against rounding.
+// tests/unit/placement_test.cc checks it against every move, by brute force.
+bool ReplicationMayImprove(const RankState& state);
+
 // The packs (ranks) that still have room, lightest first: the top is the pack with the lowest load and,
 // among equal loads, the lowest index ("the lightest pack that is not full" of balanced packing).
 // O(log n) per operation instead of a scan over all packs; storage is kept between uses.

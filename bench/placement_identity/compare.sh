@@ -11,7 +11,7 @@ mkdir -p "$TMP/old" && git -C "$ROOT" archive "$OLD_REV" placement | tar -x -C "
 build() {  # build SRC_DIR OUT
   g++ -O3 -DNDEBUG -march=native -fno-tree-slp-vectorize -std=c++20 -I"$1" -I"$ROOT" -I"$ROOT/build/runtime/generated" \
     -I/usr/include/hdf5/serial "$ROOT/bench/placement_identity/driver.cc" "$1"/placement/{placement,eplb,eldr_placement,load_io}.cc \
-    -o "$2" "$ROOT/build/runtime/libeldr_common.a" /usr/lib/x86_64-linux-gnu/hdf5/serial/libhdf5.so -lyaml-cpp -lz -lpthread
+    -o "$2" "$ROOT/build/runtime/libeldr_common.a" /usr/lib/x86_64-linux-gnu/hdf5/serial/libhdf5.so -lyaml-cpp -ldeflate -lz -lpthread
 }
 build "$TMP/old" "$TMP/driver_old"; build "$ROOT" "$TMP/driver_new"
 export ELDR_PROFILES="$ROOT/bench/data/expert-load-profiles" ELDR_NUM_THREADS=1

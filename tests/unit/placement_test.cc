@@ -13,10 +13,12 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
 
+#include "placement/placement_internal.h"
 #include "runtime/common/hdf5.h"
 
 namespace eldr {
@@ -325,6 +327,157 @@ TEST(PlacementTest, EldrIsAtLeastAsBalancedAsDeepSeekOnSkewedLoads) {
       EXPECT_GE(eldr, hier) << "E=" << s.E << " P=" << s.P << " R=" << s.R << " seed=" << seed - 1;
     }
   }
+}
+
+// ReplicationMayImprove (the skip test of the re-replication search) against every re-replication, by brute
+// force: whenever it says no move exists, none leaves every rank it touches below max - eps while touching
+// the most loaded rank. Random small layers with random counts and distinct-rank slots.
+TEST(PlacementTest, ReplicationSkipTestNeverSkipsAMove) {
+  std::mt19937_64 rng(23);
+  int skipped = 0, moves_found = 0;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int R = 2 + static_cast<int>(rng() % 5), spr = 1 + static_cast<int>(rng() % 4);
+    const int E = spr + static_cast<int>(rng() % (2 * spr + 3)), P = R * spr;
+    if (P < E) continue;
+    // Counts: every expert once, the spare slots to random experts below R replicas.
+    std::vector<int32_t> cnt(E, 1);
+    for (int k = E; k < P; ++k) {
+      int e = static_cast<int>(rng() % E);
+      while (cnt[e] >= R) e = (e + 1) % E;
+      ++cnt[e];
+    }
+    // Slots: each expert's replicas on distinct ranks with room, fullest-need first; retry on a dead end.
+    std::vector<int32_t> slot(P, -1);
+    std::vector<uint8_t> has(static_cast<size_t>(E) * R, 0);
+    std::vector<int> fill(R, 0);
+    bool ok = true;
+    std::vector<int> order(E);
+    std::iota(order.begin(), order.end(), 0);
+    std::sort(order.begin(), order.end(), [&](int a, int b) { return cnt[a] > cnt[b]; });
+    for (int e : order) {
+      for (int c = 0; c < cnt[e] && ok; ++c) {
+        std::vector<int> open;
+        for (int r = 0; r < R; ++r) {
+          if (fill[r] < spr && !has[static_cast<size_t>(e) * R + r]) open.push_back(r);
+        }
+        if (open.empty()) {
+          ok = false;
+          break;
+        }
+        const int r = open[rng() % open.size()];
+        slot[r * spr + fill[r]++] = e;
+        has[static_cast<size_t>(e) * R + r] = 1;
+      }
+    }
+    if (!ok) continue;
+    std::vector<double> load(E);
+    std::lognormal_distribution<double> skewed(0.0, trial % 3 == 0 ? 0.3 : 1.2);
+    for (auto& v : load) v = trial % 5 == 0 ? static_cast<double>(rng() % 4) : skewed(rng);
+    std::vector<double> rank_load(R, 0.0);
+    for (int s = 0; s < P; ++s) rank_load[s / spr] += load[slot[s]] / cnt[slot[s]];
+    const double eps = 1e-12 * std::accumulate(load.begin(), load.end(), 0.0);
+    const int rmax = static_cast<int>(std::max_element(rank_load.begin(), rank_load.end()) - rank_load.begin());
+    const double limit = rank_load[rmax] - eps;
+    // Every move: x's replica on q becomes a new replica of y.
+    bool found = false;
+    for (int q = 0; q < R && !found; ++q) {
+      for (int k = 0; k < spr && !found; ++k) {
+        const int x = slot[q * spr + k];
+        if (cnt[x] < 2) continue;
+        for (int y = 0; y < E && !found; ++y) {
+          if (y == x || cnt[y] >= R || has[static_cast<size_t>(y) * R + q]) continue;
+          if (q != rmax && !has[static_cast<size_t>(y) * R + rmax]) continue;  // must touch the maximum
+          const double dx = load[x] / (cnt[x] - 1) - load[x] / cnt[x], dy = load[y] / cnt[y] - load[y] / (cnt[y] + 1);
+          double worst = rank_load[q] - load[x] / cnt[x] + load[y] / (cnt[y] + 1);
+          for (int r = 0; r < R; ++r) {
+            if (r == q) continue;
+            const bool hx = has[static_cast<size_t>(x) * R + r], hy = has[static_cast<size_t>(y) * R + r];
+            if (hx || hy) worst = std::max(worst, rank_load[r] + (hx ? dx : 0.0) - (hy ? dy : 0.0));
+          }
+          found = worst < limit;
+        }
+      }
+    }
+    const bool may = placement_internal::ReplicationMayImprove(
+        {slot.data(), cnt.data(), load.data(), rank_load.data(), has.data(), E, R, spr, eps});
+    if (found) {
+      ++moves_found;
+      EXPECT_TRUE(may) << "trial " << trial << ": a move exists but the skip test skips it";
+    }
+    skipped += !may;
+  }
+  EXPECT_GT(skipped, 100);  // the test does skip
+  EXPECT_GT(moves_found, 100);
+}
+// The guarantee of kEldr's bottleneck search (step 3 of eldr_placement.cc), checked by brute force on small
+// random layers placed on one node (no node steps after the search): no swap of two replicas between the most
+// loaded rank and another, and no re-replication touching it (x's replica on q becomes a new replica of y),
+// leaves every rank it touches below the bottleneck, with no expert twice on a rank.
+TEST(PlacementTest, EldrEndsWhereNoSwapOrReReplicationLowersTheBottleneck) {
+  std::mt19937_64 rng(41);
+  int checked = 0;
+  for (int trial = 0; trial < 400; ++trial) {
+    const int R = 2 + static_cast<int>(rng() % 4), spr = 1 + static_cast<int>(rng() % 4);
+    const int P = R * spr, E = std::max(spr, P - static_cast<int>(rng() % (P / 2 + 1)));
+    const int L = 3;
+    std::vector<double> load(static_cast<size_t>(L) * E);
+    std::lognormal_distribution<double> skewed(0.0, 1.0);
+    for (auto& v : load) v = trial % 4 == 0 ? static_cast<double>(1 + rng() % 5) : skewed(rng);
+    const PlacementProblem p = Problem(L, E, P, R, 1, 1, load);
+    const Placement pl = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+    ExpectValid(p, pl, "trial " + std::to_string(trial));
+    for (int l = 0; l < L; ++l) {
+      const int32_t* slot = pl.phy2log.data() + static_cast<size_t>(l) * P;
+      const int32_t* cnt = pl.logcnt.data() + static_cast<size_t>(l) * E;
+      const double* w = load.data() + static_cast<size_t>(l) * E;
+      std::vector<double> rank_load(R, 0.0);
+      std::vector<std::vector<char>> has(R, std::vector<char>(E, 0));
+      for (int s = 0; s < P; ++s) {
+        rank_load[s / spr] += w[slot[s]] / cnt[slot[s]];
+        has[s / spr][slot[s]] = 1;
+      }
+      std::vector<double> sorted = rank_load;
+      std::sort(sorted.begin(), sorted.end());
+      const double total = std::accumulate(w, w + E, 0.0), tol = 1e-9 * total;
+      if (R > 1 && sorted[R - 1] - sorted[R - 2] <= tol) continue;  // near-tied maximum: which rank is "the" one
+      const int rmax = static_cast<int>(std::max_element(rank_load.begin(), rank_load.end()) - rank_load.begin());
+      const double limit = rank_load[rmax] - tol;
+      const std::string what = "trial " + std::to_string(trial) + " layer " + std::to_string(l);
+      ++checked;
+      for (int i = 0; i < spr; ++i) {
+        const int a = slot[rmax * spr + i];
+        for (int q = 0; q < R; ++q) {
+          if (q == rmax || has[q][a]) continue;
+          for (int j = 0; j < spr; ++j) {
+            const int b = slot[q * spr + j];
+            if (has[rmax][b]) continue;
+            const double wa = w[a] / cnt[a], wb = w[b] / cnt[b];
+            EXPECT_FALSE(rank_load[rmax] - wa + wb < limit && rank_load[q] + wa - wb < limit)
+                << what << ": swapping expert " << a << " (rank " << rmax << ") with " << b << " (rank " << q
+                << ") lowers the bottleneck";
+          }
+        }
+      }
+      for (int q = 0; q < R; ++q) {
+        for (int k = 0; k < spr; ++k) {
+          const int x = slot[q * spr + k];
+          if (cnt[x] < 2) continue;
+          for (int y = 0; y < E; ++y) {
+            if (y == x || cnt[y] >= R || has[q][y] || (q != rmax && !has[rmax][y])) continue;
+            const double dx = w[x] / (cnt[x] - 1) - w[x] / cnt[x], dy = w[y] / cnt[y] - w[y] / (cnt[y] + 1);
+            double worst = rank_load[q] - w[x] / cnt[x] + w[y] / (cnt[y] + 1);
+            for (int r = 0; r < R; ++r) {
+              if (r == q || (!has[r][x] && !has[r][y])) continue;
+              worst = std::max(worst, rank_load[r] + (has[r][x] ? dx : 0.0) - (has[r][y] ? dy : 0.0));
+            }
+            EXPECT_FALSE(worst < limit) << what << ": moving a replica of expert " << x << " on rank " << q
+                                        << " to expert " << y << " lowers the bottleneck";
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 600);
 }
 
 TEST(PlacementTest, BalancednessMatchesHandComputation) {
