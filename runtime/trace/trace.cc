@@ -68,6 +68,7 @@ Status ValidateTraceRequests(const std::vector<TraceRequest>& requests, int64_t 
   for (size_t r = 0; r < requests.size(); ++r) {
     const auto& req = requests[r];
     const std::string where = name + ": request " + std::to_string(r) + " ('" + req.id + "')";
+    if (req.id.empty()) return Status::Corrupt(where + ": empty request id");
     if (!ids.insert(req.id).second) return Status::Corrupt(where + ": duplicate request id");
     if (req.num_tokens <= 0) return Status::Corrupt(where + ": num_tokens must be positive");
     if (req.prompt_len < 0 || req.prompt_len > req.num_tokens) {

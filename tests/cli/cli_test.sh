@@ -285,6 +285,11 @@ cp good.h5 v2.h5 && $PY -c "import h5py; h5py.File('v2.h5', 'r+').attrs['format_
 expect_error "trace format_version 2 (stats)" "v2.h5: trace format_version 2 is not supported" - "$ELDR" trace stats v2.h5
 expect_error "trace format_version 2 (calibrate)" "v2.h5: trace format_version 2 is not supported" out.h5 \
   "$ELDR" calibrate --trace v2.h5 -K 1 --out out.h5
+# An empty request id in an HDF5 trace is refused, as the JSONL import refuses it (it was accepted).
+cp good.h5 emptyid.h5 && $PY -c "
+import h5py; f = h5py.File('emptyid.h5', 'r+'); ids = f['/requests/id'][:]; ids[0] = b''; f['/requests/id'][:] = ids"
+expect_error "trace with an empty request id" "emptyid.h5: request 0 .*: empty request id" - \
+  "$ELDR" trace stats emptyid.h5
 expect_error "unwritable --report: no calibration either" "no/dir/r.json: cannot write" c9.h5 \
   "$ELDR" calibrate --trace real.h5 -K 2 --out c9.h5 --report no/dir/r.json
 run_ok "calibrate with tau 0.3" "$ELDR" calibrate --trace real.h5 -K 4 --tau 0.3 --out tau.h5
