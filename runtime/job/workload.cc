@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "runtime/common/memory_budget.h"
@@ -52,6 +53,29 @@ Result<JobRequests> LoadJobRequests(const JobConfig& c) {
   for (int32_t i : in.order) {
     const TraceRequest& r = in.trace.requests[i];
     if (r.prompt_len < 1) return Status::InvalidArgument(c.trace + ": request '" + r.id + "' has no prompt tokens");
+  }
+  // A KV cache that holds none of the workload's requests would fail every one of them, each recorded and the
+  // job ending with exit 0: one line naming the key instead. (A request that alone does not fit still fails and
+  // is recorded: the others run.) The decode side counts the positions written, prompt + output − 1.
+  int64_t shortest_prompt = std::numeric_limits<int64_t>::max(), shortest_context = shortest_prompt;
+  for (int64_t i = 0; i < n; ++i) {
+    shortest_prompt = std::min(shortest_prompt, in.request(i).prompt_len);
+    shortest_context = std::min(shortest_context, in.request(i).prompt_len + in.output_len[i] - 1);
+  }
+  const auto blocks = [&](int64_t tokens) { return (std::max<int64_t>(1, tokens) + c.block_size - 1) / c.block_size; };
+  const auto none_fits = [&](const char* key, int64_t have, const char* what, int64_t tokens, const char* fix) {
+    return Status::InvalidArgument(c.path + ": kv_cache." + key + " = " + std::to_string(have) + " (blocks of " +
+                                   std::to_string(c.block_size) + " tokens) holds no request of the workload: the " +
+                                   what + " needs " + std::to_string(blocks(tokens)) + " (" + std::to_string(tokens) +
+                                   " tokens); " + fix);
+  };
+  if (blocks(shortest_prompt) > c.prefill_blocks) {
+    return none_fits("prefill_blocks", c.prefill_blocks, "shortest prompt", shortest_prompt,
+                     "raise kv_cache.prefill_blocks");
+  }
+  if (blocks(shortest_context) > c.decode_blocks) {
+    return none_fits("decode_blocks", c.decode_blocks, "shortest prompt + output", shortest_context,
+                     "raise kv_cache.decode_blocks or lower workload.output_len");
   }
   return in;
 }

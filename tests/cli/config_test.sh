@@ -51,6 +51,14 @@ bad_job() {  # NAME PATTERN SED-EXPRESSION
   expect_error "job: $1 (serve)" "$2" - "$ELDR" serve --print-ranks -c bad.yaml
   expect_error "job: $1 (simulate)" "$2" run/metrics.json "$ELDR" simulate -c bad.yaml --quiet
 }
+# A KV cache that holds no request of the workload fails every request: one line naming the key, no run.
+expect_error "decode KV cache holds no request" \
+  "job.yaml: kv_cache.decode_blocks = 1 \(blocks of 4 tokens\) holds no request of the workload" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --decode-blocks 1 --quiet
+sed 's/prefill_blocks: 256/prefill_blocks: 1/' job.yaml > tinyprefill.yaml
+expect_error "prefill KV cache holds no request" \
+  "tinyprefill.yaml: kv_cache.prefill_blocks = 1 \(blocks of 4 tokens\) holds no request of the workload" \
+  run/metrics.json "$ELDR" simulate -c tinyprefill.yaml --quiet
 bad_job "misspelt top-level key" "bad.yaml:8: unknown key 'watchdgo_s' \(did you mean 'watchdog_s'\?\)" \
   's/^watchdog_s:/watchdgo_s:/'
 bad_job "misspelt section key" "bad.yaml:5: unknown key 'decode.max_btach' \(did you mean 'max_batch'\?\)" \
