@@ -114,14 +114,19 @@ int Nearest(const double* distances, int K) {
   return best;
 }
 
+// The work bound of eldr_tail and eldr (see Decide in router.h): (1+ε)·(Σ_k w_k + w_r)/K; a decoder is under it
+// iff its work is below it.
+double WorkCap(const DecisionInputs& in, double eps) {
+  double total = in.request_work;
+  for (const DecoderState& s : *in.decoders) total += s.work;
+  return (1.0 + eps) * total / static_cast<double>(in.decoders->size());
+}
+
 // eldr_tail (see Decide in router.h).
 RoutingDecision TailBand(const DecisionInputs& in) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
-  const double eps = in.load_bound > 0 ? in.load_bound : kTailLoadBound;
-  double total = in.request_work;
-  for (int k = 0; k < K; ++k) total += d[k].work;
-  const double cap = (1.0 + eps) * total / K;
+  const double cap = WorkCap(in, in.load_bound > 0 ? in.load_bound : kTailLoadBound);
   auto ok = [&](int k) { return d[k].eligible() && d[k].work < cap; };
   RoutingDecision out;
   out.nearest = Nearest(in.distances, K);
@@ -167,12 +172,7 @@ RoutingDecision CheapestDecoder(const DecisionInputs& in) {
   auto full = [&](int k) { return in.max_batch > 0 && d[k].in_flight >= in.max_batch; };
   // With load_bound ε > 0, a decoder whose predicted work reaches (1+ε)·(Σ_j w_j + w_r)/K is a second choice too
   // (after the under-bound ones, before the full ones); the least-loaded decoder is always under it.
-  double cap = std::numeric_limits<double>::infinity();
-  if (in.load_bound > 0) {
-    double total = in.request_work;
-    for (int k = 0; k < K; ++k) total += d[k].work;
-    cap = (1.0 + in.load_bound) * total / K;
-  }
+  const double cap = in.load_bound > 0 ? WorkCap(in, in.load_bound) : std::numeric_limits<double>::infinity();
   auto tier = [&](int k) { return full(k) ? 2 : d[k].work >= cap ? 1 : 0; };
   auto better = [&](int k, int b) {
     if (tier(k) != tier(b)) return tier(k) < tier(b);

@@ -187,14 +187,21 @@ TEST(MarginalCost, LocalityWinsOnlyWhileItPays) {
   }
 }
 
-TEST(DecideCost, CheapestEligibleDecoderTiesToTheNearerCentroid) {
-  std::vector<DecoderState> d = {{1, 2}, {2, 2}, {0, 2}};  // decoder 1 at its cap
-  std::vector<double> dist = {0.3, 0.1, 0.2}, cost = {2.0, 1.0, 2.0};
+// Decision inputs of the eldr rule over `d`, `dist` and `cost` (borrowed).
+DecisionInputs EldrInputs(const std::vector<DecoderState>& d, const std::vector<double>& dist,
+                          const std::vector<double>& cost) {
   DecisionInputs in;
   in.policy = RoutingPolicy::kEldr;
   in.decoders = &d;
   in.distances = dist.data();
   in.marginal_cost = cost.data();
+  return in;
+}
+
+TEST(DecideCost, CheapestEligibleDecoderTiesToTheNearerCentroid) {
+  std::vector<DecoderState> d = {{1, 2}, {2, 2}, {0, 2}};  // decoder 1 at its cap
+  std::vector<double> dist = {0.3, 0.1, 0.2}, cost = {2.0, 1.0, 2.0};
+  DecisionInputs in = EldrInputs(d, dist, cost);
   RoutingDecision r = Decide(in);
   EXPECT_EQ(r.decoder, 2);  // 1 is cheapest but full; 0 and 2 tie, 2 is nearer
   EXPECT_DOUBLE_EQ(r.predicted_cost, 2.0);
@@ -219,11 +226,7 @@ TEST(DecideCost, LoadBoundMakesAnOverloadedDecoderASecondChoice) {
   // cheapest) is over it; decoders 1 and 2 are under it and 1 is the cheaper. ε = 3: cap 20, every decoder under it.
   std::vector<DecoderState> d = {{1, 0, 10.0}, {1, 0, 2.0}, {0, 0, 0.0}};
   std::vector<double> dist = {0.1, 0.2, 0.3}, cost = {1.0, 2.0, 3.0};
-  DecisionInputs in;
-  in.policy = RoutingPolicy::kEldr;
-  in.decoders = &d;
-  in.distances = dist.data();
-  in.marginal_cost = cost.data();
+  DecisionInputs in = EldrInputs(d, dist, cost);
   in.request_work = 3;
   EXPECT_EQ(Decide(in).decoder, 0);  // ε = 0: off
   in.load_bound = 0.5;
