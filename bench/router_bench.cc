@@ -118,6 +118,40 @@ BENCHMARK(BM_RouteEndToEnd)
     ->ArgNames({"K", "layers", "eldr"})
     ->Unit(benchmark::kMicrosecond);
 
+// The signature assembly's count sum alone (SignatureCache::SumCounts over the 128 block rows of the 2048-token
+// prompt, the masked layers only), with nothing else touching the caches between calls: its in-cache speed, which
+// BM_RouteEndToEnd's share of SumCounts can be compared with.
+void BM_SumCounts(benchmark::State& state) {
+  const int S = static_cast<int>(state.range(0));
+  const int num_blocks = kPromptTokens / kBlockSize;
+  SignatureCache cache(num_blocks, kL, kE, kBlockSize);
+  std::mt19937_64 rng(1);
+  std::vector<uint16_t> ids(static_cast<size_t>(kBlockSize) * kL * kTopK);
+  std::vector<BlockId> blocks;
+  for (int b = 0; b < num_blocks; ++b) {
+    for (int t = 0; t < kBlockSize * kL; ++t) {
+      const uint16_t first = static_cast<uint16_t>(rng() % (kE - kTopK));
+      for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = static_cast<uint16_t>(first + j);
+    }
+    cache.WriteBlock(b, ids.data(), kBlockSize, kTopK);
+    blocks.push_back(b);
+  }
+  std::vector<uint8_t> mask(kL, 0);
+  for (int l = 0; l < S; ++l) mask[(l * 7) % kL] = 1;
+  std::vector<float> counts(static_cast<size_t>(kL) * kE);
+  std::vector<double> ns;
+  ns.reserve(1 << 16);
+  for (auto _ : state) {
+    const auto t0 = std::chrono::steady_clock::now();
+    cache.SumCounts(blocks, &mask, counts.data());
+    benchmark::DoNotOptimize(counts.data());
+    ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
+  }
+  ReportPercentiles(state, ns);
+  state.counters["KB"] = static_cast<double>(cache.bytes()) / 1024;
+}
+BENCHMARK(BM_SumCounts)->Arg(16)->Arg(48)->ArgName("layers")->Unit(benchmark::kMicrosecond);
+
 void BM_RouteDecision(benchmark::State& state) {
   const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
   Calibration calib = RandomCalibration(K, S, 3);

@@ -180,6 +180,34 @@ TEST(SignatureCache, SumCountsEqualsANaiveSumForAnyMaskBlockSizeAndLength) {
   }
 }
 
+TEST(SignatureCache, SumCountsIsExactWhenEveryNibbleIsFifteen) {
+  // The largest nibble in every entry of every row: a full group of 16 rows sums to 240 in each byte, the edge of
+  // the averaging tree for the high nibbles and of the mod-256 difference for the low ones (AddSpanGroup). Rows
+  // of 15 tokens that each route to all 128 experts (low and high nibbles of every span) count 15 everywhere;
+  // prompts of 16 · m rows (full groups only) and of 16 · m + 5 (a short last group), with a mask too.
+  constexpr int L = 3, E = 128, kTokens = 15;
+  for (int blocks : {16, 32, 37, 4112}) {
+    SignatureCache sc(blocks, L, E, kTokens);
+    std::vector<uint16_t> ids(static_cast<size_t>(kTokens) * L * E);
+    for (size_t i = 0; i < ids.size(); ++i) ids[i] = static_cast<uint16_t>(i % E);
+    std::vector<BlockId> seq;
+    for (int b = 0; b < blocks; ++b) {
+      sc.WriteBlock(b, ids.data(), kTokens, E);
+      seq.push_back(b);
+    }
+    for (const bool masked : {false, true}) {
+      const std::vector<uint8_t> mask = {1, 0, 1};
+      std::vector<float> got(static_cast<size_t>(L) * E, -1.f);
+      sc.SumCounts(seq, masked ? &mask : nullptr, got.data());
+      for (int l = 0; l < L; ++l) {
+        const float want = masked && !mask[l] ? 0.f : static_cast<float>(kTokens) * blocks;
+        for (int e = 0; e < E; ++e)
+          ASSERT_EQ(got[l * E + e], want) << blocks << " blocks, layer " << l << " expert " << e;
+      }
+    }
+  }
+}
+
 // ---- the exactness property ----
 
 constexpr int kL = 3, kE = 8, kTopK = 2;
