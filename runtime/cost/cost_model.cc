@@ -20,9 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Every coefficient, where it lives in the YAML and its valid values. A time is at most an hour: beyond that a
-// model costs nothing real, and its sums overflow the metrics (1e304 s per step printed ttft inf and null).
-const NumberRange kSeconds = NumberRange::Between(0, 3600);
+// Every coefficient, where it lives in the YAML and its valid values (cost_model.h).
 struct Key {
   const char* section;
   const char* name;
@@ -30,16 +28,16 @@ struct Key {
   NumberRange range;
 };
 const Key kKeys[] = {
-    {"decode", "a", &CostModel::decode_a, kSeconds},
-    {"decode", "b", &CostModel::decode_b, kSeconds},
-    {"decode", "c", &CostModel::decode_c, kSeconds},
-    {"decode", "d", &CostModel::decode_d, kSeconds},
-    {"prefill", "a", &CostModel::prefill_a, kSeconds},
-    {"prefill", "b", &CostModel::prefill_b, kSeconds},
-    {"kv_transfer", "latency_s", &CostModel::kv_latency, kSeconds},
-    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth, NumberRange::AtLeast(0)},
-    {"", "control_latency_s", &CostModel::control_latency, kSeconds},
-    {"", "cores", &CostModel::cores, NumberRange::AtLeast(0)},
+    {"decode", "a", &CostModel::decode_a, kCostSeconds},
+    {"decode", "b", &CostModel::decode_b, kCostSeconds},
+    {"decode", "c", &CostModel::decode_c, kCostSeconds},
+    {"decode", "d", &CostModel::decode_d, kCostSeconds},
+    {"prefill", "a", &CostModel::prefill_a, kCostSeconds},
+    {"prefill", "b", &CostModel::prefill_b, kCostSeconds},
+    {"kv_transfer", "latency_s", &CostModel::kv_latency, kCostSeconds},
+    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth, kLinkBandwidth},
+    {"", "control_latency_s", &CostModel::control_latency, kCostSeconds},
+    {"", "cores", &CostModel::cores, kCores},
 };
 
 // Applies the keys present in `y` to `m`, against the cost model's schema; `required`: every coefficient of
@@ -225,7 +223,15 @@ Status ReadBenchJson(const std::string& path, const nlohmann::json& j, Samples* 
       s->layer_x.insert(s->layer_x.end(), {1.0, std::stod(m[1]), std::stod(m[2])});
       s->layer_y.push_back(seconds);
     } else if (name.rfind("BM_Read", 0) == 0 && b.contains("GBps")) {
-      s->read_bandwidth = std::max(s->read_bandwidth, b["GBps"].get<double>() * 1e9);
+      // d is the KV of a token over this bandwidth: an implausible one (a unit slip) gives an implausible d.
+      const double bps = b["GBps"].is_number() ? b["GBps"].get<double>() * 1e9 : std::nan("");
+      if (!kMemoryBandwidth.Contains(bps)) {
+        std::ostringstream text;
+        text << path << ": " << name << ": a read bandwidth of " << b["GBps"].dump()
+             << " GB/s; a memory bandwidth must be " << kMemoryBandwidth.Describe() << kMemoryBandwidth.Reason(bps);
+        return Status::InvalidArgument(text.str());
+      }
+      s->read_bandwidth = std::max(s->read_bandwidth, bps);
     }
   }
   if (s->layer_y.empty()) return Status::InvalidArgument(path + ": no BM_MoeLayer/<distinct>/<batch> results in it");
@@ -359,7 +365,7 @@ Status CheckCostModel(const CostModel& m, const std::string& what) {
     if (!k.range.Contains(v)) {
       std::ostringstream text;
       text << what << ": " << k.section << (*k.section ? "." : "") << k.name << " = " << v << ", must be "
-           << k.range.Describe();
+           << k.range.Describe() << k.range.Reason(v);
       return Status::InvalidArgument(text.str());
     }
   }
@@ -436,7 +442,9 @@ std::string FitReport::Summary() const {
 }
 
 Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& mc, double cores) {
-  if (cores < 0) return Status::InvalidArgument("--cores must be >= 0");
+  if (!kCores.Contains(cores)) {
+    return Status::InvalidArgument("--cores must be " + kCores.Describe() + kCores.Reason(cores));
+  }
   if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
   Samples s;
   for (const std::string& f : files) {

@@ -585,6 +585,32 @@ TEST(CostModel, FitRemovesCoreSharing) {
   EXPECT_NEAR(unshared->model.decode_a, 2e-3, 1e-8);
 }
 
+TEST(CostModel, HardwareFiguresArePlausible) {
+  // The reference device and every figure a writer fills in pass; a finite but absurd one is refused by name.
+  const DeviceSpec h200;
+  EXPECT_TRUE(kMemoryBandwidth.Contains(h200.memory_bandwidth));
+  EXPECT_TRUE(kLinkBandwidth.Contains(h200.link_bandwidth));
+  const ModelConfig q = LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/qwen3-30b-a3b.yaml").value();
+  CostModel m = DeriveCostModel(q, h200);
+  EXPECT_TRUE(CheckCostModel(m, "derived").ok());
+  m.kv_bandwidth = 0;  // a transfer that costs its latency only
+  m.cores = 0.5;
+  EXPECT_TRUE(CheckCostModel(m, "derived").ok());
+  m.kv_bandwidth = 1e30;
+  EXPECT_EQ(CheckCostModel(m, "derived").message(),
+            "derived: kv_transfer.bandwidth_Bps = 1e+30, must be 0 or in [1e6, 1e13] (" + kLinkBandwidth.why + ")");
+  m.kv_bandwidth = 5e9;
+  m.cores = 1e-9;
+  EXPECT_NE(CheckCostModel(m, "derived").message().find("cores = 1e-09, must be 0 or in [0.1, 65536]"),
+            std::string::npos);
+  m.cores = -0.0;
+  EXPECT_NE(CheckCostModel(m, "derived").message().find("(a negative zero: write 0)"), std::string::npos);
+  // --fit --cores takes the same range.
+  EXPECT_NE(
+      FitCostModel({"unused.jsonl"}, Tiny(), 1e30).status().message().find("--cores must be 0 or in [0.1, 65536]"),
+      std::string::npos);
+}
+
 TEST(CostModel, DerivedH200ModelIsBandwidthBound) {
   const ModelConfig q = LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/qwen3-30b-a3b.yaml").value();
   const CostModel m = DeriveCostModel(q, DeviceSpec{});
