@@ -90,6 +90,106 @@ std::vector<double> SubsetLeastSquares(const std::vector<double>& x, const std::
   return beta;
 }
 
+// One term of a fitted model: its coefficient, what the coefficient costs, and the feature it multiplies (its
+// column of the design). `plural`: the feature reads as a plural ("the distinct experts vary").
+struct FitTerm {
+  const char* coefficient;
+  const char* unit;
+  const char* feature;
+  bool plural;
+};
+const FitTerm kDecodeTerms[] = {{"decode.a", "s per step", "1", false},
+                                {"decode.b", "s per distinct expert", "distinct experts", true},
+                                {"decode.c", "s per sequence", "batch", false},
+                                {"decode.d", "s per context token", "context tokens", true}};
+const FitTerm kPrefillTerms[] = {{"prefill.a", "s per prefill", "1", false},
+                                 {"prefill.b", "s per computed prompt token", "computed prompt tokens", true}};
+const FitTerm kLayerTerms[] = {{"decode.a", "s per step", "1", false},
+                               {"decode.b", "s per distinct expert", "distinct experts", true},
+                               {"decode.c", "s per sequence", "batch", false}};
+
+// A column whose part outside the span of the columns before it is below this fraction of its norm is taken for a
+// combination of them. Exact collinearity in integer step features leaves ~1e-15; one step in 10^5 off a relation
+// by one expert leaves ~1e-6 and is still fitted (the within-batch diagnostic says how well b is then identified).
+constexpr double kCollinearTolerance = 1e-7;
+
+std::string FormatCoefficient(double v) {
+  std::ostringstream o;
+  o.precision(4);
+  o << v;
+  return o.str();
+}
+
+// "A, B and C"
+std::string JoinWords(const std::vector<std::string>& words) {
+  std::string s;
+  for (size_t i = 0; i < words.size(); ++i) s += (i == 0 ? "" : i + 1 == words.size() ? " and " : ", ") + words[i];
+  return s;
+}
+
+using RowMajorMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The part of column j of X outside the span of the columns `kept`, as a fraction of column j's norm (1 when `kept`
+// is empty; a zero column is entirely inside every span). *w: column j's least-squares weights on `kept`.
+double OutsideSpan(const Eigen::Ref<const RowMajorMatrix>& X, const std::vector<int>& kept, int j, Eigen::VectorXd* w) {
+  const Eigen::VectorXd column = X.col(j);
+  *w = Eigen::VectorXd::Zero(static_cast<int>(kept.size()));
+  if (column.norm() == 0) return 0;
+  if (kept.empty()) return 1;
+  Eigen::MatrixXd A(X.rows(), static_cast<int>(kept.size()));
+  for (size_t k = 0; k < kept.size(); ++k) A.col(static_cast<int>(k)) = X.col(kept[k]);
+  *w = A.completeOrthogonalDecomposition().solve(column);
+  return (column - A * *w).norm() / column.norm();
+}
+
+// The refusal of a design whose column j is Σ_k w_k · column kept[k] (InvalidArgument, one line): the coefficients that
+// take part (a negligible weight does not), the relation, and the samples that would separate them.
+Status CollinearDesign(const Eigen::Ref<const RowMajorMatrix>& X, const FitTerm* terms, const std::vector<int>& kept,
+                       int j, const Eigen::VectorXd& w, const std::string& what) {
+  std::vector<int> involved{j};
+  std::vector<std::string> coefficients, others;
+  std::string relation;
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const int i = kept[k];
+    const double weight = w(static_cast<int>(k));
+    if (std::abs(weight) * X.col(i).norm() <= 1e-9 * X.col(j).norm()) continue;
+    involved.push_back(i);
+    const std::string value = FormatCoefficient(std::abs(weight));
+    const bool constant = std::string(terms[i].feature) == "1";
+    const std::string part = constant ? value : (value == "1" ? "" : value + "·") + terms[i].feature;
+    relation += (relation.empty() ? (weight < 0 ? "-" : "") : (weight < 0 ? " - " : " + ")) + part;
+    if (!constant) others.push_back(terms[i].feature);
+  }
+  std::sort(involved.begin(), involved.end());
+  for (int i : involved) coefficients.push_back(std::string(terms[i].coefficient) + " (" + terms[i].unit + ")");
+  const std::string told = coefficients.size() == 1   ? "cannot identify " + coefficients[0]
+                           : coefficients.size() == 2 ? "cannot tell " + coefficients[0] + " from " + coefficients[1]
+                                                      : "cannot tell " + JoinWords(coefficients) + " apart";
+  const FitTerm& t = terms[j];
+  return Status::InvalidArgument(
+      "the " + what + " " + told + ": " + t.feature + " = " + (relation.empty() ? "0" : relation) + " in all " +
+      std::to_string(X.rows()) +
+      " of them (a collinear design: every split between these terms fits equally well); add " + what + " where the " +
+      t.feature + (t.plural ? " vary" : " varies") + (others.empty() ? "" : " at a fixed " + JoinWords(others)) +
+      (std::string(t.feature) == "distinct experts" ? " (e.g. same-domain and mixed batches of one size)" : ""));
+}
+
+// OK when least squares on x [rows, cols] identifies every coefficient: the columns, taken in `order`, must each keep
+// more than kCollinearTolerance of their norm outside the span of those before them (a QR in a fixed order with a
+// relative tolerance; the order puts last the feature the message writes in terms of the others). Otherwise
+// CollinearDesign's line. `what`: the samples ("decode steps").
+Status CheckIdentifiable(const std::vector<double>& x, int cols, const FitTerm* terms, const std::vector<int>& order,
+                         const std::string& what) {
+  const Eigen::Map<const RowMajorMatrix> X(x.data(), static_cast<Eigen::Index>(x.size() / cols), cols);
+  std::vector<int> kept;
+  for (int j : order) {
+    Eigen::VectorXd w;
+    if (OutsideSpan(X, kept, j, &w) <= kCollinearTolerance) return CollinearDesign(X, terms, kept, j, w, what);
+    kept.push_back(j);
+  }
+  return Status::Ok();
+}
+
 double SquaredResidual(const std::vector<double>& x, const std::vector<double>& y, int cols,
                        const std::vector<double>& beta) {
   double ss = 0;
@@ -166,9 +266,14 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
       if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
       j = std::move(parsed).value();
       const std::string kind = j.at("kind").get<std::string>();
+      // A step's time is a cost model time (kCostSeconds): 1e300 s overflowed the fit's residuals to inf, which
+      // fitted a model that costs nothing.
       const double seconds = j.at("seconds").get<double>();
-      if (!(seconds >= 0) || !std::isfinite(seconds)) throw std::runtime_error("seconds must be >= 0");
+      if (!kCostSeconds.Contains(seconds)) throw std::runtime_error("seconds must be " + kCostSeconds.Describe());
       const double end = j.value("time", 0.0);
+      if (j.contains("cpu_seconds") && !kCostSeconds.Contains(j.at("cpu_seconds").get<double>())) {
+        throw std::runtime_error("cpu_seconds must be " + kCostSeconds.Describe());
+      }
       const double cpu = j.value("cpu_seconds", -1.0);
       if (cpu >= 0) cpu_work.emplace_back(kind == "decode", cpu);
       if (kind == "decode") {
@@ -484,6 +589,8 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
   if (!s.decode_y.empty()) {
     if (s.decode_y.size() < 8)
       return Status::InvalidArgument("too few decode steps to fit (" + std::to_string(s.decode_y.size()) + ", need 8)");
+    // Distinct experts last: the relation then reads "distinct experts = 50·batch".
+    ELDR_RETURN_IF_ERROR(CheckIdentifiable(s.decode_x, 4, kDecodeTerms, {0, 2, 3, 1}, "decode steps"));
     const std::vector<double> beta = NonNegativeLeastSquares(s.decode_x, s.decode_y, 4);
     m.decode_a = beta[0];
     m.decode_b = beta[1];
@@ -504,6 +611,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     }
   } else if (!s.layer_y.empty()) {
     if (s.layer_y.size() < 3) return Status::InvalidArgument("too few BM_MoeLayer results to fit (need 3)");
+    ELDR_RETURN_IF_ERROR(CheckIdentifiable(s.layer_x, 3, kLayerTerms, {0, 2, 1}, "BM_MoeLayer results"));
     // Per-layer t = a' + b'·distinct + c'·batch; a step runs every MoE layer: a = L·a', b = b' (distinct is
     // already summed over layers), c = L·c'; d: the KV of a context token read at the measured bandwidth.
     const std::vector<double> beta = NonNegativeLeastSquares(s.layer_x, s.layer_y, 3);
@@ -523,6 +631,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     return Status::InvalidArgument("no decode steps or BM_MoeLayer results in the input");
   }
   if (!s.prefill_y.empty()) {
+    ELDR_RETURN_IF_ERROR(CheckIdentifiable(s.prefill_x, 2, kPrefillTerms, {0, 1}, "prefills"));
     const std::vector<double> beta = NonNegativeLeastSquares(s.prefill_x, s.prefill_y, 2);
     m.prefill_a = beta[0];
     m.prefill_b = beta[1];

@@ -142,7 +142,12 @@ struct FitReport {
 // core: its cpu_seconds when the log has them (eldr serve writes them), else ∫ min(1, cores / n(t)) dt over
 // its interval with n(t) the steps in progress (from the log's intervals, per file). The coefficients are
 // then those of an unshared core; the model records `cores`.
-// InvalidArgument naming the file and line for malformed input, or when there are too few samples.
+// InvalidArgument naming the file and line for malformed input (a step's seconds outside [0, 3600]), when there are
+// too few samples, or when the samples cannot separate two or more terms (a collinear design, e.g. distinct experts
+// = 50·batch in every step: any split of the time between b and c fits as well). The last is one line naming the
+// coefficients, the relation and the samples that would identify them: "the decode steps cannot tell decode.b (s per
+// distinct expert) from decode.c (s per sequence): distinct experts = 50·batch in all 60 of them (...); add decode
+// steps where the distinct experts vary at a fixed batch (...)".
 Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model, double cores = 0);
 
 // Non-negative least squares for small problems (columns ≤ 8): min ‖Xβ − y‖ with β ≥ 0, by fixing
