@@ -100,7 +100,7 @@ Status RunDerive(const SimulateArgs& a) {
   if (a.derive != "h200" && a.derive != "H200") {
     return Status::InvalidArgument("--derive knows h200; give other devices with --bandwidth (bytes/s)");
   }
-  if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;  // 0: not given (the option's range is > 0)
+  if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;  // 0: not given (the option's range excludes 0)
   const CostModel m = DeriveCostModel(mc, dev);
   ELDR_RETURN_IF_ERROR(CheckCostModel(m, "the derived cost model (check --bandwidth, in bytes/s)"));
   std::fprintf(stderr, "%s\n", m.source.c_str());
@@ -274,11 +274,11 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       ->check(NonEmptyPath());
   cmd->add_option("--derive", a->derive, "derive a bandwidth-bound cost model for a device: h200");
   cmd->add_option("--bandwidth", a->bandwidth, "--derive: memory bandwidth in bytes/s (default H200's 4.8e12)")
-      ->check(InRange(NumberRange::Above(0)));
+      ->check(InRange(kMemoryBandwidth));
   cmd->add_option("--cores", a->cores,
                   "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
                   "rank); the fit removes the sharing and the model simulates it")
-      ->check(InRange(NumberRange::AtLeast(0)));
+      ->check(InRange(kCores));
   cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML")->check(NonEmptyPath());
   cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)")
       ->check(NonEmptyPath());

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <sstream>
@@ -36,12 +37,29 @@ Status YamlError(const std::string& path, const YAML::Node& at, const std::strin
 
 namespace {
 
+// A bound as it is written: 3600, 0.1, 1e6, 1e-5 (the shortest text that reads back as v; an exponent without "+" or
+// leading zeros).
 std::string FormatNumber(double v) {
   if (std::isinf(v)) return v > 0 ? "inf" : "-inf";
-  std::ostringstream o;
-  o.precision(15);
-  o << v;
-  return o.str();
+  if (v == std::trunc(v) && std::abs(v) < 1e6) {
+    std::ostringstream o;
+    o.precision(15);
+    o << v;
+    return o.str();
+  }
+  std::string text;
+  for (int digits = 1; digits <= 17; ++digits) {
+    char buf[40];
+    std::snprintf(buf, sizeof buf, "%.*g", digits, v);
+    text = buf;
+    if (std::strtod(buf, nullptr) == v) break;
+  }
+  const size_t e = text.find('e');
+  if (e == std::string::npos) return text;
+  std::string exponent = text.substr(e + 1);
+  const bool negative = exponent[0] == '-';
+  exponent.erase(0, exponent.find_first_not_of("+-0"));
+  return text.substr(0, e + 1) + (negative ? "-" : "") + exponent;
 }
 
 std::string Lower(std::string s) {
@@ -54,6 +72,8 @@ std::string Lower(std::string s) {
 bool NumberRange::Contains(double v) const {
   if (std::isnan(v)) return false;
   if (std::isinf(v)) return v > 0 && inf_ok;  // an unbounded end admits every finite value, not infinity
+  if (v == 0 && std::signbit(v) && !negative_zero_ok) return false;
+  if (v == 0 && zero_ok) return true;
   if (lo_open ? !(v > lo) : !(v >= lo)) return false;
   return hi_open ? v < hi : v <= hi;
 }
@@ -70,7 +90,13 @@ std::string NumberRange::Describe() const {
   } else {
     s = "a finite number";
   }
+  if (zero_ok) s = "0 or " + s;
   return inf_ok ? s + " or inf" : s;
+}
+
+std::string NumberRange::Reason(double v) const {
+  if (v == 0 && std::signbit(v) && !negative_zero_ok) return " (a negative zero: write 0)";
+  return why.empty() ? "" : " (" + why + ")";
 }
 
 bool ParseNumber(const std::string& text, double* v) {
@@ -88,9 +114,11 @@ bool ParseNumber(const std::string& text, double* v) {
   if (t.empty() || std::isspace(static_cast<unsigned char>(t[0]))) return false;
   char* end = nullptr;
   errno = 0;
-  const double x = std::strtod(t.c_str(), &end);
+  double x = std::strtod(t.c_str(), &end);
   if (end != t.c_str() + t.size()) return false;
-  *v = x;  // an overflow gives ±HUGE_VAL = ±inf, which the ranges judge
+  // An overflow gives ±HUGE_VAL = ±inf, which the ranges judge; an underflow to 0 keeps its sign and magnitude > 0.
+  if (x == 0 && errno == ERANGE) x = std::copysign(std::numeric_limits<double>::denorm_min(), sign);
+  *v = x;
   return true;
 }
 
@@ -107,9 +135,11 @@ bool ParseInteger(const std::string& text, const IntRange& range, int64_t* v) {
 
 Status CheckNumber(const std::string& name, const std::string& text, const NumberRange& range, double* v) {
   double x = 0;
-  if (!ParseNumber(text, &x) || !range.Contains(x)) {
-    return Status::InvalidArgument(name + " must be " + (ParseNumber(text, &x) ? "" : "a number ") + range.Describe() +
-                                   ", got '" + text + "'");
+  if (!ParseNumber(text, &x)) {
+    return Status::InvalidArgument(name + " must be a number " + range.Describe() + ", got '" + text + "'");
+  }
+  if (!range.Contains(x)) {
+    return Status::InvalidArgument(name + " must be " + range.Describe() + ", got '" + text + "'" + range.Reason(x));
   }
   if (v) *v = x;
   return Status::Ok();
@@ -231,10 +261,10 @@ void YamlMap::Get(const std::string& key, std::optional<double>* v, const Number
   if (!n) return;
   const auto text = ScalarText(n);
   double x = 0;
-  if (!text || !ParseNumber(*text, &x) || !range.Contains(x)) {
-    return Fail(n, Name(key) + " must be " + (text && ParseNumber(*text, &x) ? "" : "a number ") + range.Describe() +
-                       ", got " + Shown(n));
-  }
+  if (!text || !ParseNumber(*text, &x))
+    return Fail(n, Name(key) + " must be a number " + range.Describe() + ", got " + Shown(n));
+  if (!range.Contains(x))
+    return Fail(n, Name(key) + " must be " + range.Describe() + ", got " + Shown(n) + range.Reason(x));
   *v = x;
 }
 

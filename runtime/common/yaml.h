@@ -22,6 +22,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/common/status.h"
@@ -37,23 +38,45 @@ Result<YAML::Node> LoadYamlFile(const std::string& path, const std::string& docu
 Status YamlError(const std::string& path, const YAML::Node& at, const std::string& message);
 
 // The valid values of a number: [lo, hi] with either end open, and whether +inf is also valid (a rate: "all at
-// once"). NaN is never valid. Describe() is the phrase of the messages: ">= 0", "> 0 or inf", "in [1, 127]".
+// once"). NaN is never valid. Describe() is the phrase of the messages: ">= 0", "> 0 or inf", "in [1, 127]",
+// "0 or in [1e6, 1e13]".
+//
+// A physical quantity (a time, a bandwidth, a core count: Physical()) also refuses a negative zero (a sign typed by
+// mistake) and carries `why`, the reason for its bounds, which the messages add after the value; OrZero() admits 0
+// besides its bounds where 0 means "none" (a KV link that costs nothing, no shared cores).
 struct NumberRange {
   double lo = -std::numeric_limits<double>::infinity();
   double hi = std::numeric_limits<double>::infinity();
   bool lo_open = false, hi_open = false;
-  bool inf_ok = false;  // +inf valid besides [lo, hi]
+  bool inf_ok = false;           // +inf valid besides [lo, hi]
+  bool zero_ok = false;          // 0 valid besides [lo, hi]
+  bool negative_zero_ok = true;  // false: -0 is refused
+  std::string why{};             // the reason for the bounds (may be empty)
 
   static NumberRange AtLeast(double lo) { return {lo}; }
   static NumberRange Above(double lo) { return {lo, std::numeric_limits<double>::infinity(), true}; }
   static NumberRange Between(double lo, double hi) { return {lo, hi}; }
+  // [lo, hi], -0 refused, `why` in the messages.
+  static NumberRange Physical(double lo, double hi, std::string why) {
+    NumberRange r{lo, hi};
+    r.negative_zero_ok = false;
+    r.why = std::move(why);
+    return r;
+  }
   NumberRange OrInf() const {
     NumberRange r = *this;
     r.inf_ok = true;
     return r;
   }
+  NumberRange OrZero() const {
+    NumberRange r = *this;
+    r.zero_ok = true;
+    return r;
+  }
   bool Contains(double v) const;
   std::string Describe() const;
+  // What the messages add after a refused value v: " (a negative zero: write 0)", " (why)", or "".
+  std::string Reason(double v) const;
 };
 // A number, or an integer in [lo, hi] (Describe: "an integer in [1, 2147483647]").
 struct IntRange {
@@ -65,12 +88,15 @@ struct IntRange {
 };
 
 // Parses a number as YAML and the command line write it: decimal or exponent form, inf/.inf/infinity, nan/.nan
-// (then rejected by every range). False when `text` is not a number.
+// (then rejected by every range). A nonzero literal too small for a double ("1e-400") keeps its sign as the smallest
+// subnormal, so that a range judges it as the tiny number it is, never as 0 (a KV link of 1e-400 B/s is not a free
+// one). False when `text` is not a number.
 bool ParseNumber(const std::string& text, double* v);
 // Parses a whole integer (no fraction, no exponent, no trailing text) in `range`.
 bool ParseInteger(const std::string& text, const IntRange& range, int64_t* v);
-// InvalidArgument "NAME must be RANGE, got TEXT" unless `text` is a number in `range` (NAME: a dotted key or an
-// option such as --tau). The CLI validators and YamlMap share it, so an override is checked like its key.
+// InvalidArgument "NAME must be RANGE, got TEXT" (and the range's Reason) unless `text` is a number in `range` (NAME:
+// a dotted key or an option such as --tau). The CLI validators and YamlMap share it, so an override is checked like its
+// key.
 Status CheckNumber(const std::string& name, const std::string& text, const NumberRange& range, double* v = nullptr);
 Status CheckInteger(const std::string& name, const std::string& text, const IntRange& range, int64_t* v = nullptr);
 

@@ -20,9 +20,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// Every coefficient, where it lives in the YAML and its valid values. A time is at most an hour: beyond that a
-// model costs nothing real, and its sums overflow the metrics (1e304 s per step printed ttft inf and null).
-const NumberRange kSeconds = NumberRange::Between(0, 3600);
+// Every coefficient, where it lives in the YAML and its valid values (cost_model.h).
 struct Key {
   const char* section;
   const char* name;
@@ -30,16 +28,16 @@ struct Key {
   NumberRange range;
 };
 const Key kKeys[] = {
-    {"decode", "a", &CostModel::decode_a, kSeconds},
-    {"decode", "b", &CostModel::decode_b, kSeconds},
-    {"decode", "c", &CostModel::decode_c, kSeconds},
-    {"decode", "d", &CostModel::decode_d, kSeconds},
-    {"prefill", "a", &CostModel::prefill_a, kSeconds},
-    {"prefill", "b", &CostModel::prefill_b, kSeconds},
-    {"kv_transfer", "latency_s", &CostModel::kv_latency, kSeconds},
-    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth, NumberRange::AtLeast(0)},
-    {"", "control_latency_s", &CostModel::control_latency, kSeconds},
-    {"", "cores", &CostModel::cores, NumberRange::AtLeast(0)},
+    {"decode", "a", &CostModel::decode_a, kCostSeconds},
+    {"decode", "b", &CostModel::decode_b, kCostSeconds},
+    {"decode", "c", &CostModel::decode_c, kCostSeconds},
+    {"decode", "d", &CostModel::decode_d, kCostSeconds},
+    {"prefill", "a", &CostModel::prefill_a, kCostSeconds},
+    {"prefill", "b", &CostModel::prefill_b, kCostSeconds},
+    {"kv_transfer", "latency_s", &CostModel::kv_latency, kCostSeconds},
+    {"kv_transfer", "bandwidth_Bps", &CostModel::kv_bandwidth, kLinkBandwidth},
+    {"", "control_latency_s", &CostModel::control_latency, kCostSeconds},
+    {"", "cores", &CostModel::cores, kCores},
 };
 
 // Applies the keys present in `y` to `m`, against the cost model's schema; `required`: every coefficient of
@@ -90,6 +88,106 @@ std::vector<double> SubsetLeastSquares(const std::vector<double>& x, const std::
   const Eigen::VectorXd s = A.completeOrthogonalDecomposition().solve(b);
   for (size_t j = 0; j < use.size(); ++j) beta[use[j]] = s(static_cast<int>(j));
   return beta;
+}
+
+// One term of a fitted model: its coefficient, what the coefficient costs, and the feature it multiplies (its
+// column of the design). `plural`: the feature reads as a plural ("the distinct experts vary").
+struct FitTerm {
+  const char* coefficient;
+  const char* unit;
+  const char* feature;
+  bool plural;
+};
+const FitTerm kDecodeTerms[] = {{"decode.a", "s per step", "1", false},
+                                {"decode.b", "s per distinct expert", "distinct experts", true},
+                                {"decode.c", "s per sequence", "batch", false},
+                                {"decode.d", "s per context token", "context tokens", true}};
+const FitTerm kPrefillTerms[] = {{"prefill.a", "s per prefill", "1", false},
+                                 {"prefill.b", "s per computed prompt token", "computed prompt tokens", true}};
+const FitTerm kLayerTerms[] = {{"decode.a", "s per step", "1", false},
+                               {"decode.b", "s per distinct expert", "distinct experts", true},
+                               {"decode.c", "s per sequence", "batch", false}};
+
+// A column whose part outside the span of the columns before it is below this fraction of its norm is taken for a
+// combination of them. Exact collinearity in integer step features leaves ~1e-15; one step in 10^5 off a relation
+// by one expert leaves ~1e-6 and is still fitted (the within-batch diagnostic says how well b is then identified).
+constexpr double kCollinearTolerance = 1e-7;
+
+std::string FormatCoefficient(double v) {
+  std::ostringstream o;
+  o.precision(4);
+  o << v;
+  return o.str();
+}
+
+// "A, B and C"
+std::string JoinWords(const std::vector<std::string>& words) {
+  std::string s;
+  for (size_t i = 0; i < words.size(); ++i) s += (i == 0 ? "" : i + 1 == words.size() ? " and " : ", ") + words[i];
+  return s;
+}
+
+using RowMajorMatrix = Eigen::Matrix<double, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
+
+// The part of column j of X outside the span of the columns `kept`, as a fraction of column j's norm (1 when `kept`
+// is empty; a zero column is entirely inside every span). *w: column j's least-squares weights on `kept`.
+double OutsideSpan(const Eigen::Ref<const RowMajorMatrix>& X, const std::vector<int>& kept, int j, Eigen::VectorXd* w) {
+  const Eigen::VectorXd column = X.col(j);
+  *w = Eigen::VectorXd::Zero(static_cast<int>(kept.size()));
+  if (column.norm() == 0) return 0;
+  if (kept.empty()) return 1;
+  Eigen::MatrixXd A(X.rows(), static_cast<int>(kept.size()));
+  for (size_t k = 0; k < kept.size(); ++k) A.col(static_cast<int>(k)) = X.col(kept[k]);
+  *w = A.completeOrthogonalDecomposition().solve(column);
+  return (column - A * *w).norm() / column.norm();
+}
+
+// The refusal of a design whose column j is Σ_k w_k · column kept[k] (InvalidArgument, one line): the coefficients that
+// take part (a negligible weight does not), the relation, and the samples that would separate them.
+Status CollinearDesign(const Eigen::Ref<const RowMajorMatrix>& X, const FitTerm* terms, const std::vector<int>& kept,
+                       int j, const Eigen::VectorXd& w, const std::string& what) {
+  std::vector<int> involved{j};
+  std::vector<std::string> coefficients, others;
+  std::string relation;
+  for (size_t k = 0; k < kept.size(); ++k) {
+    const int i = kept[k];
+    const double weight = w(static_cast<int>(k));
+    if (std::abs(weight) * X.col(i).norm() <= 1e-9 * X.col(j).norm()) continue;
+    involved.push_back(i);
+    const std::string value = FormatCoefficient(std::abs(weight));
+    const bool constant = std::string(terms[i].feature) == "1";
+    const std::string part = constant ? value : (value == "1" ? "" : value + "·") + terms[i].feature;
+    relation += (relation.empty() ? (weight < 0 ? "-" : "") : (weight < 0 ? " - " : " + ")) + part;
+    if (!constant) others.push_back(terms[i].feature);
+  }
+  std::sort(involved.begin(), involved.end());
+  for (int i : involved) coefficients.push_back(std::string(terms[i].coefficient) + " (" + terms[i].unit + ")");
+  const std::string told = coefficients.size() == 1   ? "cannot identify " + coefficients[0]
+                           : coefficients.size() == 2 ? "cannot tell " + coefficients[0] + " from " + coefficients[1]
+                                                      : "cannot tell " + JoinWords(coefficients) + " apart";
+  const FitTerm& t = terms[j];
+  return Status::InvalidArgument(
+      "the " + what + " " + told + ": " + t.feature + " = " + (relation.empty() ? "0" : relation) + " in all " +
+      std::to_string(X.rows()) +
+      " of them (a collinear design: every split between these terms fits equally well); add " + what + " where the " +
+      t.feature + (t.plural ? " vary" : " varies") + (others.empty() ? "" : " at a fixed " + JoinWords(others)) +
+      (std::string(t.feature) == "distinct experts" ? " (e.g. same-domain and mixed batches of one size)" : ""));
+}
+
+// OK when least squares on x [rows, cols] identifies every coefficient: the columns, taken in `order`, must each keep
+// more than kCollinearTolerance of their norm outside the span of those before them (a QR in a fixed order with a
+// relative tolerance; the order puts last the feature the message writes in terms of the others). Otherwise
+// CollinearDesign's line. `what`: the samples ("decode steps").
+Status CheckIdentifiable(const std::vector<double>& x, int cols, const FitTerm* terms, const std::vector<int>& order,
+                         const std::string& what) {
+  const Eigen::Map<const RowMajorMatrix> X(x.data(), static_cast<Eigen::Index>(x.size() / cols), cols);
+  std::vector<int> kept;
+  for (int j : order) {
+    Eigen::VectorXd w;
+    if (OutsideSpan(X, kept, j, &w) <= kCollinearTolerance) return CollinearDesign(X, terms, kept, j, w, what);
+    kept.push_back(j);
+  }
+  return Status::Ok();
 }
 
 double SquaredResidual(const std::vector<double>& x, const std::vector<double>& y, int cols,
@@ -168,9 +266,14 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
       if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
       j = std::move(parsed).value();
       const std::string kind = j.at("kind").get<std::string>();
+      // A step's time is a cost model time (kCostSeconds): 1e300 s overflowed the fit's residuals to inf, which
+      // fitted a model that costs nothing.
       const double seconds = j.at("seconds").get<double>();
-      if (!(seconds >= 0) || !std::isfinite(seconds)) throw std::runtime_error("seconds must be >= 0");
+      if (!kCostSeconds.Contains(seconds)) throw std::runtime_error("seconds must be " + kCostSeconds.Describe());
       const double end = j.value("time", 0.0);
+      if (j.contains("cpu_seconds") && !kCostSeconds.Contains(j.at("cpu_seconds").get<double>())) {
+        throw std::runtime_error("cpu_seconds must be " + kCostSeconds.Describe());
+      }
       const double cpu = j.value("cpu_seconds", -1.0);
       if (cpu >= 0) cpu_work.emplace_back(kind == "decode", cpu);
       if (kind == "decode") {
@@ -225,7 +328,15 @@ Status ReadBenchJson(const std::string& path, const nlohmann::json& j, Samples* 
       s->layer_x.insert(s->layer_x.end(), {1.0, std::stod(m[1]), std::stod(m[2])});
       s->layer_y.push_back(seconds);
     } else if (name.rfind("BM_Read", 0) == 0 && b.contains("GBps")) {
-      s->read_bandwidth = std::max(s->read_bandwidth, b["GBps"].get<double>() * 1e9);
+      // d is the KV of a token over this bandwidth: an implausible one (a unit slip) gives an implausible d.
+      const double bps = b["GBps"].is_number() ? b["GBps"].get<double>() * 1e9 : std::nan("");
+      if (!kMemoryBandwidth.Contains(bps)) {
+        std::ostringstream text;
+        text << path << ": " << name << ": a read bandwidth of " << b["GBps"].dump()
+             << " GB/s; a memory bandwidth must be " << kMemoryBandwidth.Describe() << kMemoryBandwidth.Reason(bps);
+        return Status::InvalidArgument(text.str());
+      }
+      s->read_bandwidth = std::max(s->read_bandwidth, bps);
     }
   }
   if (s->layer_y.empty()) return Status::InvalidArgument(path + ": no BM_MoeLayer/<distinct>/<batch> results in it");
@@ -359,7 +470,7 @@ Status CheckCostModel(const CostModel& m, const std::string& what) {
     if (!k.range.Contains(v)) {
       std::ostringstream text;
       text << what << ": " << k.section << (*k.section ? "." : "") << k.name << " = " << v << ", must be "
-           << k.range.Describe();
+           << k.range.Describe() << k.range.Reason(v);
       return Status::InvalidArgument(text.str());
     }
   }
@@ -436,7 +547,9 @@ std::string FitReport::Summary() const {
 }
 
 Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& mc, double cores) {
-  if (cores < 0) return Status::InvalidArgument("--cores must be >= 0");
+  if (!kCores.Contains(cores)) {
+    return Status::InvalidArgument("--cores must be " + kCores.Describe() + kCores.Reason(cores));
+  }
   if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
   Samples s;
   for (const std::string& f : files) {
@@ -476,6 +589,8 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
   if (!s.decode_y.empty()) {
     if (s.decode_y.size() < 8)
       return Status::InvalidArgument("too few decode steps to fit (" + std::to_string(s.decode_y.size()) + ", need 8)");
+    // Distinct experts last: the relation then reads "distinct experts = 50·batch".
+    ELDR_RETURN_IF_ERROR(CheckIdentifiable(s.decode_x, 4, kDecodeTerms, {0, 2, 3, 1}, "decode steps"));
     const std::vector<double> beta = NonNegativeLeastSquares(s.decode_x, s.decode_y, 4);
     m.decode_a = beta[0];
     m.decode_b = beta[1];
@@ -496,6 +611,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     }
   } else if (!s.layer_y.empty()) {
     if (s.layer_y.size() < 3) return Status::InvalidArgument("too few BM_MoeLayer results to fit (need 3)");
+    ELDR_RETURN_IF_ERROR(CheckIdentifiable(s.layer_x, 3, kLayerTerms, {0, 2, 1}, "BM_MoeLayer results"));
     // Per-layer t = a' + b'·distinct + c'·batch; a step runs every MoE layer: a = L·a', b = b' (distinct is
     // already summed over layers), c = L·c'; d: the KV of a context token read at the measured bandwidth.
     const std::vector<double> beta = NonNegativeLeastSquares(s.layer_x, s.layer_y, 3);
@@ -515,6 +631,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     return Status::InvalidArgument("no decode steps or BM_MoeLayer results in the input");
   }
   if (!s.prefill_y.empty()) {
+    ELDR_RETURN_IF_ERROR(CheckIdentifiable(s.prefill_x, 2, kPrefillTerms, {0, 1}, "prefills"));
     const std::vector<double> beta = NonNegativeLeastSquares(s.prefill_x, s.prefill_y, 2);
     m.prefill_a = beta[0];
     m.prefill_b = beta[1];

@@ -28,9 +28,33 @@
 #include <vector>
 
 #include "runtime/common/status.h"
+#include "runtime/common/yaml.h"
 #include "runtime/model/model_config.h"
 
 namespace eldr {
+
+// The plausible hardware figures: the ranges the cost model's YAML keys, CheckCostModel, the measured read bandwidth
+// of a moe_layer_bench fit and the --derive/--fit options accept. Generous on purpose: a figure outside is a typo
+// or a unit slip (GB/s written as B/s), not a machine. A negative zero is refused (NumberRange::Physical).
+// Link (kv_transfer.bandwidth_Bps), B/s: 1 MB/s (slow Ethernet) to 10 TB/s (beyond any NVLink); 0 = a KV transfer
+// costs its latency only.
+inline const NumberRange kLinkBandwidth =
+    NumberRange::Physical(1e6, 1e13,
+                          "bytes/s: 1 MB/s to 10 TB/s holds every network link, from slow Ethernet to beyond NVLink; "
+                          "0: a transfer costs latency_s only")
+        .OrZero();
+// Memory (DeviceSpec::memory_bandwidth, --derive --bandwidth, BM_Read), B/s: 1 GB/s (one DDR channel) to 100 TB/s
+// (20x an H200's 4.8 TB/s).
+inline const NumberRange kMemoryBandwidth = NumberRange::Physical(
+    1e9, 1e14, "bytes/s: 1 GB/s to 100 TB/s holds every memory, from one DDR channel to 20x an H200's HBM3e");
+// Shared CPU cores (cores, --fit --cores): a 0.1-core container quota to 65536; 0 = a device per worker.
+inline const NumberRange kCores =
+    NumberRange::Physical(
+        0.1, 65536, "CPU cores the workers share: from a 0.1-core container quota to 65536; 0: a device per worker")
+        .OrZero();
+// Every time (a coefficient, a latency), s: at most an hour (beyond that a model costs nothing real, and its sums
+// overflow the metrics: 1e304 s per step printed ttft inf and null).
+inline const NumberRange kCostSeconds = NumberRange::Physical(0, 3600, "");
 
 struct CostModel {
   std::string name;
@@ -62,9 +86,9 @@ Result<CostModel> LoadJobCostModel(const std::string& job_config_path);
 // without reading its cost_model file: what `eldr serve` checks (it runs no cost model, yet a misspelled key is an
 // error there too). Errors: one "PATH:LINE: …" line naming the dotted key, as LoadJobCostModel's.
 Status CheckJobCostKeys(const std::string& job_config_path);
-// The coefficients against the ranges LoadCostModel accepts (times in [0, 3600] s, bandwidth and cores >= 0), so
-// that a writer (--fit, --derive) never writes a model its reader refuses. InvalidArgument: "WHAT: decode.a = inf,
-// must be in [0, 3600]".
+// The coefficients against the ranges LoadCostModel accepts (kCostSeconds, kLinkBandwidth, kCores), so that a writer
+// (--fit, --derive) never writes a model its reader refuses. InvalidArgument: "WHAT: decode.a = inf, must be in
+// [0, 3600]" (and the range's reason).
 Status CheckCostModel(const CostModel& m, const std::string& what);
 // YAML text of a cost model (what LoadCostModel reads), with a comment header.
 std::string CostModelYaml(const CostModel& m);
@@ -118,7 +142,12 @@ struct FitReport {
 // core: its cpu_seconds when the log has them (eldr serve writes them), else ∫ min(1, cores / n(t)) dt over
 // its interval with n(t) the steps in progress (from the log's intervals, per file). The coefficients are
 // then those of an unshared core; the model records `cores`.
-// InvalidArgument naming the file and line for malformed input, or when there are too few samples.
+// InvalidArgument naming the file and line for malformed input (a step's seconds outside [0, 3600]), when there are
+// too few samples, or when the samples cannot separate two or more terms (a collinear design, e.g. distinct experts
+// = 50·batch in every step: any split of the time between b and c fits as well). The last is one line naming the
+// coefficients, the relation and the samples that would identify them: "the decode steps cannot tell decode.b (s per
+// distinct expert) from decode.c (s per sequence): distinct experts = 50·batch in all 60 of them (...); add decode
+// steps where the distinct experts vary at a fixed batch (...)".
 Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model, double cores = 0);
 
 // Non-negative least squares for small problems (columns ≤ 8): min ‖Xβ − y‖ with β ≥ 0, by fixing

@@ -2,6 +2,7 @@
 // zlib), validates each request fully and appends it; the first bad line aborts the import.
 #include <zlib.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
@@ -15,6 +16,7 @@
 #include "runtime/common/memory_budget.h"
 #include "runtime/common/progress.h"
 #include "runtime/common/signals.h"
+#include "runtime/common/yaml.h"
 #include "runtime/trace/trace.h"
 #include "runtime/trace/trace_store.h"
 
@@ -83,10 +85,35 @@ struct ParsedRequest {
   std::vector<float> weights;  // [T, L, k] or empty
 };
 
+// Every field of a record (DESIGN.md §5), in the order the format lists them. Anything else is refused: a
+// misspelt optional field ("domian") would otherwise import the request without it.
+const std::vector<std::string>& RecordFields() {
+  static const std::vector<std::string> fields = {"id",    "domain",     "model",      "num_layers", "num_experts",
+                                                  "top_k", "num_tokens", "prompt_len", "topk_ids",   "topk_weights"};
+  return fields;
+}
+
+// InvalidArgument "unknown field 'domian' (did you mean 'domain'?); a record's fields are id, ..." for the first
+// field of `j` (in key order) that the format does not have.
+Status CheckRecordFields(const json& j) {
+  const std::vector<std::string>& fields = RecordFields();
+  for (const auto& [key, value] : j.items()) {
+    if (std::find(fields.begin(), fields.end(), key) != fields.end()) continue;
+    const std::string near = NearestWord(key, fields);
+    std::string list;
+    for (const std::string& f : fields) list += (list.empty() ? "" : ", ") + f;
+    return Status::InvalidArgument("unknown field '" + key + "'" +
+                                   (near.empty() ? "" : " (did you mean '" + near + "'?)") +
+                                   "; a record's fields are " + list + " (DESIGN.md §5)");
+  }
+  return Status::Ok();
+}
+
 // Parses and validates one line. Errors are the problem only; the caller adds file and line.
 Status ParseLine(const std::string& line, ParsedRequest* out) {
   ELDR_ASSIGN_OR_RETURN(json j, ParseJson(line));
   if (!j.is_object()) return Status::InvalidArgument("a line must be a JSON object");
+  ELDR_RETURN_IF_ERROR(CheckRecordFields(j));
   auto get_int = [&](const char* key, int64_t* v, bool required) -> Status {
     auto it = j.find(key);
     if (it == j.end()) {

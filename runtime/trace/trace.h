@@ -102,7 +102,9 @@ struct ImportSummary {
 };
 
 // Streams a JSONL (optionally gzip-compressed) routing trace into the HDF5 trace format. Every line is
-// validated; the first bad line fails the import with "<in>:<line>: <problem>" and no output file.
+// validated; the first bad line fails the import with "<in>:<line>: <problem>" and no output file. A record holds
+// exactly the fields of DESIGN.md §5 (id, domain, model, num_layers, num_experts, top_k, num_tokens, prompt_len,
+// topk_ids, topk_weights); any other is "unknown field 'X' (did you mean 'Y'?); a record's fields are ...".
 // Memory is bounded by one request plus per-request metadata.
 Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path, ImportSummary* summary);
 

@@ -210,6 +210,22 @@ expect_error "NUL in a JSONL domain" "nuldom.jsonl:1: field 'domain' contains a 
 printf '%s\n' "${line/\"domain\":\"x\"/\"domain\":\"x\",\"domain\":\"y\"}" > dupkey.jsonl
 expect_error "duplicate key in a JSONL line" "dupkey.jsonl:1: duplicate key \"domain\" in a JSON object" out.h5 \
   "$ELDR" trace import --in dupkey.jsonl --out out.h5
+# A field the format does not have was ignored: a misspelt optional field ("domian") imported the request without
+# its label, and a misspelt "topk_id" was reported as a missing topk_ids. Refused, naming the line, the field, the
+# nearest real field and every accepted one; a line with every optional field still imports.
+fields="id, domain, model, num_layers, num_experts, top_k, num_tokens, prompt_len, topk_ids, topk_weights"
+printf '%s\n%s\n' "$line" "${line/\"domain\"/\"domian\"}" | sed '2s/"a"/"b"/' > typodom.jsonl
+expect_error "unknown JSONL field (domain misspelt)" \
+  "error: typodom.jsonl:2: unknown field 'domian' \(did you mean 'domain'\?\); a record's fields are $fields \(DESIGN.md §5\)$" \
+  out.h5 "$ELDR" trace import --in typodom.jsonl --out out.h5
+printf '%s\n' "${line/\"topk_ids\"/\"topk_id\"}" > typoids.jsonl
+expect_error "unknown JSONL field (topk_ids misspelt)" "error: typoids.jsonl:1: unknown field 'topk_id' \(did you mean 'topk_ids'\?\)" \
+  out.h5 "$ELDR" trace import --in typoids.jsonl --out out.h5
+printf '%s\n' "${line/\"domain\"/\"source\":\"vllm\",\"domain\"}" > extra.jsonl
+expect_error "unknown JSONL field (no near name)" "error: extra.jsonl:1: unknown field 'source'; a record's fields are $fields" \
+  out.h5 "$ELDR" trace import --in extra.jsonl --out out.h5
+printf '%s\n' "${line/\"domain\"/\"model\":\"m\",\"topk_weights\":[[[0.5,0.5]],[[0.75,0.25]]],\"domain\"}" > allfields.jsonl
+run_ok "a JSONL line with every optional field imports" "$ELDR" trace import --in allfields.jsonl --out allfields.h5
 # The model name: a second one was dropped silently (the file keeps the first), a number was ignored.
 printf '%s\n%s\n' "${line/\"domain\"/\"model\":\"m1\",\"domain\"}" "${line/\"domain\"/\"model\":\"m2\",\"domain\"}" \
   | sed '2s/"a"/"b"/' > twomodels.jsonl

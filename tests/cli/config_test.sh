@@ -108,18 +108,96 @@ expect_error "cost model with decode: misspelt" "typo.yaml:1: unknown key 'decdo
 printf 'decode: {a: 1, b: 1, c: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > nod.yaml
 expect_error "cost model without decode.d" "nod.yaml: decode.d is required" - \
   "$ELDR" simulate -c job.yaml --cost-model nod.yaml --no-output
-# Times are at most an hour (runtime/cost/cost_model.cc kSeconds): 1e304 s per step simulated to ttft inf and null
+# Times are at most an hour (runtime/cost/cost_model.h kCostSeconds): 1e304 s per step simulated to ttft inf and null
 # metrics with exit 0; the writers refuse what the reader refuses (--bandwidth 1e-320 wrote decode.a: inf).
 printf 'decode: {a: 7.8e304, b: 1, c: 1, d: 1}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > huge.yaml
 expect_error "cost model: a step of 7.8e304 s" "huge.yaml:1: decode.a must be in \[0, 3600\], got '7.8e304'" run/metrics.json \
   "$ELDR" simulate -c job.yaml --cost-model huge.yaml --quiet
-expect_error "derive: --bandwidth 1e-320 (an infinite model)" "the derived cost model .*decode.a = inf, must be in \[0, 3600\]" \
+# (--bandwidth 1e-320 now stops at the option's plausible range, below.)
+expect_error "derive: --bandwidth 1e-320 (an infinite model)" "--bandwidth: must be in \[1e9, 1e14\], got '1e-320'" \
   derived-inf.yaml "$ELDR" simulate --derive h200 --model "$SRC/configs/models/tiny.yaml" --bandwidth 1e-320 -o derived-inf.yaml
+# A step's time is a cost model time: 1e300 s overflowed the fit's residuals and, where distinct experts, batch and
+# context vary apart (a collinear design is refused, tests/cli/simulate_test.sh), fitted a model that costs nothing.
 for i in 1 2 3 4 5 6 7 8 9 10; do
-  echo "{\"kind\":\"decode\",\"worker\":0,\"time\":$i,\"seconds\":1e300,\"batch\":$i,\"distinct_experts\":$((i + 1)),\"context_tokens\":5}"
+  echo "{\"kind\":\"decode\",\"worker\":0,\"time\":$i,\"seconds\":1e300,\"batch\":$((1 + i % 3)),\"distinct_experts\":$((i * i % 11)),\"context_tokens\":$((5 * i))}"
 done > huge-steps.jsonl
-expect_error "fit: steps of 1e300 s" "the fitted cost model .*: decode.d = 2e\+299, must be in \[0, 3600\]" fit-huge.yaml \
+expect_error "fit: steps of 1e300 s" "huge-steps.jsonl:1: not a step record: seconds must be in \[0, 3600\]$" fit-huge.yaml \
   "$ELDR" simulate --fit huge-steps.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit-huge.yaml
+# ---- cost models: plausible hardware figures (runtime/cost/cost_model.h kLinkBandwidth, kMemoryBandwidth, kCores) ----
+# Finite but absurd figures were accepted: a KV link of 1e30 or 1e-9 B/s, 1e30 shared cores, a negative zero, a
+# bandwidth that underflows to 0 (read as "no transfer cost"), --derive --bandwidth 1e30. Each is refused in one line
+# naming the key (and its line), the accepted range and why; the shipped models and the figures' 0s still load.
+cost_with() {  # cost_with FILE BANDWIDTH CORES
+  printf 'decode: {a: 1.0e-3, b: 1.0e-5, c: 1.0e-5, d: 1.0e-8}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > "$1"
+  printf 'kv_transfer: {latency_s: 1.0e-4, bandwidth_Bps: %s}\ncores: %s\n' "$2" "$3" >> "$1"
+}
+link_why="\(bytes/s: 1 MB/s to 10 TB/s holds every network link, from slow Ethernet to beyond NVLink; 0: a transfer costs latency_s only\)"
+for bw in 1e30 1e-9 5e5 2e13; do
+  cost_with bw.yaml "$bw" 0
+  expect_error "cost model: kv_transfer.bandwidth_Bps $bw" \
+    "error: bw.yaml:3: kv_transfer.bandwidth_Bps must be 0 or in \[1e6, 1e13\], got '$bw' $link_why$" run/metrics.json \
+    "$ELDR" simulate -c job.yaml --cost-model bw.yaml --quiet
+done
+cost_with bw.yaml -0 0
+expect_error "cost model: kv_transfer.bandwidth_Bps -0" \
+  "error: bw.yaml:3: kv_transfer.bandwidth_Bps must be 0 or in \[1e6, 1e13\], got '-0' \(a negative zero: write 0\)$" \
+  run/metrics.json "$ELDR" simulate -c job.yaml --cost-model bw.yaml --quiet
+cost_with bw.yaml 1e-400 0
+expect_error "cost model: kv_transfer.bandwidth_Bps 1e-400 (underflows to 0)" \
+  "error: bw.yaml:3: kv_transfer.bandwidth_Bps must be 0 or in \[1e6, 1e13\], got '1e-400'" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --cost-model bw.yaml --quiet
+cost_with bw.yaml 5e9 -0.0
+expect_error "cost model: cores -0.0" \
+  "error: bw.yaml:4: cores must be 0 or in \[0.1, 65536\], got '-0.0' \(a negative zero: write 0\)$" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --cost-model bw.yaml --quiet
+for cores in 1e30 1e-9; do
+  cost_with cores.yaml 5e9 "$cores"
+  expect_error "cost model: cores $cores" \
+    "error: cores.yaml:4: cores must be 0 or in \[0.1, 65536\], got '$cores' \(CPU cores the workers share: from a 0.1-core container quota to 65536; 0: a device per worker\)$" \
+    run/metrics.json "$ELDR" simulate -c job.yaml --cost-model cores.yaml --quiet
+done
+printf 'decode: {a: -0, b: 1.0e-5, c: 1.0e-5, d: 1.0e-8}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > negzero.yaml
+expect_error "cost model: decode.a -0" "error: negzero.yaml:1: decode.a must be in \[0, 3600\], got '-0' \(a negative zero: write 0\)$" \
+  run/metrics.json "$ELDR" simulate -c job.yaml --cost-model negzero.yaml --quiet
+sed 's/bandwidth_Bps: 1.0e9/bandwidth_Bps: 1.0e30/' job.yaml > simbw.yaml
+expect_error "job simulate: section: bandwidth 1e30" \
+  "error: simbw.yaml:12: simulate.kv_transfer.bandwidth_Bps must be 0 or in \[1e6, 1e13\], got '1.0e30' $link_why$" \
+  run/metrics.json "$ELDR" simulate -c simbw.yaml --quiet
+mem_why="\(bytes/s: 1 GB/s to 100 TB/s holds every memory, from one DDR channel to 20x an H200's HBM3e\)"
+for bw in 1e30 1e-9; do
+  expect_error "derive: --bandwidth $bw" "error: --bandwidth: must be in \[1e9, 1e14\], got '$bw' $mem_why \(see --help\)$" derived-bw.yaml \
+    "$ELDR" simulate --derive h200 --model "$SRC/configs/models/tiny.yaml" --bandwidth "$bw" -o derived-bw.yaml
+done
+expect_error "fit: --cores 1e30" "error: --cores: must be 0 or in \[0.1, 65536\], got '1e30'" fit-cores.yaml \
+  "$ELDR" simulate --fit huge-steps.jsonl --model "$SRC/configs/models/tiny.yaml" --cores 1e30 -o fit-cores.yaml
+# A measured read bandwidth (moe_layer_bench's BM_Read) sets d: one of 1e-12 GB/s made d = 3.8e5 s per token.
+$PY - <<'PY'
+import json
+for name, gbps in (("readbw", 1e-12), ("readneg", -10.0), ("readok", 10.0)):
+    b = [{"name": "BM_Read", "run_type": "iteration", "real_time": 1.0, "time_unit": "ms", "GBps": gbps}]
+    for n in (16, 32, 64):
+        for B in (16, 64):
+            b.append({"name": f"BM_MoeLayer/{n}/{B}/real_time", "run_type": "iteration", "time_unit": "ms",
+                      "real_time": 1.0 + 0.02 * n + 0.005 * B})
+    json.dump({"context": {}, "benchmarks": b}, open(name + ".json", "w"))
+PY
+for f in readbw readneg; do
+  expect_error "fit: BM_Read of an implausible bandwidth ($f)" \
+    "error: $f.json: BM_Read: a read bandwidth of .* GB/s; a memory bandwidth must be in \[1e9, 1e14\] $mem_why$" \
+    fit-read.yaml "$ELDR" simulate --fit "$f.json" --model "$SRC/configs/models/tiny.yaml" -o fit-read.yaml
+done
+# Valid figures still load: every shipped cost model, 0 for "none" (no transfer cost, a device per worker), the
+# bounds themselves, fractional cores, a derived model at 1 TB/s, a bench fit at 10 GB/s.
+for f in "$SRC"/configs/costs/*.yaml; do
+  run_ok "shipped cost model $(basename "$f")" "$ELDR" simulate -c job.yaml --cost-model "$f" --no-output --quiet
+done
+for pair in "0 0" "1e6 0.1" "1e13 65536" "5e9 2.5"; do
+  cost_with ok.yaml $pair
+  run_ok "cost model: bandwidth_Bps and cores $pair" "$ELDR" simulate -c job.yaml --cost-model ok.yaml --no-output --quiet
+done
+run_ok "derive: --bandwidth 1e12" "$ELDR" simulate --derive h200 --model "$SRC/configs/models/tiny.yaml" --bandwidth 1e12 \
+  -o derived-ok.yaml
+run_ok "fit: BM_Read at 10 GB/s" "$ELDR" simulate --fit readok.json --model "$SRC/configs/models/tiny.yaml" -o fit-read.yaml
 sed 's/^  decode:/  decdoe:/' job.yaml > simtypo.yaml
 expect_error "inline cost model misspelt" "simtypo.yaml:10: unknown key 'simulate.decdoe' \(did you mean 'decode'\?\)" \
   - "$ELDR" simulate -c simtypo.yaml --no-output

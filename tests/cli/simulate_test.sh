@@ -113,6 +113,47 @@ assert w['steps'] == 60 and w['batch_sizes'] == 7, w
 assert abs(w['b'] - 5e-5) < 1e-12 and abs(w['d'] - 3e-7) < 1e-13 and abs(w['partial_r'] - 1) < 1e-9, w
 " && ok "fit --json: b at a fixed batch" || bad "fit --json: b at a fixed batch" "$(cat err.txt fitw.json)"
 
+# A design that cannot separate two terms was fitted with R^2 1.000 and an arbitrary split between them (distinct
+# experts exactly 50 per sequence: b vs c). Refused in one line naming the coefficients, the relation and the data
+# that would identify them; a design that is nearly but not exactly collinear still fits.
+collinear() {  # collinear FILE DISTINCT_EXPR BATCH_EXPR CONTEXT_EXPR PROMPT_EXPR (python expressions of i)
+  $PY - "$@" <<'PY'
+import sys
+path, de, be, ce, pe = sys.argv[1:]
+with open(path, "w") as f:
+    for i in range(60):
+        d, b, c, p = eval(de), eval(be), eval(ce), eval(pe)
+        f.write('{"kind":"decode","worker":0,"time":0,"seconds":%r,"batch":%d,"distinct_experts":%d,"context_tokens":%d}\n'
+                % (1e-3 + 5e-5 * d + 2e-4 * b + 3e-7 * c, b, d, c))
+        f.write('{"kind":"prefill","worker":0,"time":0,"seconds":%r,"prompt_tokens":%d}\n' % (4e-3 + 2e-5 * p, p))
+PY
+}
+collinear prop.jsonl "50 * (1 + i % 7)" "1 + i % 7" "50 + 11 * i" "i + 1"
+expect_error "fit: distinct experts = 50 x batch" \
+  "error: the decode steps cannot tell decode.b \(s per distinct expert\) from decode.c \(s per sequence\): distinct experts = 50·batch in all 60 of them \(a collinear design: every split between these terms fits equally well\); add decode steps where the distinct experts vary at a fixed batch \(e.g. same-domain and mixed batches of one size\)$" \
+  fitc.yaml "$ELDR" simulate --fit prop.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+collinear affine.jsonl "3 + 2 * (1 + i % 7)" "1 + i % 7" "50 + 11 * i" "i + 1"
+expect_error "fit: distinct experts = 3 + 2 x batch" \
+  "error: the decode steps cannot tell decode.a \(s per step\), decode.b \(s per distinct expert\) and decode.c \(s per sequence\) apart: distinct experts = 3 \+ 2·batch in all 60 of them" \
+  fitc.yaml "$ELDR" simulate --fit affine.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+collinear onebatch.jsonl "4 + i % 13" "4" "50 + 11 * i" "i + 1"
+expect_error "fit: one batch size" \
+  "error: the decode steps cannot tell decode.a \(s per step\) from decode.c \(s per sequence\): batch = 4 in all 60 of them .*; add decode steps where the batch varies$" \
+  fitc.yaml "$ELDR" simulate --fit onebatch.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+collinear ctx.jsonl "4 + i % 13" "1 + i % 7" "100 * (1 + i % 7)" "i + 1"
+expect_error "fit: context = 100 x batch" \
+  "error: the decode steps cannot tell decode.c \(s per sequence\) from decode.d \(s per context token\): context tokens = 100·batch in all 60 of them .*; add decode steps where the context tokens vary at a fixed batch$" \
+  fitc.yaml "$ELDR" simulate --fit ctx.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+collinear prompt.jsonl "4 + i % 13" "1 + i % 7" "50 + 11 * i" "16"
+expect_error "fit: one prompt length" \
+  "error: the prefills cannot tell prefill.a \(s per prefill\) from prefill.b \(s per computed prompt token\): computed prompt tokens = 16 in all 60 of them .*; add prefills where the computed prompt tokens vary$" \
+  fitc.yaml "$ELDR" simulate --fit prompt.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+collinear near.jsonl "50 * (1 + i % 7) + (i % 3 == 0)" "1 + i % 7" "50 + 11 * i" "i + 1"
+run_ok "fit: distinct experts nearly 50 x batch (one expert more in a third of the steps)" \
+  "$ELDR" simulate --fit near.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitn.yaml
+grep -qE "decode: \{a: 0.001, b: 5e-05, c: 0.0002, d: 3e-07\}" fitn.yaml && ok "the nearly collinear fit recovers the coefficients" ||
+  bad "the nearly collinear fit recovers the coefficients" "$(cat fitn.yaml)"
+
 # --fit from moe_layer_bench JSON: per layer t = 1 ms + 20 us·distinct + 5 us·batch, BM_Read at 10 GB/s.
 $PY - <<'PY'
 import json

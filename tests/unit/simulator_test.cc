@@ -7,6 +7,7 @@
 
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <numeric>
 #include <set>
 
@@ -475,6 +476,82 @@ TEST(CostModel, FitFromAStepLog) {
   EXPECT_NE(bad.status().message().find("steps.jsonl:81"), std::string::npos) << bad.status().message();
 }
 
+// A step log of 40 decode steps and 40 prefills with the given features; time = 1 ms + 20 us/expert + 300 us/sequence
+// + 100 ns/context token (exact), prefill 2 ms + 10 us/token.
+std::string WriteSteps(const std::string& name, const std::function<int(int)>& distinct,
+                       const std::function<int(int)>& batch, const std::function<int(int)>& prompt) {
+  const std::string path = ::testing::TempDir() + "/" + name;
+  std::ofstream o(path);
+  for (int i = 0; i < 40; ++i) {
+    const int context = 100 + 37 * i;
+    const double s = 1e-3 + 2e-5 * distinct(i) + 3e-4 * batch(i) + 1e-7 * context;
+    o << R"({"kind":"decode","worker":0,"time":0,"seconds":)" << s << R"(,"batch":)" << batch(i)
+      << R"(,"distinct_experts":)" << distinct(i) << R"(,"context_tokens":)" << context << "}\n";
+    o << R"({"kind":"prefill","worker":0,"time":0,"seconds":)" << 2e-3 + 1e-5 * prompt(i) << R"(,"prompt_tokens":)"
+      << prompt(i) << "}\n";
+  }
+  return path;
+}
+
+TEST(CostModel, CollinearDesignIsRefusedNamingTheTermsAndTheDataThatWouldSeparateThem) {
+  // Distinct experts exactly 2 per sequence: b and c cannot be told apart (the fit reported R^2 1.000 and some split).
+  const auto batch = [](int i) { return 1 + i % 5; };
+  const auto prompt = [](int i) { return i + 1; };
+  auto r = FitCostModel({WriteSteps(
+                            "prop.jsonl", [&](int i) { return 2 * batch(i); }, batch, prompt)},
+                        Tiny());
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().message(),
+            "the decode steps cannot tell decode.b (s per distinct expert) from decode.c (s per sequence): distinct "
+            "experts = 2·batch in all 40 of them (a collinear design: every split between these terms fits equally "
+            "well); add decode steps where the distinct experts vary at a fixed batch (e.g. same-domain and mixed "
+            "batches of one size)");
+  // Every step activating the same experts: b against the intercept.
+  r = FitCostModel({WriteSteps(
+                       "const.jsonl", [](int) { return 52; }, batch, prompt)},
+                   Tiny());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("cannot tell decode.a (s per step) from decode.b (s per distinct expert): "
+                                      "distinct experts = 52 in all 40"),
+            std::string::npos)
+      << r.status().message();
+  // One prompt length: prefill.a against prefill.b.
+  r = FitCostModel({WriteSteps(
+                       "prompt.jsonl", [](int i) { return 10 + i % 9; }, batch, [](int) { return 16; })},
+                   Tiny());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the prefills cannot tell prefill.a (s per prefill) from prefill.b"),
+            std::string::npos)
+      << r.status().message();
+  // One expert more in every fourth step at each batch: identified, and the exact coefficients come back.
+  r = FitCostModel({WriteSteps(
+                       "near.jsonl", [&](int i) { return 2 * batch(i) + (i % 4 == 0); }, batch, prompt)},
+                   Tiny());
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  EXPECT_NEAR(r->model.decode_b, 2e-5, 1e-10);
+  EXPECT_NEAR(r->model.decode_c, 3e-4, 1e-9);
+}
+
+TEST(CostModel, CollinearBenchResultsAreRefused) {
+  // BM_MoeLayer/<distinct>/<batch> with distinct = 4·batch in every result.
+  const std::string path = ::testing::TempDir() + "/bench_collinear.json";
+  {
+    std::ofstream o(path);
+    o << R"({"benchmarks": [)";
+    for (int b = 1; b <= 4; ++b) {
+      o << (b > 1 ? "," : "") << R"({"name": "BM_MoeLayer/)" << 4 * b << "/" << b
+        << R"(", "run_type": "iteration", "time_unit": "ms", "real_time": )" << 1.0 + 0.1 * b << "}";
+    }
+    o << "]}";
+  }
+  auto r = FitCostModel({path}, Tiny());
+  ASSERT_FALSE(r.ok());
+  EXPECT_NE(r.status().message().find("the BM_MoeLayer results cannot tell decode.b (s per distinct expert) from "
+                                      "decode.c (s per sequence): distinct experts = 4·batch in all 4 of them"),
+            std::string::npos)
+      << r.status().message();
+}
+
 TEST(CostModel, WithinBatchFitSeparatesExpertsFromTheBatch) {
   // Distinct experts grow with the batch (100 per sequence) and vary by ±{0, 5, 10} at each batch; the time is
   // 1 ms + 20 us/expert + 300 us/sequence + 100 ns/context token. Only the within-batch variation carries b:
@@ -583,6 +660,32 @@ TEST(CostModel, FitRemovesCoreSharing) {
   auto unshared = FitCostModel({path}, Tiny(), 0.0);  // without the correction: twice the coefficients
   ASSERT_TRUE(unshared.ok());
   EXPECT_NEAR(unshared->model.decode_a, 2e-3, 1e-8);
+}
+
+TEST(CostModel, HardwareFiguresArePlausible) {
+  // The reference device and every figure a writer fills in pass; a finite but absurd one is refused by name.
+  const DeviceSpec h200;
+  EXPECT_TRUE(kMemoryBandwidth.Contains(h200.memory_bandwidth));
+  EXPECT_TRUE(kLinkBandwidth.Contains(h200.link_bandwidth));
+  const ModelConfig q = LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/qwen3-30b-a3b.yaml").value();
+  CostModel m = DeriveCostModel(q, h200);
+  EXPECT_TRUE(CheckCostModel(m, "derived").ok());
+  m.kv_bandwidth = 0;  // a transfer that costs its latency only
+  m.cores = 0.5;
+  EXPECT_TRUE(CheckCostModel(m, "derived").ok());
+  m.kv_bandwidth = 1e30;
+  EXPECT_EQ(CheckCostModel(m, "derived").message(),
+            "derived: kv_transfer.bandwidth_Bps = 1e+30, must be 0 or in [1e6, 1e13] (" + kLinkBandwidth.why + ")");
+  m.kv_bandwidth = 5e9;
+  m.cores = 1e-9;
+  EXPECT_NE(CheckCostModel(m, "derived").message().find("cores = 1e-09, must be 0 or in [0.1, 65536]"),
+            std::string::npos);
+  m.cores = -0.0;
+  EXPECT_NE(CheckCostModel(m, "derived").message().find("(a negative zero: write 0)"), std::string::npos);
+  // --fit --cores takes the same range.
+  EXPECT_NE(
+      FitCostModel({"unused.jsonl"}, Tiny(), 1e30).status().message().find("--cores must be 0 or in [0.1, 65536]"),
+      std::string::npos);
 }
 
 TEST(CostModel, DerivedH200ModelIsBandwidthBound) {

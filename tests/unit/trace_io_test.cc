@@ -131,6 +131,8 @@ TEST_F(TraceIoTest, EveryBadLineIsReportedWithItsNumberAndLeavesNoFile) {
        "negative or non-finite"},
       {"shape differs", [](json& j) { j["num_experts"] = 16; }, "differs from the first request"},
       {"duplicate id", [](json& j) { j["id"] = "g"; }, "duplicate request id"},
+      {"unknown field", [](json& j) { j["topk_weight"] = j["topk_ids"]; },
+       "unknown field 'topk_weight' (did you mean 'topk_weights'?); a record's fields are id, domain, model"},
   };
   for (const auto& c : cases) {
     json bad = good;

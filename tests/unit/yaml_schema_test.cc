@@ -168,6 +168,52 @@ TEST(NumberTest, RangesDescribeThemselvesAndJudgeInfAndNan) {
   EXPECT_EQ(IntRange::Between(1, 127).Describe(), "an integer in [1, 127]");
 }
 
+TEST(NumberTest, ALiteralThatUnderflowsIsNeverZero) {
+  // strtod gives 0 for 1e-400: a range that admits 0 ("none") took it for 0. It keeps its sign and stays nonzero.
+  double v = 0;
+  ASSERT_TRUE(ParseNumber("1e-400", &v));
+  EXPECT_GT(v, 0);
+  EXPECT_LT(v, 1e-300);
+  ASSERT_TRUE(ParseNumber("-1e-400", &v));
+  EXPECT_LT(v, 0);
+  EXPECT_FALSE(CheckNumber("--tau", "-1e-400", NumberRange::AtLeast(0)).ok());
+  ASSERT_TRUE(ParseNumber("0e-400", &v));  // a zero is a zero
+  EXPECT_EQ(v, 0);
+  EXPECT_FALSE(std::signbit(v));
+  ASSERT_TRUE(ParseNumber("-0", &v));
+  EXPECT_TRUE(v == 0 && std::signbit(v));
+  ASSERT_TRUE(ParseNumber("1e-320", &v));  // a subnormal is kept as it is
+  EXPECT_DOUBLE_EQ(v, 1e-320);
+}
+
+TEST(NumberTest, PhysicalRangesRefuseANegativeZeroAndSayWhy) {
+  const NumberRange link = NumberRange::Physical(1e6, 1e13, "bytes/s").OrZero();
+  EXPECT_EQ(link.Describe(), "0 or in [1e6, 1e13]");
+  for (double ok : {0.0, 1e6, 5e9, 1e13}) EXPECT_TRUE(link.Contains(ok)) << ok;
+  for (double bad : {-0.0, 1e30, 1e-9, 9.99e5, 1.01e13, -5e9}) EXPECT_FALSE(link.Contains(bad)) << bad;
+  EXPECT_EQ(link.Reason(1e30), " (bytes/s)");
+  EXPECT_EQ(link.Reason(-0.0), " (a negative zero: write 0)");
+  EXPECT_EQ(CheckNumber("--bw", "1e30", link).message(), "--bw must be 0 or in [1e6, 1e13], got '1e30' (bytes/s)");
+  EXPECT_EQ(CheckNumber("--bw", "-0", link).message(),
+            "--bw must be 0 or in [1e6, 1e13], got '-0' (a negative zero: write 0)");
+  EXPECT_EQ(CheckNumber("--bw", "fast", link).message(), "--bw must be a number 0 or in [1e6, 1e13], got 'fast'");
+  EXPECT_TRUE(CheckNumber("--bw", "5e9", link).ok());
+  const NumberRange seconds = NumberRange::Physical(0, 3600, "");
+  EXPECT_TRUE(seconds.Contains(0));
+  EXPECT_FALSE(seconds.Contains(-0.0));
+  EXPECT_EQ(seconds.Reason(7200), "");
+  EXPECT_TRUE(NumberRange::AtLeast(0).Contains(-0.0));  // not a physical quantity: -0 is 0, as before
+  // Bounds are written as they would be typed.
+  EXPECT_EQ(NumberRange::Between(0.1, 65536).Describe(), "in [0.1, 65536]");
+  EXPECT_EQ(NumberRange::Between(1e-5, 2.5e14).Describe(), "in [1e-5, 2.5e14]");
+  // In a YAML document: the line, the dotted key, the value as written, the reason.
+  YamlMap root("cost.yaml", YAML::Load("kv_transfer: {bandwidth_Bps: 1.0e30}\n"));
+  double bw = 0;
+  root.Section("kv_transfer").Get("bandwidth_Bps", &bw, link);
+  EXPECT_EQ(root.Finish().message(),
+            "cost.yaml:1: kv_transfer.bandwidth_Bps must be 0 or in [1e6, 1e13], got '1.0e30' (bytes/s)");
+}
+
 TEST(NumberTest, CheckMessagesNameTheOption) {
   EXPECT_EQ(CheckNumber("--tau", "nan", NumberRange::AtLeast(0)).message(), "--tau must be >= 0, got 'nan'");
   EXPECT_EQ(CheckNumber("--rate", "x", NumberRange::Above(0).OrInf()).message(),
