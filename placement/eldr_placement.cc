@@ -43,9 +43,12 @@ namespace {
 constexpr int kSwapsPerSlot = 4;
 constexpr int kMaxReplicationMoves = 32;
 constexpr int kMaxPasses = 8;
+constexpr int kPairSweeps = 2;
 constexpr int kStayAwareRanks = 4;  // ranks searched for a cheaper swap when re-planning
 constexpr int kStayAwareReplicationMoves = 4;
 constexpr double kSecondStartGap = 1e-2;  // second start only above (1 + gap) x the average rank load
+constexpr double kFallbackGap = 2e-2;     // packing lightest rank first only above (1 + gap) x the lower bound
+constexpr double kSweepAgainGap = 2e-2;   // another pairwise pass and search above (1 + gap) x the lower bound
 constexpr double kNoTarget = -1.0;        // bottleneck search runs until no move improves
 
 // (load, rank), ordered by KeyIndexLess. A plain struct, unlike std::pair (whose assignment is user-provided),
@@ -54,6 +57,55 @@ struct LoadRank {
   double first;
   int32_t second;
 };
+
+// order[0..n) = indices of `key` [n] by descending key, ascending index among equal keys (the order of
+// SortIndicesByDescendingKey, placement_internal.h). REQUIRES: keys >= 0 and not NaN. One counting pass over
+// 256 buckets of the key's magnitude (15 octaves below the largest key, 16 steps each; everything smaller
+// shares the last bucket), then an insertion sort that only reorders keys sharing a bucket: a third of the
+// four radix passes' time on 128 keys, whose histogram updates wait on each other.
+void SortIndicesByDescendingMagnitude(const double* key, int n, int32_t* order, std::vector<uint64_t>* bits_buf,
+                                      std::vector<uint64_t>* sorted_buf, std::vector<uint8_t>* bucket_buf) {
+  bits_buf->resize(n);
+  sorted_buf->resize(n);
+  bucket_buf->resize(n);
+  uint64_t* bits = bits_buf->data();
+  uint64_t* sorted = sorted_buf->data();
+  uint8_t* bucket = bucket_buf->data();
+  uint64_t top = 0;
+  for (int i = 0; i < n; ++i) {
+    uint64_t b = 0;
+    if (key[i] > 0) std::memcpy(&b, &key[i], sizeof b);  // monotone in the key for keys >= 0
+    bits[i] = b;
+    top = std::max(top, b);
+  }
+  const int64_t floor_exponent = static_cast<int64_t>(top >> 52) - 15;
+  int count[257] = {};
+  for (int i = 0; i < n; ++i) {
+    const int64_t octave = static_cast<int64_t>(bits[i] >> 52) - floor_exponent;  // 1..15 for the top octaves
+    const int64_t magnitude = octave > 0 ? (octave << 4) | static_cast<int64_t>((bits[i] >> 48) & 15) : 0;
+    bucket[i] = static_cast<uint8_t>(255 - magnitude);  // heaviest first
+    ++count[bucket[i] + 1];
+  }
+  for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
+  for (int i = 0; i < n; ++i) {
+    const int pos = count[bucket[i]]++;
+    sorted[pos] = bits[i];
+    order[pos] = i;
+  }
+  // Within a bucket the indices ascend; strictly heavier keys move forward, so equal keys keep that order.
+  for (int i = 1; i < n; ++i) {
+    const uint64_t b = sorted[i];
+    if (b <= sorted[i - 1]) continue;
+    const int32_t idx = order[i];
+    int j = i;
+    for (; j > 0 && sorted[j - 1] < b; --j) {
+      sorted[j] = sorted[j - 1];
+      order[j] = order[j - 1];
+    }
+    sorted[j] = b;
+    order[j] = idx;
+  }
+}
 
 class EldrLayerPlacer {
  public:
@@ -105,6 +157,8 @@ class EldrLayerPlacer {
     swap_ia_.resize(spr_);
     swap_a_.resize(spr_);
     swap_wa_.resize(spr_ + 1);
+    items_.resize(P_);
+    taken_.resize(R_);
   }
 
   // Places one layer. load: [E]; previous: the previous phy2log row [P] or null.
@@ -120,7 +174,13 @@ class EldrLayerPlacer {
     if (use_home_) AssignHomeNodes();
     std::copy(cnt_.begin(), cnt_.end(), greedy_cnt_.begin());
     Pack();
+    PairSweeps(kPairSweeps);
     Improve(kNoTarget);
+    if (AboveBound(kSweepAgainGap)) {
+      PairSweeps(1);
+      Improve(kNoTarget);
+    }
+    TryLightestFirstPacking();
     TryFromDuplicatePacking();
     const double cap = MaxLoad() + eps_;
     if (use_home_) {
@@ -135,7 +195,18 @@ class EldrLayerPlacer {
       fresh_cnt_ = cnt_;
       stay_aware_ = true;
       StartFromPrevious(previous);
-      if (!Improve(previous_cap)) {
+      PairSweeps(kPairSweeps);  // only exchanges that copy no more weights
+      bool reached = Improve(previous_cap);
+      if (!reached) {
+        // Stuck above the cap: the search for balance alone from here, which still keeps most replicas where
+        // they were (the fresh placement relabelled keeps fewer).
+        StartFromPrevious(previous);
+        stay_aware_ = false;
+        PairSweeps(kPairSweeps);
+        stay_aware_ = true;
+        reached = Improve(previous_cap);
+      }
+      if (!reached) {
         slot_ = fresh_slot_;
         cnt_ = fresh_cnt_;
         Rebuild();
@@ -160,27 +231,39 @@ class EldrLayerPlacer {
   int Cost(int r, int e) const { return stay_aware_ && Held(r, e) ? 0 : 1; }
 
   // Greedy replication: each step takes the expert below R replicas with the largest load per replica (ties:
-  // fewer replicas, then lower id), found with a tournament tree.
+  // fewer replicas, then lower id). The experts are kept in that order in order_ (one radix sort of the loads,
+  // then each step moves the chosen expert down to its new place: a binary search and one block move), which
+  // leaves order_ as the heaviest-first order of the replicas that the packing needs.
   void Replicate() {
     for (int e = 0; e < E_; ++e) {
       cnt_[e] = 1;
       per_replica_[e] = load_[e];
     }
-    auto better = [this](int a, int b) {
-      const bool open_a = cnt_[a] < R_, open_b = cnt_[b] < R_;
-      if (open_a != open_b) return open_a;
+    SortByPerReplicaLoad();
+    auto ahead = [this](int a, int b) {
       if (per_replica_[a] != per_replica_[b]) return per_replica_[a] > per_replica_[b];
       if (cnt_[a] != cnt_[b]) return cnt_[a] < cnt_[b];
       return a < b;
     };
-    Tournament<decltype(better)> tournament(better, &tournament_tree_);
-    tournament.Build(E_);
+    int32_t* order = order_.data();
     for (int k = E_; k < P_; ++k) {
-      const int best = tournament.Best();
-      ELDR_CHECK(cnt_[best] < R_, "no expert can take another replica (P = " << P_ << " > E * R)");
+      int i = 0;
+      while (i < E_ && cnt_[order[i]] >= R_) ++i;
+      ELDR_CHECK(i < E_, "no expert can take another replica (P = " << P_ << " > E * R)");
+      const int best = order[i];
       ++cnt_[best];
       per_replica_[best] = load_[best] / cnt_[best];
-      tournament.Update(best);
+      int lo = i + 1, hi = E_;  // the first entry after i that `best` is now ahead of
+      while (lo < hi) {
+        const int mid = (lo + hi) / 2;
+        if (ahead(order[mid], best)) {
+          lo = mid + 1;
+        } else {
+          hi = mid;
+        }
+      }
+      std::memmove(order + i, order + i + 1, sizeof(int32_t) * (lo - 1 - i));
+      order[lo - 1] = best;
     }
   }
 
@@ -242,7 +325,9 @@ class EldrLayerPlacer {
   }
 
   // order_ = experts by descending load per replica, ascending id on ties.
-  void SortByPerReplicaLoad() { SortIndicesByDescendingKey(per_replica_.data(), E_, order_.data(), &radix_); }
+  void SortByPerReplicaLoad() {
+    SortIndicesByDescendingMagnitude(per_replica_.data(), E_, order_.data(), &sort_bits_, &sort_sorted_, &sort_bucket_);
+  }
 
   void ClearRanks() {
     std::fill(fill_.begin(), fill_.end(), 0);
@@ -334,13 +419,103 @@ class EldrLayerPlacer {
     for (int k = 0; k < num_aside; ++k) SetOpenKey(aside_[k], OpenKey(aside_[k]));
   }
 
-  // Step 2: heaviest first over all ranks.
+  // Step 2, by rounds: the replicas heaviest first, R at a time; round t gives its heaviest replica to the
+  // lightest rank, the next to the next lightest, and so on (one rank order per round instead of a search for
+  // the lightest rank per replica). A rank that holds the replica's expert already is passed over for the
+  // next one; if every rank left in the round holds it, RepairRound exchanges it with a replica given earlier
+  // in the round.
+  // REQUIRES: order_ = the experts heaviest replica first (Replicate).
   void Pack() {
-    SortByPerReplicaLoad();
     skipped_ = false;
+    ClearRanks();
+    int n = 0;
+    for (int e : order_) {
+      for (int c = 0; c < cnt_[e]; ++c) items_[n++] = e;
+    }
+    for (int r = 0; r < R_; ++r) Put(items_[r], r, 0);  // round 0: every rank empty, lower rank first
+    for (int t = 1; t < spr_; ++t) {
+      SortRanksByLoad();
+      std::fill(taken_.begin(), taken_.end(), 0);
+      const int32_t* round = items_.data() + static_cast<size_t>(t) * R_;
+      int first = 0;  // the lightest rank of the round without a replica yet
+      for (int k = 0; k < R_; ++k) {
+        const int e = round[k];
+        while (taken_[first]) ++first;
+        int idx = first;
+        while (idx < R_ && (taken_[idx] || Has(by_load_[idx].second, e))) ++idx;
+        if (idx == R_) {
+          skipped_ = true;
+          RepairRound(e, t);
+          continue;
+        }
+        if (idx != first) skipped_ = true;
+        taken_[idx] = 1;
+        Put(e, by_load_[idx].second, t);
+      }
+    }
+    std::fill(fill_.begin(), fill_.end(), spr_);
+  }
+
+  // Every rank without a replica of round t yet holds e: a rank q that took x in this round and lacks e
+  // gives x to such a rank u that lacks x, and takes e (the exchange that leaves the lower maximum).
+  void RepairRound(int e, int t) {
+    int best_i = -1, best_u = -1;
+    double best_val = std::numeric_limits<double>::infinity();
+    for (int i = 0; i < R_; ++i) {
+      const int q = by_load_[i].second;
+      if (!taken_[i] || Has(q, e)) continue;
+      const int x = At(q, t);
+      for (int j = 0; j < R_; ++j) {
+        const int u = by_load_[j].second;
+        if (taken_[j] || Has(u, x)) continue;
+        const double val = std::max(rank_load_[q] - per_replica_[x] + per_replica_[e], rank_load_[u] + per_replica_[x]);
+        if (val < best_val) {
+          best_val = val;
+          best_i = i;
+          best_u = j;
+        }
+      }
+    }
+    ELDR_CHECK(best_i >= 0, "no exchange places expert " << e << " without a duplicate on a rank");
+    const int q = by_load_[best_i].second, u = by_load_[best_u].second, x = At(q, t);
+    Take(q, t);
+    Put(e, q, t);
+    Put(x, u, t);
+    taken_[best_u] = 1;
+  }
+
+  // Step 2 the old way, replica by replica: heaviest first onto the lightest rank with a free slot that lacks
+  // the expert (PlaceCopies).
+  void PackLightestFirst() {
+    SortByPerReplicaLoad();
     ClearRanks();
     BuildOpenRanks();
     for (int e : order_) PlaceCopies(e, cnt_[e], false);  // each expert comes once: no rank holds it yet
+  }
+
+  // A fallback start for the layers that the packing by rounds leaves far from the lower bound (the average
+  // rank load or the largest share): the greedy replicas packed lightest rank first, then the bottleneck
+  // search; the better of the two is kept (the first on ties).
+  // Whether the bottleneck exceeds (1 + gap) times its lower bound: the average rank load or the largest share.
+  bool AboveBound(double gap) const {
+    double bound = average_load_;
+    for (int e = 0; e < E_; ++e) bound = std::max(bound, per_replica_[e]);
+    return MaxLoad() > bound * (1 + gap);
+  }
+
+  void TryLightestFirstPacking() {
+    if (!AboveBound(kFallbackGap)) return;
+    const double best_max = MaxLoad();
+    std::copy(cnt_.begin(), cnt_.end(), best_cnt_.begin());
+    best_slot_ = slot_;
+    std::copy(greedy_cnt_.begin(), greedy_cnt_.end(), cnt_.begin());
+    for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
+    const bool skipped = skipped_;
+    PackLightestFirst();
+    skipped_ = skipped_ || skipped;
+    Improve(kNoTarget);
+    if (MaxLoad() < best_max - eps_) return;
+    Restore();
   }
 
   // Among ranks [first, last): every rank with a free slot holds e already. Some full rank r lacks e (e has
@@ -477,6 +652,73 @@ class EldrLayerPlacer {
     Put(best, r, k);
   }
 
+  // Pairwise balancing before the bottleneck search: the ranks sorted by load, the i-th heaviest and the i-th
+  // lightest exchange the pair of replicas that brings them closest to their mean (both end strictly between
+  // their old loads, so no rank rises above the maximum). One pass moves every rank towards the mean, where
+  // the bottleneck search moves one rank per step.
+  void PairSweeps(int sweeps) {
+    for (int sweep = 0; sweep < sweeps; ++sweep) {
+      SortRanksByLoad();
+      bool changed = false;
+      for (int i = 0; i < R_ / 2; ++i) {
+        const int h = by_load_[R_ - 1 - i].second, l = by_load_[i].second;
+        if (rank_load_[h] - rank_load_[l] <= 2 * eps_) break;  // the gaps shrink with i
+        changed |= BalancePair(h, l);
+      }
+      if (!changed) break;
+    }
+  }
+
+  // The best exchange between the heavier rank h and the lighter rank l (the lowest max of the two new
+  // loads, both below h's load), taken if any. The P/R x P/R pairs are scored four replicas of h at a time
+  // without branches on the loads. Returns whether a swap was made.
+  bool BalancePair(int h, int l) {
+    typedef double V4d __attribute__((vector_size(32)));
+    typedef int64_t V4 __attribute__((vector_size(32)));
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    const double lh = rank_load_[h], ll = rank_load_[l];
+    const double lo = eps_, hi = lh - ll - eps_;
+    const int32_t* h_slots = slot_.data() + static_cast<size_t>(h) * spr_;
+    const int32_t* l_slots = slot_.data() + static_cast<size_t>(l) * spr_;
+    const V4d lh4 = {lh, lh, lh, lh}, ll4 = {ll, ll, ll, ll}, lo4 = {lo, lo, lo, lo}, hi4 = {hi, hi, hi, hi};
+    V4d best = {lh - eps_, lh - eps_, lh - eps_, lh - eps_};
+    V4 best_at = {-1, -1, -1, -1};
+    for (int k0 = 0; k0 < spr_; k0 += 4) {
+      V4d wa;
+      V4 open;         // h's replica may go to l: l lacks the expert (padding lanes: never)
+      V4 a_cost = {};  // re-planning: copies for the replica of h on l, less those of keeping it on h
+      for (int lane = 0; lane < 4; ++lane) {
+        const int k = k0 + lane;
+        wa[lane] = k < spr_ ? per_replica_[h_slots[k]] : -kInf;
+        open[lane] = k < spr_ && !Has(l, h_slots[k]) ? -1 : 0;
+        if (stay_aware_ && k < spr_) a_cost[lane] = Cost(l, h_slots[k]) - Cost(h, h_slots[k]);
+      }
+      for (int j = 0; j < spr_; ++j) {
+        const int b = l_slots[j];
+        if (Has(h, b)) continue;
+        const double wb = per_replica_[b];
+        const V4d d = wa - V4d{wb, wb, wb, wb};
+        const V4d val = lh4 - d > ll4 + d ? lh4 - d : ll4 + d;
+        V4 take = open & (d > lo4) & (d < hi4) & (val < best);
+        if (stay_aware_) {
+          const int64_t b_cost = Cost(h, b) - Cost(l, b);
+          take &= a_cost + V4{b_cost, b_cost, b_cost, b_cost} <= V4{0, 0, 0, 0};  // no more weight copies
+        }
+        best = take ? val : best;
+        const V4 at = {k0 * spr_ + j, (k0 + 1) * spr_ + j, (k0 + 2) * spr_ + j, (k0 + 3) * spr_ + j};
+        best_at = take ? at : best_at;
+      }
+    }
+    int lane = 0;
+    for (int x = 1; x < 4; ++x) {
+      if (best_at[x] >= 0 && (best_at[lane] < 0 || best[x] < best[lane])) lane = x;
+    }
+    if (best_at[lane] < 0) return false;
+    const int k = static_cast<int>(best_at[lane] / spr_), j = static_cast<int>(best_at[lane] % spr_);
+    Swap(h, k, l, j);
+    return true;
+  }
+
   // Bottleneck search (step 3) until the most loaded rank is <= target or no move lowers it.
   // Returns whether the maximum is <= target.
   bool Improve(double target) {
@@ -555,25 +797,27 @@ class EldrLayerPlacer {
   // by_load_ = (load, rank) ascending; the last entry is the most loaded rank.
   void SortRanksByLoad() { SortRanksByKey(rank_load_.data()); }
   // by_load_ = (key[r], r) for every rank, ascending by KeyIndexLess. key: [R], not NaN. Each rank's place is
-  // the number of pairs below its own, counted four at a time without branches (R² comparisons, which cost
-  // less than the mispredicted ones of a comparison sort of R entries).
+  // the number of pairs below its own, counted eight at a time without branches (R² comparisons, which cost
+  // less than the mispredicted ones of a comparison sort of R entries; one 512-bit operation per eight where
+  // the target has them, two 256-bit ones otherwise).
   void SortRanksByKey(const double* key) {
-    typedef double V4d __attribute__((vector_size(32)));
-    typedef int64_t V4 __attribute__((vector_size(32)));
-    const int full = R_ - R_ % 4;
+    typedef double V8d __attribute__((vector_size(64)));
+    typedef int64_t V8 __attribute__((vector_size(64)));
+    const int full = R_ - R_ % 8;
     for (int r = 0; r < R_; ++r) {
       const double kr = key[r];
-      const V4d kr4 = {kr, kr, kr, kr};
-      const V4 r4 = {r, r, r, r};
-      V4 below = {0, 0, 0, 0}, j4 = {0, 1, 2, 3};
-      const V4 step = {4, 4, 4, 4};
-      for (int j = 0; j < full; j += 4) {
-        V4d k;
+      const V8d kr8 = {kr, kr, kr, kr, kr, kr, kr, kr};
+      const V8 r8 = {r, r, r, r, r, r, r, r};
+      V8 below = {0, 0, 0, 0, 0, 0, 0, 0}, j8 = {0, 1, 2, 3, 4, 5, 6, 7};
+      const V8 step = {8, 8, 8, 8, 8, 8, 8, 8};
+      for (int j = 0; j < full; j += 8) {
+        V8d k;
         std::memcpy(&k, key + j, sizeof k);
-        below += (k < kr4) | ((k == kr4) & (j4 < r4));  // -1 per pair below
-        j4 += step;
+        below += (k < kr8) | ((k == kr8) & (j8 < r8));  // -1 per pair below
+        j8 += step;
       }
-      int64_t pos = -(below[0] + below[1] + below[2] + below[3]);
+      int64_t pos = 0;
+      for (int lane = 0; lane < 8; ++lane) pos -= below[lane];
       for (int j = full; j < R_; ++j) pos += (key[j] < kr) | ((key[j] == kr) & (j < r));
       by_load_[pos] = {kr, r};
     }
@@ -1077,31 +1321,34 @@ class EldrLayerPlacer {
 
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
-  const double move_slack_;               // PlacementProblem::move_slack
-  const double* load_ = nullptr;          // [E] load of the layer being placed
-  double eps_ = 0;                        // comparison tolerance, 1e-12 of the layer's load
-  double average_load_ = 0;               // load / R, the lower bound of the bottleneck
-  bool skipped_ = false;                  // Pack set a lighter rank aside: it held the expert
-  bool stay_aware_ = false;               // moves are priced by the weights they copy (previous given)
-  std::vector<int32_t> cnt_;              // [E] replicas
-  std::vector<int32_t> greedy_cnt_;       // [E] replicas after step 1
-  std::vector<int32_t> tournament_tree_;  // storage of the replication's tournament
-  std::vector<int32_t> best_cnt_;         // [E] replicas of the best start so far
-  std::vector<int32_t> best_slot_;        // [R, P/R] placement of the best start so far
-  std::vector<double> per_replica_;       // [E] load / replicas
-  std::vector<int32_t> order_;            // [E]
-  RadixScratch radix_;                    // for SortByPerReplicaLoad
-  std::vector<int32_t> home_;             // [E] home node, -1 without groups or nodes
-  std::vector<int32_t> slot_;             // [R, P/R] expert in each slot
-  std::vector<int32_t> fill_;             // [R] slots used while packing
-  std::vector<LoadRank> by_load_;         // [R] (load, rank) sorted for the swap search
-  std::vector<double> rank_key_;          // [R] keys of the ranks' order when relabelling them
-  std::vector<int64_t> open_key_;         // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
-  std::vector<int32_t> aside_;            // [R] ranks set aside while one expert is placed
-  std::vector<double> rank_load_;         // [R]
-  std::vector<uint8_t> has_;              // [E, R] the rank holds the expert
-  std::vector<int32_t> ranks_of_;         // [E, R] ranks holding each expert (first cnt_ entries)
-  std::vector<int32_t> ranks_fill_;       // [E]
+  const double move_slack_;            // PlacementProblem::move_slack
+  const double* load_ = nullptr;       // [E] load of the layer being placed
+  double eps_ = 0;                     // comparison tolerance, 1e-12 of the layer's load
+  double average_load_ = 0;            // load / R, the lower bound of the bottleneck
+  bool skipped_ = false;               // Pack set a lighter rank aside: it held the expert
+  bool stay_aware_ = false;            // moves are priced by the weights they copy (previous given)
+  std::vector<int32_t> cnt_;           // [E] replicas
+  std::vector<int32_t> greedy_cnt_;    // [E] replicas after step 1
+  std::vector<int32_t> best_cnt_;      // [E] replicas of the best start so far
+  std::vector<int32_t> best_slot_;     // [R, P/R] placement of the best start so far
+  std::vector<double> per_replica_;    // [E] load / replicas
+  std::vector<int32_t> order_;         // [E]
+  std::vector<int32_t> items_;         // [P] the replicas' experts, heaviest first, while packing
+  std::vector<uint8_t> taken_;         // [R] by_load_ entry i took a replica in this round of packing
+  std::vector<uint64_t> sort_bits_;    // [E] scratch of SortByPerReplicaLoad
+  std::vector<uint64_t> sort_sorted_;  // [E]
+  std::vector<uint8_t> sort_bucket_;   // [E]
+  std::vector<int32_t> home_;          // [E] home node, -1 without groups or nodes
+  std::vector<int32_t> slot_;          // [R, P/R] expert in each slot
+  std::vector<int32_t> fill_;          // [R] slots used while packing
+  std::vector<LoadRank> by_load_;      // [R] (load, rank) sorted for the swap search
+  std::vector<double> rank_key_;       // [R] keys of the ranks' order when relabelling them
+  std::vector<int64_t> open_key_;      // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
+  std::vector<int32_t> aside_;         // [R] ranks set aside while one expert is placed
+  std::vector<double> rank_load_;      // [R]
+  std::vector<uint8_t> has_;           // [E, R] the rank holds the expert
+  std::vector<int32_t> ranks_of_;      // [E, R] ranks holding each expert (first cnt_ entries)
+  std::vector<int32_t> ranks_fill_;    // [E]
   struct MultiReplica {
     int32_t x, top;  // an expert with >= 2 replicas; its most loaded rank
     double second;   // the load of its second most loaded rank
