@@ -232,7 +232,7 @@ class EldrLayerPlacer {
 
   // Greedy replication: each step takes the expert below R replicas with the largest load per replica (ties:
   // fewer replicas, then lower id). The experts are kept in that order in order_ (one radix sort of the loads,
-  // then each step moves the chosen expert down to its new place: a binary search and one block move), which
+  // then each step moves the chosen expert down to its new place, the experts it passes up by one), which
   // leaves order_ as the heaviest-first order of the replicas that the packing needs.
   void Replicate() {
     for (int e = 0; e < E_; ++e) {
@@ -253,17 +253,9 @@ class EldrLayerPlacer {
       const int best = order[i];
       ++cnt_[best];
       per_replica_[best] = load_[best] / cnt_[best];
-      int lo = i + 1, hi = E_;  // the first entry after i that `best` is now ahead of
-      while (lo < hi) {
-        const int mid = (lo + hi) / 2;
-        if (ahead(order[mid], best)) {
-          lo = mid + 1;
-        } else {
-          hi = mid;
-        }
-      }
-      std::memmove(order + i, order + i + 1, sizeof(int32_t) * (lo - 1 - i));
-      order[lo - 1] = best;
+      int j = i;  // the experts now ahead of `best` move up one place
+      for (; j + 1 < E_ && ahead(order[j + 1], best); ++j) order[j] = order[j + 1];
+      order[j] = best;
     }
   }
 
@@ -670,24 +662,27 @@ class EldrLayerPlacer {
   }
 
   // The best exchange between the heavier rank h and the lighter rank l (the lowest max of the two new
-  // loads, both below h's load), taken if any. The P/R x P/R pairs are scored four replicas of h at a time
-  // without branches on the loads. Returns whether a swap was made.
+  // loads, both below h's load), taken if any; when re-planning, only exchanges that copy no more weights. The
+  // P/R x P/R pairs are scored eight replicas of h at a time (one 512-bit vector where the target has them)
+  // without branches on the loads; ties go to the lower slot of h, then of l. Returns whether a swap was made.
   bool BalancePair(int h, int l) {
-    typedef double V4d __attribute__((vector_size(32)));
-    typedef int64_t V4 __attribute__((vector_size(32)));
+    typedef double V8d __attribute__((vector_size(64)));
+    typedef int64_t V8 __attribute__((vector_size(64)));
     constexpr double kInf = std::numeric_limits<double>::infinity();
     const double lh = rank_load_[h], ll = rank_load_[l];
-    const double lo = eps_, hi = lh - ll - eps_;
+    const double lo = eps_, hi = lh - ll - eps_, start = lh - eps_;
     const int32_t* h_slots = slot_.data() + static_cast<size_t>(h) * spr_;
     const int32_t* l_slots = slot_.data() + static_cast<size_t>(l) * spr_;
-    const V4d lh4 = {lh, lh, lh, lh}, ll4 = {ll, ll, ll, ll}, lo4 = {lo, lo, lo, lo}, hi4 = {hi, hi, hi, hi};
-    V4d best = {lh - eps_, lh - eps_, lh - eps_, lh - eps_};
-    V4 best_at = {-1, -1, -1, -1};
-    for (int k0 = 0; k0 < spr_; k0 += 4) {
-      V4d wa;
-      V4 open;         // h's replica may go to l: l lacks the expert (padding lanes: never)
-      V4 a_cost = {};  // re-planning: copies for the replica of h on l, less those of keeping it on h
-      for (int lane = 0; lane < 4; ++lane) {
+    const V8d lh8 = {lh, lh, lh, lh, lh, lh, lh, lh}, ll8 = {ll, ll, ll, ll, ll, ll, ll, ll};
+    const V8d lo8 = {lo, lo, lo, lo, lo, lo, lo, lo}, hi8 = {hi, hi, hi, hi, hi, hi, hi, hi};
+    double best_val = start;
+    int best_k = -1, best_j = -1;
+    for (int k0 = 0; k0 < spr_; k0 += 8) {
+      V8d wa, best = {start, start, start, start, start, start, start, start};
+      V8 open;        // h's replica may go to l: l lacks the expert (padding lanes: never)
+      V8 a_cost = {};  // re-planning: copies for the replica of h on l, less those of keeping it on h
+      V8 best_j8 = {-1, -1, -1, -1, -1, -1, -1, -1};
+      for (int lane = 0; lane < 8; ++lane) {
         const int k = k0 + lane;
         wa[lane] = k < spr_ ? per_replica_[h_slots[k]] : -kInf;
         open[lane] = k < spr_ && !Has(l, h_slots[k]) ? -1 : 0;
@@ -697,25 +692,26 @@ class EldrLayerPlacer {
         const int b = l_slots[j];
         if (Has(h, b)) continue;
         const double wb = per_replica_[b];
-        const V4d d = wa - V4d{wb, wb, wb, wb};
-        const V4d val = lh4 - d > ll4 + d ? lh4 - d : ll4 + d;
-        V4 take = open & (d > lo4) & (d < hi4) & (val < best);
+        const V8d d = wa - V8d{wb, wb, wb, wb, wb, wb, wb, wb};
+        const V8d val = lh8 - d > ll8 + d ? lh8 - d : ll8 + d;
+        V8 take = open & (d > lo8) & (d < hi8) & (val < best);
         if (stay_aware_) {
           const int64_t b_cost = Cost(h, b) - Cost(l, b);
-          take &= a_cost + V4{b_cost, b_cost, b_cost, b_cost} <= V4{0, 0, 0, 0};  // no more weight copies
+          take &= a_cost + V8{b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost} <= V8{};  // no more copies
         }
         best = take ? val : best;
-        const V4 at = {k0 * spr_ + j, (k0 + 1) * spr_ + j, (k0 + 2) * spr_ + j, (k0 + 3) * spr_ + j};
-        best_at = take ? at : best_at;
+        best_j8 = take ? V8{j, j, j, j, j, j, j, j} : best_j8;
+      }
+      for (int lane = 0; lane < 8; ++lane) {
+        if (best_j8[lane] >= 0 && best[lane] < best_val) {
+          best_val = best[lane];
+          best_k = k0 + lane;
+          best_j = static_cast<int>(best_j8[lane]);
+        }
       }
     }
-    int lane = 0;
-    for (int x = 1; x < 4; ++x) {
-      if (best_at[x] >= 0 && (best_at[lane] < 0 || best[x] < best[lane])) lane = x;
-    }
-    if (best_at[lane] < 0) return false;
-    const int k = static_cast<int>(best_at[lane] / spr_), j = static_cast<int>(best_at[lane] % spr_);
-    Swap(h, k, l, j);
+    if (best_k < 0) return false;
+    Swap(h, best_k, l, best_j);
     return true;
   }
 
@@ -861,26 +857,28 @@ class EldrLayerPlacer {
   // load lq + wa − wb only grows with wa; it also skips pairs for reasons this test ignores, so a true here
   // may still find nothing. Most ranks of a search that ends without a swap fail here.
   bool MayImprove(int q, const SwapSearch& s) const {
-    // Four replicas b at a time: the lightest heavier a is the minimum of the a > wb (+inf if none); padding
-    // lanes hold wb = +inf, whose test (inf - inf = NaN) fails.
-    typedef double V4d __attribute__((vector_size(32)));
-    typedef int64_t V4 __attribute__((vector_size(32)));
+    // Eight replicas b at a time (one 512-bit vector where the target has them): the lightest heavier a is the
+    // minimum of the a > wb (+inf if none); padding lanes hold wb = +inf, whose test (inf - inf = NaN) fails.
+    typedef double V8d __attribute__((vector_size(64)));
+    typedef int64_t V8 __attribute__((vector_size(64)));
     constexpr double kInf = std::numeric_limits<double>::infinity();
     const double lq = rank_load_[q];
     const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
-    V4 may = {0, 0, 0, 0};
-    for (int j0 = 0; j0 < spr_; j0 += 4) {
-      V4d wb;
-      for (int lane = 0; lane < 4; ++lane) wb[lane] = j0 + lane < spr_ ? per_replica_[q_slots[j0 + lane]] : kInf;
-      V4d next = {kInf, kInf, kInf, kInf};
+    V8 may = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j0 = 0; j0 < spr_; j0 += 8) {
+      V8d wb;
+      for (int lane = 0; lane < 8; ++lane) wb[lane] = j0 + lane < spr_ ? per_replica_[q_slots[j0 + lane]] : kInf;
+      V8d next = {kInf, kInf, kInf, kInf, kInf, kInf, kInf, kInf};
       for (int ia = 0; ia < s.num_a; ++ia) {
         const double a = s.a_load[ia];
-        const V4d a4 = {a, a, a, a};
-        next = (a4 > wb) & (a4 < next) ? a4 : next;
+        const V8d a8 = {a, a, a, a, a, a, a, a};
+        next = (a8 > wb) & (a8 < next) ? a8 : next;
       }
       may |= lq + next - wb < s.limit;
     }
-    return (may[0] | may[1] | may[2] | may[3]) != 0;
+    int64_t any = 0;
+    for (int lane = 0; lane < 8; ++lane) any |= may[lane];
+    return any != 0;
   }
 
   // Updates s with the swaps between s.rmax and q; returns whether q offers any improving swap.
