@@ -3,25 +3,30 @@
 //   1. Replication: every redundant slot goes to the expert with the highest load per replica (ties: fewer
 //      replicas, then lower id, so an all-zero layer spreads its redundant slots), capped at R replicas
 //      because no rank may hold two replicas of one expert.
-//   2. Packing: replicas heaviest first, each onto the lightest rank (lower rank on ties) that has a free
-//      slot and does not hold the expert yet. If every rank with a free slot already holds it, an expert
-//      of a full rank that lacks it moves to the free slot.
-//   3. Bottleneck search: while a move lowers the most loaded rank and leaves every rank it touches below
-//      that load, take the best one. Moves: swap two replicas between ranks; or give the slot of one
-//      replica of a multi-replica expert to another expert (re-replication; a round is skipped where
-//      ReplicationMayImprove, placement_internal.h, proves that none exists). A second start (see
-//      TryFromDuplicatePacking) learns from eplb.py's packing where that packing would have duplicated an
-//      expert on a rank; the better of the two starts is kept. The result fixes the bottleneck M.
+//   2. Packing by rounds: replicas heaviest first, R at a time; in each round the heaviest replica goes to the
+//      lightest rank, the next to the next lightest, skipping a rank that holds the expert already (one that lacks
+//      it is always left: an expert spans at most two rounds). Then two pairwise balancing passes: the i-th
+//      heaviest rank and the i-th lightest take the exchange of two replicas that brings them closest to each
+//      other (no rank rises above the maximum).
+//   3. Bottleneck search: while a move lowers the most loaded rank and leaves every rank it touches below that
+//      load, take the best one. Moves: swap two replicas between ranks; or give the slot of one replica of a
+//      multi-replica expert to another expert (re-replication; a round is skipped where ReplicationMayImprove,
+//      placement_internal.h, proves that none exists). Where the result stays more than 2 % above its lower
+//      bound (the average rank load or the largest share), one more balancing pass and search, then a packing of
+//      one replica at a time (each onto the lightest rank with room that lacks it) as another start. A further
+//      start (see TryFromDuplicatePacking) learns from eplb.py's packing where that packing would have
+//      duplicated an expert on a rank. The best start is kept (the first on ties); its bottleneck is M.
 //   4. Node awareness, never at the cost of M: groups get home nodes (heaviest group first onto the
 //      lightest node, as DeepSeek's first step); rank contents are moved to the nodes where they serve the
 //      most load at home (ranks are interchangeable for balance), then swaps bring pairs of replicas home
 //      while every rank stays <= M. Groups are not forced onto nodes.
-//   5. With a previous placement: start again from the previous ranks, keeping every replica the new
-//      counts still want, place the rest heaviest first and repair the bottleneck down to M preferring
-//      moves that copy fewer weights. If that cannot reach M, take the placement of steps 1-4 with its
-//      ranks relabelled to the old ranks they overlap most (node to node, then rank to rank, exact
-//      assignments). Then swaps put experts back on ranks that already hold their weights (<= M), and
-//      inside a rank experts keep their old slots.
+//   5. With a previous placement: start again from the previous ranks, keeping every replica the new counts
+//      still want, place the rest heaviest first and repair the bottleneck down to M preferring moves that copy
+//      fewer weights (balancing passes that copy no more weights, then the search). If that cannot reach M, the
+//      same again from the previous ranks with balancing passes that ignore the copies; if that cannot either,
+//      take the placement of steps 1-4 with its ranks relabelled to the old ranks they overlap most (node to
+//      node, then rank to rank, exact assignments). Then swaps put experts back on ranks that already hold
+//      their weights (<= M), and inside a rank experts keep their old slots.
 // All scratch lives in one EldrLayerPlacer per thread; nothing is allocated per layer.
 #include <algorithm>
 #include <cstring>
@@ -414,8 +419,8 @@ class EldrLayerPlacer {
   // Step 2, by rounds: the replicas heaviest first, R at a time; round t gives its heaviest replica to the
   // lightest rank, the next to the next lightest, and so on (one rank order per round instead of a search for
   // the lightest rank per replica). A rank that holds the replica's expert already is passed over for the
-  // next one; if every rank left in the round holds it, RepairRound exchanges it with a replica given earlier
-  // in the round.
+  // next one. One is always left: an expert's replicas are consecutive in items_ and at most R, so they span
+  // at most two rounds, m at the end of one and the rest first in the next, where R - m ranks lack it.
   // REQUIRES: order_ = the experts heaviest replica first (Replicate).
   void Pack() {
     skipped_ = false;
@@ -435,45 +440,13 @@ class EldrLayerPlacer {
         while (taken_[first]) ++first;
         int idx = first;
         while (idx < R_ && (taken_[idx] || Has(by_load_[idx].second, e))) ++idx;
-        if (idx == R_) {
-          skipped_ = true;
-          RepairRound(e, t);
-          continue;
-        }
+        ELDR_CHECK(idx < R_, "no rank left in round " << t << " lacks expert " << e);
         if (idx != first) skipped_ = true;
         taken_[idx] = 1;
         Put(e, by_load_[idx].second, t);
       }
     }
     std::fill(fill_.begin(), fill_.end(), spr_);
-  }
-
-  // Every rank without a replica of round t yet holds e: a rank q that took x in this round and lacks e
-  // gives x to such a rank u that lacks x, and takes e (the exchange that leaves the lower maximum).
-  void RepairRound(int e, int t) {
-    int best_i = -1, best_u = -1;
-    double best_val = std::numeric_limits<double>::infinity();
-    for (int i = 0; i < R_; ++i) {
-      const int q = by_load_[i].second;
-      if (!taken_[i] || Has(q, e)) continue;
-      const int x = At(q, t);
-      for (int j = 0; j < R_; ++j) {
-        const int u = by_load_[j].second;
-        if (taken_[j] || Has(u, x)) continue;
-        const double val = std::max(rank_load_[q] - per_replica_[x] + per_replica_[e], rank_load_[u] + per_replica_[x]);
-        if (val < best_val) {
-          best_val = val;
-          best_i = i;
-          best_u = j;
-        }
-      }
-    }
-    ELDR_CHECK(best_i >= 0, "no exchange places expert " << e << " without a duplicate on a rank");
-    const int q = by_load_[best_i].second, u = by_load_[best_u].second, x = At(q, t);
-    Take(q, t);
-    Put(e, q, t);
-    Put(x, u, t);
-    taken_[best_u] = 1;
   }
 
   // Step 2 the old way, replica by replica: heaviest first onto the lightest rank with a free slot that lacks
@@ -550,8 +523,9 @@ class EldrLayerPlacer {
   // The better of the two starts is kept (the first on ties).
   void TryFromDuplicatePacking() {
     // Heaviest first onto the lightest rank with a free slot (duplicates allowed), as eplb.py.
-    // Until Pack first set a rank aside because it held the expert, it packed exactly as eplb.py does, so
-    // without such a skip there is no duplicate to learn from.
+    // Only where a packing passed over a rank because it held the expert (skipped_): a cheap hint that eplb.py's
+    // packing meets a duplicate there, no longer a proof (the packing by rounds differs from eplb.py's even
+    // without a skip); kept as the filter it was for the earlier packing.
     if (!skipped_) return;
     const double best_max = MaxLoad();
     if (best_max <= average_load_ * (1 + kSecondStartGap)) return;  // within 1% of the lower bound
@@ -559,7 +533,8 @@ class EldrLayerPlacer {
     best_slot_ = slot_;
     std::copy(greedy_cnt_.begin(), greedy_cnt_.end(), cnt_.begin());
     for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
-    // order_ still holds the heaviest-first order of the greedy replicas (Pack sorted it).
+    // order_ still holds the heaviest-first order of the greedy replicas (Replicate, or the fallback packing,
+    // sorted it for the greedy counts).
     ClearRanks();
     BuildOpenRanks();
     bool duplicate = false;
@@ -679,7 +654,7 @@ class EldrLayerPlacer {
     int best_k = -1, best_j = -1;
     for (int k0 = 0; k0 < spr_; k0 += 8) {
       V8d wa, best = {start, start, start, start, start, start, start, start};
-      V8 open;        // h's replica may go to l: l lacks the expert (padding lanes: never)
+      V8 open;         // h's replica may go to l: l lacks the expert (padding lanes: never)
       V8 a_cost = {};  // re-planning: copies for the replica of h on l, less those of keeping it on h
       V8 best_j8 = {-1, -1, -1, -1, -1, -1, -1, -1};
       for (int lane = 0; lane < 8; ++lane) {
@@ -697,7 +672,8 @@ class EldrLayerPlacer {
         V8 take = open & (d > lo8) & (d < hi8) & (val < best);
         if (stay_aware_) {
           const int64_t b_cost = Cost(h, b) - Cost(l, b);
-          take &= a_cost + V8{b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost} <= V8{};  // no more copies
+          take &=
+              a_cost + V8{b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost} <= V8{};  // no more copies
         }
         best = take ? val : best;
         best_j8 = take ? V8{j, j, j, j, j, j, j, j} : best_j8;
@@ -1323,7 +1299,7 @@ class EldrLayerPlacer {
   const double* load_ = nullptr;       // [E] load of the layer being placed
   double eps_ = 0;                     // comparison tolerance, 1e-12 of the layer's load
   double average_load_ = 0;            // load / R, the lower bound of the bottleneck
-  bool skipped_ = false;               // Pack set a lighter rank aside: it held the expert
+  bool skipped_ = false;               // a packing passed over a lighter rank: it held the expert
   bool stay_aware_ = false;            // moves are priced by the weights they copy (previous given)
   std::vector<int32_t> cnt_;           // [E] replicas
   std::vector<int32_t> greedy_cnt_;    // [E] replicas after step 1
