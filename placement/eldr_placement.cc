@@ -63,55 +63,6 @@ struct LoadRank {
   int32_t second;
 };
 
-// order[0..n) = indices of `key` [n] by descending key, ascending index among equal keys (the order of
-// SortIndicesByDescendingKey, placement_internal.h). REQUIRES: keys >= 0 and not NaN. One counting pass over
-// 256 buckets of the key's magnitude (15 octaves below the largest key, 16 steps each; everything smaller
-// shares the last bucket), then an insertion sort that only reorders keys sharing a bucket: a third of the
-// four radix passes' time on 128 keys, whose histogram updates wait on each other.
-void SortIndicesByDescendingMagnitude(const double* key, int n, int32_t* order, std::vector<uint64_t>* bits_buf,
-                                      std::vector<uint64_t>* sorted_buf, std::vector<uint8_t>* bucket_buf) {
-  bits_buf->resize(n);
-  sorted_buf->resize(n);
-  bucket_buf->resize(n);
-  uint64_t* bits = bits_buf->data();
-  uint64_t* sorted = sorted_buf->data();
-  uint8_t* bucket = bucket_buf->data();
-  uint64_t top = 0;
-  for (int i = 0; i < n; ++i) {
-    uint64_t b = 0;
-    if (key[i] > 0) std::memcpy(&b, &key[i], sizeof b);  // monotone in the key for keys >= 0
-    bits[i] = b;
-    top = std::max(top, b);
-  }
-  const int64_t floor_exponent = static_cast<int64_t>(top >> 52) - 15;
-  int count[257] = {};
-  for (int i = 0; i < n; ++i) {
-    const int64_t octave = static_cast<int64_t>(bits[i] >> 52) - floor_exponent;  // 1..15 for the top octaves
-    const int64_t magnitude = octave > 0 ? (octave << 4) | static_cast<int64_t>((bits[i] >> 48) & 15) : 0;
-    bucket[i] = static_cast<uint8_t>(255 - magnitude);  // heaviest first
-    ++count[bucket[i] + 1];
-  }
-  for (int b = 0; b < 256; ++b) count[b + 1] += count[b];
-  for (int i = 0; i < n; ++i) {
-    const int pos = count[bucket[i]]++;
-    sorted[pos] = bits[i];
-    order[pos] = i;
-  }
-  // Within a bucket the indices ascend; strictly heavier keys move forward, so equal keys keep that order.
-  for (int i = 1; i < n; ++i) {
-    const uint64_t b = sorted[i];
-    if (b <= sorted[i - 1]) continue;
-    const int32_t idx = order[i];
-    int j = i;
-    for (; j > 0 && sorted[j - 1] < b; --j) {
-      sorted[j] = sorted[j - 1];
-      order[j] = order[j - 1];
-    }
-    sorted[j] = b;
-    order[j] = idx;
-  }
-}
-
 class EldrLayerPlacer {
  public:
   explicit EldrLayerPlacer(const PlacementProblem& p)
@@ -323,7 +274,7 @@ class EldrLayerPlacer {
 
   // order_ = experts by descending load per replica, ascending id on ties.
   void SortByPerReplicaLoad() {
-    SortIndicesByDescendingMagnitude(per_replica_.data(), E_, order_.data(), &sort_bits_, &sort_sorted_, &sort_bucket_);
+    SortIndicesByDescendingMagnitude(per_replica_.data(), E_, order_.data(), &magnitude_sort_);
   }
 
   void ClearRanks() {
@@ -1295,34 +1246,32 @@ class EldrLayerPlacer {
 
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
-  const double move_slack_;            // PlacementProblem::move_slack
-  const double* load_ = nullptr;       // [E] load of the layer being placed
-  double eps_ = 0;                     // comparison tolerance, 1e-12 of the layer's load
-  double average_load_ = 0;            // load / R, the lower bound of the bottleneck
-  bool skipped_ = false;               // a packing passed over a lighter rank: it held the expert
-  bool stay_aware_ = false;            // moves are priced by the weights they copy (previous given)
-  std::vector<int32_t> cnt_;           // [E] replicas
-  std::vector<int32_t> greedy_cnt_;    // [E] replicas after step 1
-  std::vector<int32_t> best_cnt_;      // [E] replicas of the best start so far
-  std::vector<int32_t> best_slot_;     // [R, P/R] placement of the best start so far
-  std::vector<double> per_replica_;    // [E] load / replicas
-  std::vector<int32_t> order_;         // [E]
-  std::vector<int32_t> items_;         // [P] the replicas' experts, heaviest first, while packing
-  std::vector<uint8_t> taken_;         // [R] by_load_ entry i took a replica in this round of packing
-  std::vector<uint64_t> sort_bits_;    // [E] scratch of SortByPerReplicaLoad
-  std::vector<uint64_t> sort_sorted_;  // [E]
-  std::vector<uint8_t> sort_bucket_;   // [E]
-  std::vector<int32_t> home_;          // [E] home node, -1 without groups or nodes
-  std::vector<int32_t> slot_;          // [R, P/R] expert in each slot
-  std::vector<int32_t> fill_;          // [R] slots used while packing
-  std::vector<LoadRank> by_load_;      // [R] (load, rank) sorted for the swap search
-  std::vector<double> rank_key_;       // [R] keys of the ranks' order when relabelling them
-  std::vector<int64_t> open_key_;      // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
-  std::vector<int32_t> aside_;         // [R] ranks set aside while one expert is placed
-  std::vector<double> rank_load_;      // [R]
-  std::vector<uint8_t> has_;           // [E, R] the rank holds the expert
-  std::vector<int32_t> ranks_of_;      // [E, R] ranks holding each expert (first cnt_ entries)
-  std::vector<int32_t> ranks_fill_;    // [E]
+  const double move_slack_;              // PlacementProblem::move_slack
+  const double* load_ = nullptr;         // [E] load of the layer being placed
+  double eps_ = 0;                       // comparison tolerance, 1e-12 of the layer's load
+  double average_load_ = 0;              // load / R, the lower bound of the bottleneck
+  bool skipped_ = false;                 // a packing passed over a lighter rank: it held the expert
+  bool stay_aware_ = false;              // moves are priced by the weights they copy (previous given)
+  std::vector<int32_t> cnt_;             // [E] replicas
+  std::vector<int32_t> greedy_cnt_;      // [E] replicas after step 1
+  std::vector<int32_t> best_cnt_;        // [E] replicas of the best start so far
+  std::vector<int32_t> best_slot_;       // [R, P/R] placement of the best start so far
+  std::vector<double> per_replica_;      // [E] load / replicas
+  std::vector<int32_t> order_;           // [E]
+  std::vector<int32_t> items_;           // [P] the replicas' experts, heaviest first, while packing
+  std::vector<uint8_t> taken_;           // [R] by_load_ entry i took a replica in this round of packing
+  MagnitudeSortScratch magnitude_sort_;  // for SortByPerReplicaLoad
+  std::vector<int32_t> home_;            // [E] home node, -1 without groups or nodes
+  std::vector<int32_t> slot_;            // [R, P/R] expert in each slot
+  std::vector<int32_t> fill_;            // [R] slots used while packing
+  std::vector<LoadRank> by_load_;        // [R] (load, rank) sorted for the swap search
+  std::vector<double> rank_key_;         // [R] keys of the ranks' order when relabelling them
+  std::vector<int64_t> open_key_;        // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
+  std::vector<int32_t> aside_;           // [R] ranks set aside while one expert is placed
+  std::vector<double> rank_load_;        // [R]
+  std::vector<uint8_t> has_;             // [E, R] the rank holds the expert
+  std::vector<int32_t> ranks_of_;        // [E, R] ranks holding each expert (first cnt_ entries)
+  std::vector<int32_t> ranks_fill_;      // [E]
   struct MultiReplica {
     int32_t x, top;  // an expert with >= 2 replicas; its most loaded rank
     double second;   // the load of its second most loaded rank
