@@ -187,7 +187,7 @@ class EldrLayerPlacer {
   int Cost(int r, int e) const { return stay_aware_ && Held(r, e) ? 0 : 1; }
 
   // Greedy replication: each step takes the expert below R replicas with the largest load per replica (ties:
-  // fewer replicas, then lower id). The experts are kept in that order in order_ (one radix sort of the loads,
+  // fewer replicas, then lower id). The experts are kept in that order in order_ (one sort of the loads,
   // then each step moves the chosen expert down to its new place, the experts it passes up by one), which
   // leaves order_ as the heaviest-first order of the replicas that the packing needs.
   void Replicate() {
@@ -409,9 +409,6 @@ class EldrLayerPlacer {
     for (int e : order_) PlaceCopies(e, cnt_[e], false);  // each expert comes once: no rank holds it yet
   }
 
-  // A fallback start for the layers that the packing by rounds leaves far from the lower bound (the average
-  // rank load or the largest share): the greedy replicas packed lightest rank first, then the bottleneck
-  // search; the better of the two is kept (the first on ties).
   // Whether the bottleneck exceeds (1 + gap) times its lower bound: the average rank load or the largest share.
   bool AboveBound(double gap) const {
     return MaxLoad() > std::max(average_load_, MaxOf(per_replica_.data(), E_)) * (1 + gap);
@@ -428,6 +425,9 @@ class EldrLayerPlacer {
     return *std::max_element(m, m + 8);
   }
 
+  // A fallback start for the layers that the packing by rounds leaves far from the lower bound (the average
+  // rank load or the largest share): the greedy replicas packed lightest rank first, then the bottleneck
+  // search; the better of the two is kept (the first on ties).
   void TryLightestFirstPacking() {
     if (!AboveBound(kFallbackGap)) return;
     const double best_max = MaxLoad();

@@ -175,7 +175,7 @@ inline void SortIndicesByDescendingKey(const double* key, int n, int32_t* order,
 }
 
 // order[0..n) = indices of `key` [n] by descending key, ascending index among equal keys (the order of
-// SortIndicesByDescendingKey, placement_internal.h). REQUIRES: keys >= 0 and not NaN. One counting pass over
+// SortIndicesByDescendingKey above). REQUIRES: keys >= 0 and not NaN. One counting pass over
 // 256 buckets of the key's magnitude (15 octaves below the largest key, 16 steps each; everything smaller
 // shares the last bucket), then an insertion sort that only reorders keys sharing a bucket: O(n + 256) plus
 // the pairs that share a bucket, O(n²) when every key does (keys within ~6 % of each other, or all below 2^-15
