@@ -102,9 +102,9 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // runtime/common/parallel.h), one per 16 layers or more, the calling thread among them; the result does not
 // depend on the number of threads. Measured (bench/placement_bench, BM_Place: 94 layers x 128 experts into 160
 // slots on 32 ranks in 4 nodes): DeepSeek variants about 1-2 ms; kEldr 2.62 ms single-threaded on a quiet 2-core
-// VM after three rounds of bit-identical speed-ups, 0.92-0.94x of that after a fifth, then about 0.75-0.8x of
+// VM after three rounds of bit-identical speed-ups, 0.92-0.94x of that after a fifth, then about 0.75-0.85x of
 // that CPU time with the packing by rounds and the balancing passes (bench/README.md, "Expert placement", sixth
-// round): about 1.8-1.9 ms projected, so the <= 1 ms target of issue 15 is not met on one thread.
+// round): about 1.8-2.0 ms projected, so the <= 1 ms target of issue 15 is not met on one thread.
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
 
