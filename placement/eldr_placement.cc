@@ -3,25 +3,30 @@
 //   1. Replication: every redundant slot goes to the expert with the highest load per replica (ties: fewer
 //      replicas, then lower id, so an all-zero layer spreads its redundant slots), capped at R replicas
 //      because no rank may hold two replicas of one expert.
-//   2. Packing: replicas heaviest first, each onto the lightest rank (lower rank on ties) that has a free
-//      slot and does not hold the expert yet. If every rank with a free slot already holds it, an expert
-//      of a full rank that lacks it moves to the free slot.
-//   3. Bottleneck search: while a move lowers the most loaded rank and leaves every rank it touches below
-//      that load, take the best one. Moves: swap two replicas between ranks; or give the slot of one
-//      replica of a multi-replica expert to another expert (re-replication; a round is skipped where
-//      ReplicationMayImprove, placement_internal.h, proves that none exists). A second start (see
-//      TryFromDuplicatePacking) learns from eplb.py's packing where that packing would have duplicated an
-//      expert on a rank; the better of the two starts is kept. The result fixes the bottleneck M.
+//   2. Packing by rounds: replicas heaviest first, R at a time; in each round the heaviest replica goes to the
+//      lightest rank, the next to the next lightest, skipping a rank that holds the expert already (one that lacks
+//      it is always left: an expert spans at most two rounds). Then two pairwise balancing passes: the i-th
+//      heaviest rank and the i-th lightest take the exchange of two replicas that brings them closest to each
+//      other (no rank rises above the maximum).
+//   3. Bottleneck search: while a move lowers the most loaded rank and leaves every rank it touches below that
+//      load, take the best one. Moves: swap two replicas between ranks; or give the slot of one replica of a
+//      multi-replica expert to another expert (re-replication; a round is skipped where ReplicationMayImprove,
+//      placement_internal.h, proves that none exists). Where the result stays more than 2 % above its lower
+//      bound (the average rank load or the largest share), one more balancing pass and search, then a packing of
+//      one replica at a time (each onto the lightest rank with room that lacks it) as another start. A further
+//      start (see TryFromDuplicatePacking) learns from eplb.py's packing where that packing would have
+//      duplicated an expert on a rank. The best start is kept (the first on ties); its bottleneck is M.
 //   4. Node awareness, never at the cost of M: groups get home nodes (heaviest group first onto the
 //      lightest node, as DeepSeek's first step); rank contents are moved to the nodes where they serve the
 //      most load at home (ranks are interchangeable for balance), then swaps bring pairs of replicas home
 //      while every rank stays <= M. Groups are not forced onto nodes.
-//   5. With a previous placement: start again from the previous ranks, keeping every replica the new
-//      counts still want, place the rest heaviest first and repair the bottleneck down to M preferring
-//      moves that copy fewer weights. If that cannot reach M, take the placement of steps 1-4 with its
-//      ranks relabelled to the old ranks they overlap most (node to node, then rank to rank, exact
-//      assignments). Then swaps put experts back on ranks that already hold their weights (<= M), and
-//      inside a rank experts keep their old slots.
+//   5. With a previous placement: start again from the previous ranks, keeping every replica the new counts
+//      still want, place the rest heaviest first and repair the bottleneck down to M preferring moves that copy
+//      fewer weights (balancing passes that copy no more weights, then the search). If that cannot reach M, the
+//      same again from the previous ranks with balancing passes that ignore the copies; if that cannot either,
+//      take the placement of steps 1-4 with its ranks relabelled to the old ranks they overlap most (node to
+//      node, then rank to rank, exact assignments). Then swaps put experts back on ranks that already hold
+//      their weights (<= M), and inside a rank experts keep their old slots.
 // All scratch lives in one EldrLayerPlacer per thread; nothing is allocated per layer.
 #include <algorithm>
 #include <cstring>
@@ -43,9 +48,12 @@ namespace {
 constexpr int kSwapsPerSlot = 4;
 constexpr int kMaxReplicationMoves = 32;
 constexpr int kMaxPasses = 8;
+constexpr int kPairSweeps = 2;
 constexpr int kStayAwareRanks = 4;  // ranks searched for a cheaper swap when re-planning
 constexpr int kStayAwareReplicationMoves = 4;
 constexpr double kSecondStartGap = 1e-2;  // second start only above (1 + gap) x the average rank load
+constexpr double kFallbackGap = 2e-2;     // packing lightest rank first only above (1 + gap) x the lower bound
+constexpr double kSweepAgainGap = 2e-2;   // another pairwise pass and search above (1 + gap) x the lower bound
 constexpr double kNoTarget = -1.0;        // bottleneck search runs until no move improves
 
 // (load, rank), ordered by KeyIndexLess. A plain struct, unlike std::pair (whose assignment is user-provided),
@@ -105,6 +113,8 @@ class EldrLayerPlacer {
     swap_ia_.resize(spr_);
     swap_a_.resize(spr_);
     swap_wa_.resize(spr_ + 1);
+    items_.resize(P_);
+    taken_.resize(R_);
   }
 
   // Places one layer. load: [E]; previous: the previous phy2log row [P] or null.
@@ -120,7 +130,13 @@ class EldrLayerPlacer {
     if (use_home_) AssignHomeNodes();
     std::copy(cnt_.begin(), cnt_.end(), greedy_cnt_.begin());
     Pack();
+    PairSweeps(kPairSweeps);
     Improve(kNoTarget);
+    if (AboveBound(kSweepAgainGap)) {
+      PairSweeps(1);
+      Improve(kNoTarget);
+    }
+    TryLightestFirstPacking();
     TryFromDuplicatePacking();
     const double cap = MaxLoad() + eps_;
     if (use_home_) {
@@ -135,7 +151,18 @@ class EldrLayerPlacer {
       fresh_cnt_ = cnt_;
       stay_aware_ = true;
       StartFromPrevious(previous);
-      if (!Improve(previous_cap)) {
+      PairSweeps(kPairSweeps);  // only exchanges that copy no more weights
+      bool reached = Improve(previous_cap);
+      if (!reached) {
+        // Stuck above the cap: the search for balance alone from here, which still keeps most replicas where
+        // they were (the fresh placement relabelled keeps fewer).
+        StartFromPrevious(previous);
+        stay_aware_ = false;
+        PairSweeps(kPairSweeps);
+        stay_aware_ = true;
+        reached = Improve(previous_cap);
+      }
+      if (!reached) {
         slot_ = fresh_slot_;
         cnt_ = fresh_cnt_;
         Rebuild();
@@ -152,7 +179,7 @@ class EldrLayerPlacer {
   int NodeOf(int r) const { return r / rpn_; }
   bool Has(int r, int e) const { return has_[static_cast<size_t>(e) * R_ + r] != 0; }
   int32_t& At(int r, int k) { return slot_[static_cast<size_t>(r) * spr_ + k]; }
-  double MaxLoad() const { return *std::max_element(rank_load_.begin(), rank_load_.end()); }
+  double MaxLoad() const { return MaxOf(rank_load_.data(), R_); }
   int ArgMaxLoad() const {
     return static_cast<int>(std::max_element(rank_load_.begin(), rank_load_.end()) - rank_load_.begin());
   }
@@ -160,27 +187,31 @@ class EldrLayerPlacer {
   int Cost(int r, int e) const { return stay_aware_ && Held(r, e) ? 0 : 1; }
 
   // Greedy replication: each step takes the expert below R replicas with the largest load per replica (ties:
-  // fewer replicas, then lower id), found with a tournament tree.
+  // fewer replicas, then lower id). The experts are kept in that order in order_ (one sort of the loads,
+  // then each step moves the chosen expert down to its new place, the experts it passes up by one), which
+  // leaves order_ as the heaviest-first order of the replicas that the packing needs.
   void Replicate() {
     for (int e = 0; e < E_; ++e) {
       cnt_[e] = 1;
       per_replica_[e] = load_[e];
     }
-    auto better = [this](int a, int b) {
-      const bool open_a = cnt_[a] < R_, open_b = cnt_[b] < R_;
-      if (open_a != open_b) return open_a;
+    SortByPerReplicaLoad();
+    auto ahead = [this](int a, int b) {
       if (per_replica_[a] != per_replica_[b]) return per_replica_[a] > per_replica_[b];
       if (cnt_[a] != cnt_[b]) return cnt_[a] < cnt_[b];
       return a < b;
     };
-    Tournament<decltype(better)> tournament(better, &tournament_tree_);
-    tournament.Build(E_);
+    int32_t* order = order_.data();
     for (int k = E_; k < P_; ++k) {
-      const int best = tournament.Best();
-      ELDR_CHECK(cnt_[best] < R_, "no expert can take another replica (P = " << P_ << " > E * R)");
+      int i = 0;
+      while (i < E_ && cnt_[order[i]] >= R_) ++i;
+      ELDR_CHECK(i < E_, "no expert can take another replica (P = " << P_ << " > E * R)");
+      const int best = order[i];
       ++cnt_[best];
       per_replica_[best] = load_[best] / cnt_[best];
-      tournament.Update(best);
+      int j = i;  // the experts now ahead of `best` move up one place
+      for (; j + 1 < E_ && ahead(order[j + 1], best); ++j) order[j] = order[j + 1];
+      order[j] = best;
     }
   }
 
@@ -242,7 +273,9 @@ class EldrLayerPlacer {
   }
 
   // order_ = experts by descending load per replica, ascending id on ties.
-  void SortByPerReplicaLoad() { SortIndicesByDescendingKey(per_replica_.data(), E_, order_.data(), &radix_); }
+  void SortByPerReplicaLoad() {
+    SortIndicesByDescendingMagnitude(per_replica_.data(), E_, order_.data(), &magnitude_sort_);
+  }
 
   void ClearRanks() {
     std::fill(fill_.begin(), fill_.end(), 0);
@@ -334,13 +367,80 @@ class EldrLayerPlacer {
     for (int k = 0; k < num_aside; ++k) SetOpenKey(aside_[k], OpenKey(aside_[k]));
   }
 
-  // Step 2: heaviest first over all ranks.
+  // Step 2, by rounds: the replicas heaviest first, R at a time; round t gives its heaviest replica to the
+  // lightest rank, the next to the next lightest, and so on (one rank order per round instead of a search for
+  // the lightest rank per replica). A rank that holds the replica's expert already is passed over for the
+  // next one. One is always left: an expert's replicas are consecutive in items_ and at most R, so they span
+  // at most two rounds, m at the end of one and the rest first in the next, where R - m ranks lack it.
+  // REQUIRES: order_ = the experts heaviest replica first (Replicate).
   void Pack() {
-    SortByPerReplicaLoad();
     skipped_ = false;
+    ClearRanks();
+    int n = 0;
+    for (int e : order_) {
+      for (int c = 0; c < cnt_[e]; ++c) items_[n++] = e;
+    }
+    for (int r = 0; r < R_; ++r) Put(items_[r], r, 0);  // round 0: every rank empty, lower rank first
+    for (int t = 1; t < spr_; ++t) {
+      SortRanksByLoad();
+      std::fill(taken_.begin(), taken_.end(), 0);
+      const int32_t* round = items_.data() + static_cast<size_t>(t) * R_;
+      int first = 0;  // the lightest rank of the round without a replica yet
+      for (int k = 0; k < R_; ++k) {
+        const int e = round[k];
+        while (taken_[first]) ++first;
+        int idx = first;
+        while (idx < R_ && (taken_[idx] || Has(by_load_[idx].second, e))) ++idx;
+        ELDR_CHECK(idx < R_, "no rank left in round " << t << " lacks expert " << e);
+        if (idx != first) skipped_ = true;
+        taken_[idx] = 1;
+        Put(e, by_load_[idx].second, t);
+      }
+    }
+    std::fill(fill_.begin(), fill_.end(), spr_);
+  }
+
+  // Step 2 the old way, replica by replica: heaviest first onto the lightest rank with a free slot that lacks
+  // the expert (PlaceCopies).
+  void PackLightestFirst() {
+    SortByPerReplicaLoad();
     ClearRanks();
     BuildOpenRanks();
     for (int e : order_) PlaceCopies(e, cnt_[e], false);  // each expert comes once: no rank holds it yet
+  }
+
+  // Whether the bottleneck exceeds (1 + gap) times its lower bound: the average rank load or the largest share.
+  bool AboveBound(double gap) const {
+    return MaxLoad() > std::max(average_load_, MaxOf(per_replica_.data(), E_)) * (1 + gap);
+  }
+  // The largest of x [n] (n >= 1, no NaN), eight independent maxima at a time instead of one chain.
+  static double MaxOf(const double* x, int n) {
+    double m[8];
+    for (int lane = 0; lane < 8; ++lane) m[lane] = x[0];
+    int i = 0;
+    for (; i + 8 <= n; i += 8) {
+      for (int lane = 0; lane < 8; ++lane) m[lane] = std::max(m[lane], x[i + lane]);
+    }
+    for (; i < n; ++i) m[0] = std::max(m[0], x[i]);
+    return *std::max_element(m, m + 8);
+  }
+
+  // A fallback start for the layers that the packing by rounds leaves far from the lower bound (the average
+  // rank load or the largest share): the greedy replicas packed lightest rank first, then the bottleneck
+  // search; the better of the two is kept (the first on ties).
+  void TryLightestFirstPacking() {
+    if (!AboveBound(kFallbackGap)) return;
+    const double best_max = MaxLoad();
+    std::copy(cnt_.begin(), cnt_.end(), best_cnt_.begin());
+    best_slot_ = slot_;
+    std::copy(greedy_cnt_.begin(), greedy_cnt_.end(), cnt_.begin());
+    for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
+    const bool skipped = skipped_;
+    PackLightestFirst();
+    skipped_ = skipped_ || skipped;
+    Improve(kNoTarget);
+    if (MaxLoad() < best_max - eps_) return;
+    Restore();
   }
 
   // Among ranks [first, last): every rank with a free slot holds e already. Some full rank r lacks e (e has
@@ -383,8 +483,9 @@ class EldrLayerPlacer {
   // The better of the two starts is kept (the first on ties).
   void TryFromDuplicatePacking() {
     // Heaviest first onto the lightest rank with a free slot (duplicates allowed), as eplb.py.
-    // Until Pack first set a rank aside because it held the expert, it packed exactly as eplb.py does, so
-    // without such a skip there is no duplicate to learn from.
+    // Only where a packing passed over a rank because it held the expert (skipped_): a cheap hint that eplb.py's
+    // packing meets a duplicate there, no longer a proof (the packing by rounds differs from eplb.py's even
+    // without a skip); kept as the filter it was for the earlier packing.
     if (!skipped_) return;
     const double best_max = MaxLoad();
     if (best_max <= average_load_ * (1 + kSecondStartGap)) return;  // within 1% of the lower bound
@@ -392,7 +493,8 @@ class EldrLayerPlacer {
     best_slot_ = slot_;
     std::copy(greedy_cnt_.begin(), greedy_cnt_.end(), cnt_.begin());
     for (int e = 0; e < E_; ++e) per_replica_[e] = load_[e] / cnt_[e];
-    // order_ still holds the heaviest-first order of the greedy replicas (Pack sorted it).
+    // order_ still holds the heaviest-first order of the greedy replicas (Replicate, or the fallback packing,
+    // sorted it for the greedy counts).
     ClearRanks();
     BuildOpenRanks();
     bool duplicate = false;
@@ -477,6 +579,78 @@ class EldrLayerPlacer {
     Put(best, r, k);
   }
 
+  // Pairwise balancing before the bottleneck search: the ranks sorted by load, the i-th heaviest and the i-th
+  // lightest exchange the pair of replicas that brings them closest to their mean (both end strictly between
+  // their old loads, so no rank rises above the maximum). One pass moves every rank towards the mean, where
+  // the bottleneck search moves one rank per step.
+  void PairSweeps(int sweeps) {
+    for (int sweep = 0; sweep < sweeps; ++sweep) {
+      SortRanksByLoad();
+      bool changed = false;
+      for (int i = 0; i < R_ / 2; ++i) {
+        const int h = by_load_[R_ - 1 - i].second, l = by_load_[i].second;
+        if (rank_load_[h] - rank_load_[l] <= 2 * eps_) break;  // the gaps shrink with i
+        changed |= BalancePair(h, l);
+      }
+      if (!changed) break;
+    }
+  }
+
+  // The best exchange between the heavier rank h and the lighter rank l (the lowest max of the two new
+  // loads, both below h's load), taken if any; when re-planning, only exchanges that copy no more weights. The
+  // P/R x P/R pairs are scored eight replicas of h at a time (one 512-bit vector where the target has them)
+  // without branches on the loads; ties go to the lower slot of h, then of l. Returns whether a swap was made.
+  bool BalancePair(int h, int l) {
+    typedef double V8d __attribute__((vector_size(64)));
+    typedef int64_t V8 __attribute__((vector_size(64)));
+    constexpr double kInf = std::numeric_limits<double>::infinity();
+    const double lh = rank_load_[h], ll = rank_load_[l];
+    const double lo = eps_, hi = lh - ll - eps_, start = lh - eps_;
+    const int32_t* h_slots = slot_.data() + static_cast<size_t>(h) * spr_;
+    const int32_t* l_slots = slot_.data() + static_cast<size_t>(l) * spr_;
+    const V8d lh8 = {lh, lh, lh, lh, lh, lh, lh, lh}, ll8 = {ll, ll, ll, ll, ll, ll, ll, ll};
+    const V8d lo8 = {lo, lo, lo, lo, lo, lo, lo, lo}, hi8 = {hi, hi, hi, hi, hi, hi, hi, hi};
+    double best_val = start;
+    int best_k = -1, best_j = -1;
+    for (int k0 = 0; k0 < spr_; k0 += 8) {
+      V8d wa, best = {start, start, start, start, start, start, start, start};
+      V8 open;         // h's replica may go to l: l lacks the expert (padding lanes: never)
+      V8 a_cost = {};  // re-planning: copies for the replica of h on l, less those of keeping it on h
+      V8 best_j8 = {-1, -1, -1, -1, -1, -1, -1, -1};
+      for (int lane = 0; lane < 8; ++lane) {
+        const int k = k0 + lane;
+        wa[lane] = k < spr_ ? per_replica_[h_slots[k]] : -kInf;
+        open[lane] = k < spr_ && !Has(l, h_slots[k]) ? -1 : 0;
+        if (stay_aware_ && k < spr_) a_cost[lane] = Cost(l, h_slots[k]) - Cost(h, h_slots[k]);
+      }
+      for (int j = 0; j < spr_; ++j) {
+        const int b = l_slots[j];
+        if (Has(h, b)) continue;
+        const double wb = per_replica_[b];
+        const V8d d = wa - V8d{wb, wb, wb, wb, wb, wb, wb, wb};
+        const V8d val = lh8 - d > ll8 + d ? lh8 - d : ll8 + d;
+        V8 take = open & (d > lo8) & (d < hi8) & (val < best);
+        if (stay_aware_) {
+          const int64_t b_cost = Cost(h, b) - Cost(l, b);
+          take &=
+              a_cost + V8{b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost, b_cost} <= V8{};  // no more copies
+        }
+        best = take ? val : best;
+        best_j8 = take ? V8{j, j, j, j, j, j, j, j} : best_j8;
+      }
+      for (int lane = 0; lane < 8; ++lane) {
+        if (best_j8[lane] >= 0 && best[lane] < best_val) {
+          best_val = best[lane];
+          best_k = k0 + lane;
+          best_j = static_cast<int>(best_j8[lane]);
+        }
+      }
+    }
+    if (best_k < 0) return false;
+    Swap(h, best_k, l, best_j);
+    return true;
+  }
+
   // Bottleneck search (step 3) until the most loaded rank is <= target or no move lowers it.
   // Returns whether the maximum is <= target.
   bool Improve(double target) {
@@ -555,25 +729,27 @@ class EldrLayerPlacer {
   // by_load_ = (load, rank) ascending; the last entry is the most loaded rank.
   void SortRanksByLoad() { SortRanksByKey(rank_load_.data()); }
   // by_load_ = (key[r], r) for every rank, ascending by KeyIndexLess. key: [R], not NaN. Each rank's place is
-  // the number of pairs below its own, counted four at a time without branches (R² comparisons, which cost
-  // less than the mispredicted ones of a comparison sort of R entries).
+  // the number of pairs below its own, counted eight at a time without branches (R² comparisons, which cost
+  // less than the mispredicted ones of a comparison sort of R entries; one 512-bit operation per eight where
+  // the target has them, two 256-bit ones otherwise).
   void SortRanksByKey(const double* key) {
-    typedef double V4d __attribute__((vector_size(32)));
-    typedef int64_t V4 __attribute__((vector_size(32)));
-    const int full = R_ - R_ % 4;
+    typedef double V8d __attribute__((vector_size(64)));
+    typedef int64_t V8 __attribute__((vector_size(64)));
+    const int full = R_ - R_ % 8;
     for (int r = 0; r < R_; ++r) {
       const double kr = key[r];
-      const V4d kr4 = {kr, kr, kr, kr};
-      const V4 r4 = {r, r, r, r};
-      V4 below = {0, 0, 0, 0}, j4 = {0, 1, 2, 3};
-      const V4 step = {4, 4, 4, 4};
-      for (int j = 0; j < full; j += 4) {
-        V4d k;
+      const V8d kr8 = {kr, kr, kr, kr, kr, kr, kr, kr};
+      const V8 r8 = {r, r, r, r, r, r, r, r};
+      V8 below = {0, 0, 0, 0, 0, 0, 0, 0}, j8 = {0, 1, 2, 3, 4, 5, 6, 7};
+      const V8 step = {8, 8, 8, 8, 8, 8, 8, 8};
+      for (int j = 0; j < full; j += 8) {
+        V8d k;
         std::memcpy(&k, key + j, sizeof k);
-        below += (k < kr4) | ((k == kr4) & (j4 < r4));  // -1 per pair below
-        j4 += step;
+        below += (k < kr8) | ((k == kr8) & (j8 < r8));  // -1 per pair below
+        j8 += step;
       }
-      int64_t pos = -(below[0] + below[1] + below[2] + below[3]);
+      int64_t pos = 0;
+      for (int lane = 0; lane < 8; ++lane) pos -= below[lane];
       for (int j = full; j < R_; ++j) pos += (key[j] < kr) | ((key[j] == kr) & (j < r));
       by_load_[pos] = {kr, r};
     }
@@ -617,26 +793,28 @@ class EldrLayerPlacer {
   // load lq + wa − wb only grows with wa; it also skips pairs for reasons this test ignores, so a true here
   // may still find nothing. Most ranks of a search that ends without a swap fail here.
   bool MayImprove(int q, const SwapSearch& s) const {
-    // Four replicas b at a time: the lightest heavier a is the minimum of the a > wb (+inf if none); padding
-    // lanes hold wb = +inf, whose test (inf - inf = NaN) fails.
-    typedef double V4d __attribute__((vector_size(32)));
-    typedef int64_t V4 __attribute__((vector_size(32)));
+    // Eight replicas b at a time (one 512-bit vector where the target has them): the lightest heavier a is the
+    // minimum of the a > wb (+inf if none); padding lanes hold wb = +inf, whose test (inf - inf = NaN) fails.
+    typedef double V8d __attribute__((vector_size(64)));
+    typedef int64_t V8 __attribute__((vector_size(64)));
     constexpr double kInf = std::numeric_limits<double>::infinity();
     const double lq = rank_load_[q];
     const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
-    V4 may = {0, 0, 0, 0};
-    for (int j0 = 0; j0 < spr_; j0 += 4) {
-      V4d wb;
-      for (int lane = 0; lane < 4; ++lane) wb[lane] = j0 + lane < spr_ ? per_replica_[q_slots[j0 + lane]] : kInf;
-      V4d next = {kInf, kInf, kInf, kInf};
+    V8 may = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int j0 = 0; j0 < spr_; j0 += 8) {
+      V8d wb;
+      for (int lane = 0; lane < 8; ++lane) wb[lane] = j0 + lane < spr_ ? per_replica_[q_slots[j0 + lane]] : kInf;
+      V8d next = {kInf, kInf, kInf, kInf, kInf, kInf, kInf, kInf};
       for (int ia = 0; ia < s.num_a; ++ia) {
         const double a = s.a_load[ia];
-        const V4d a4 = {a, a, a, a};
-        next = (a4 > wb) & (a4 < next) ? a4 : next;
+        const V8d a8 = {a, a, a, a, a, a, a, a};
+        next = (a8 > wb) & (a8 < next) ? a8 : next;
       }
       may |= lq + next - wb < s.limit;
     }
-    return (may[0] | may[1] | may[2] | may[3]) != 0;
+    int64_t any = 0;
+    for (int lane = 0; lane < 8; ++lane) any |= may[lane];
+    return any != 0;
   }
 
   // Updates s with the swaps between s.rmax and q; returns whether q offers any improving swap.
@@ -1077,31 +1255,32 @@ class EldrLayerPlacer {
 
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
-  const double move_slack_;               // PlacementProblem::move_slack
-  const double* load_ = nullptr;          // [E] load of the layer being placed
-  double eps_ = 0;                        // comparison tolerance, 1e-12 of the layer's load
-  double average_load_ = 0;               // load / R, the lower bound of the bottleneck
-  bool skipped_ = false;                  // Pack set a lighter rank aside: it held the expert
-  bool stay_aware_ = false;               // moves are priced by the weights they copy (previous given)
-  std::vector<int32_t> cnt_;              // [E] replicas
-  std::vector<int32_t> greedy_cnt_;       // [E] replicas after step 1
-  std::vector<int32_t> tournament_tree_;  // storage of the replication's tournament
-  std::vector<int32_t> best_cnt_;         // [E] replicas of the best start so far
-  std::vector<int32_t> best_slot_;        // [R, P/R] placement of the best start so far
-  std::vector<double> per_replica_;       // [E] load / replicas
-  std::vector<int32_t> order_;            // [E]
-  RadixScratch radix_;                    // for SortByPerReplicaLoad
-  std::vector<int32_t> home_;             // [E] home node, -1 without groups or nodes
-  std::vector<int32_t> slot_;             // [R, P/R] expert in each slot
-  std::vector<int32_t> fill_;             // [R] slots used while packing
-  std::vector<LoadRank> by_load_;         // [R] (load, rank) sorted for the swap search
-  std::vector<double> rank_key_;          // [R] keys of the ranks' order when relabelling them
-  std::vector<int64_t> open_key_;         // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
-  std::vector<int32_t> aside_;            // [R] ranks set aside while one expert is placed
-  std::vector<double> rank_load_;         // [R]
-  std::vector<uint8_t> has_;              // [E, R] the rank holds the expert
-  std::vector<int32_t> ranks_of_;         // [E, R] ranks holding each expert (first cnt_ entries)
-  std::vector<int32_t> ranks_fill_;       // [E]
+  const double move_slack_;              // PlacementProblem::move_slack
+  const double* load_ = nullptr;         // [E] load of the layer being placed
+  double eps_ = 0;                       // comparison tolerance, 1e-12 of the layer's load
+  double average_load_ = 0;              // load / R, the lower bound of the bottleneck
+  bool skipped_ = false;                 // a packing passed over a lighter rank: it held the expert
+  bool stay_aware_ = false;              // moves are priced by the weights they copy (previous given)
+  std::vector<int32_t> cnt_;             // [E] replicas
+  std::vector<int32_t> greedy_cnt_;      // [E] replicas after step 1
+  std::vector<int32_t> best_cnt_;        // [E] replicas of the best start so far
+  std::vector<int32_t> best_slot_;       // [R, P/R] placement of the best start so far
+  std::vector<double> per_replica_;      // [E] load / replicas
+  std::vector<int32_t> order_;           // [E]
+  std::vector<int32_t> items_;           // [P] the replicas' experts, heaviest first, while packing
+  std::vector<uint8_t> taken_;           // [R] by_load_ entry i took a replica in this round of packing
+  MagnitudeSortScratch magnitude_sort_;  // for SortByPerReplicaLoad
+  std::vector<int32_t> home_;            // [E] home node, -1 without groups or nodes
+  std::vector<int32_t> slot_;            // [R, P/R] expert in each slot
+  std::vector<int32_t> fill_;            // [R] slots used while packing
+  std::vector<LoadRank> by_load_;        // [R] (load, rank) sorted for the swap search
+  std::vector<double> rank_key_;         // [R] keys of the ranks' order when relabelling them
+  std::vector<int64_t> open_key_;        // [R] OrderedBits(load) of a rank with room, kClosed if full or aside
+  std::vector<int32_t> aside_;           // [R] ranks set aside while one expert is placed
+  std::vector<double> rank_load_;        // [R]
+  std::vector<uint8_t> has_;             // [E, R] the rank holds the expert
+  std::vector<int32_t> ranks_of_;        // [E, R] ranks holding each expert (first cnt_ entries)
+  std::vector<int32_t> ranks_fill_;      // [E]
   struct MultiReplica {
     int32_t x, top;  // an expert with >= 2 replicas; its most loaded rank
     double second;   // the load of its second most loaded rank

@@ -11,11 +11,11 @@
 //    pack the node's physical experts onto its ranks. Reproduces the README example of that repository.
 //  - kDeepSeekGlobal: the same with one group and one node (eplb.py's global policy).
 //  - kEldr: never puts two replicas of one expert on a rank. Balance first: greedy replication, heaviest-
-//    first packing, then a bottleneck search over swaps and re-replications. Then, without raising any
-//    layer's bottleneck: rank contents moved to the nodes where their groups live and swaps that bring
-//    replicas to their group's home node (node-aware, not node-forced); given a previous placement, a
-//    placement that keeps experts on the ranks that already hold their weights (fewer moves).
-//    eldr_placement.cc describes the steps.
+//    first packing by rounds of R replicas, pairwise balancing passes, then a bottleneck search over swaps and
+//    re-replications. Then, without raising any layer's bottleneck: rank contents moved to the nodes where
+//    their groups live and swaps that bring replicas to their group's home node (node-aware, not node-forced);
+//    given a previous placement, a placement that keeps experts on the ranks that already hold their weights
+//    (fewer moves). eldr_placement.cc describes the steps.
 //
 // Tie rule of the DeepSeek variants (eplb.py uses torch sort/max): (1) "heaviest first" is a stable sort
 // by descending load, so equal loads keep ascending index order; (2) "lightest non-full pack" takes the
@@ -81,25 +81,30 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // slot goes to expert 0 of the node), kEldr spreads redundant slots over distinct experts.
 // log2phy order: DeepSeek variants list replicas in eplb.py's replica-rank order (the original slot
 // first, then redundant copies in the order they were created); kEldr lists slots in ascending order.
-// Performance. Per layer, the DeepSeek variants take O(E log E + P log R). kEldr takes O(E log E + P * R) to
-// replicate and pack (per replica, one branch-free pass over the R ranks finds the lightest rank with room); its
-// bottleneck search sorts the ranks by O(R^2) branch-free comparisons at the start of each round, then makes at
-// most 4P swaps of O(P * P/R) each (the P/R x P/R replica pairs of the most loaded rank with each lighter rank; a
-// branch-free O((P/R)^2) test, four replicas at a time, skips a rank that cannot take a swap, and the replicas of
+// Performance. Per layer, the DeepSeek variants take O(E log E + P log R). kEldr sorts the experts once by one
+// counting pass and an insertion sort within buckets (O(E) plus the pairs of keys within ~6 % of each other,
+// O(E^2) at worst) and keeps that order while it replicates (O((P - E) * E) at worst); it packs in P/R rounds of
+// R replicas, each after a branch-free O(R^2) rank sort, and runs two pairwise balancing passes of
+// O(R^2 + P * P/R) (the i-th heaviest and the i-th lightest rank, their P/R x P/R replica pairs); its bottleneck
+// search sorts the ranks by O(R^2) branch-free comparisons at the start of each round, then makes at most 4P
+// swaps of O(P * P/R) each (the P/R x P/R replica pairs of the most loaded rank with each lighter rank; a
+// branch-free O((P/R)^2) test, eight replicas at a time, skips a rank that cannot take a swap, and the replicas of
 // the most loaded rank are scanned by ascending load, so a pair scan stops at the first that would lift the
 // lighter rank to the limit) and at most 32 re-replication rounds, each first a necessary test of
 // O(E + P/R * (R + P/R * replicas)) (placement_internal.h, ReplicationMayImprove) and only where it does not prove
-// that no move exists a search of O(P * (P + E)) (experts whose best case already fails a bound are skipped); the
-// node steps O(R log R + P^2); a previous placement adds O(R * E + N * (R/N)^3 + N^3).
+// that no move exists a search of O(P * (P + E)) (experts whose best case already fails a bound are skipped). A
+// layer more than 2 % above its lower bound gets one more balancing pass and search, then a start packed one
+// replica at a time (O(E log E + P * R)) with its own search. The node steps take O(R log R + P^2); a previous
+// placement adds O(R * E + N * (R/N)^3 + N^3) and at most two more starts of the packing's and search's cost.
 // The searches end as soon as no move improves, far from those bounds: on the benchmark case below a layer
-// takes about 22 swaps and one re-replication test, which proves that no move exists in all but about one
-// layer of the 94 (where the search runs and finds nothing). Scratch buffers are allocated once per thread. kEldr
-// places the layers on up to DefaultThreads() threads (ELDR_NUM_THREADS, runtime/common/parallel.h), one per 16 layers
-// or more, the calling thread among them; the result does not depend on the number of threads. Measured
-// (bench/placement_bench, BM_Place: 94 layers x 128 experts into 160 slots on 32 ranks in 4 nodes): DeepSeek variants
-// about 1-2 ms; kEldr 2.62 ms single-threaded on a quiet 2-core VM after three rounds of bit-identical speed-ups,
-// then 0.92-0.94x of that CPU time after a fifth, again bit-identical (bench/README.md, "Expert placement"):
-// about 2.4 ms projected, so the <= 1 ms target of issue 15 is not met on one thread.
+// takes about 16 swaps after the balancing passes (22 before them) and one re-replication test. Scratch buffers
+// are allocated once per thread. kEldr places the layers on up to DefaultThreads() threads (ELDR_NUM_THREADS,
+// runtime/common/parallel.h), one per 16 layers or more, the calling thread among them; the result does not
+// depend on the number of threads. Measured (bench/placement_bench, BM_Place: 94 layers x 128 experts into 160
+// slots on 32 ranks in 4 nodes): DeepSeek variants about 1-2 ms; kEldr 2.62 ms single-threaded on a quiet 2-core
+// VM after three rounds of bit-identical speed-ups, 0.92-0.94x of that after a fifth, then about 0.75-0.85x of
+// that CPU time with the packing by rounds and the balancing passes (bench/README.md, "Expert placement", sixth
+// round): about 1.8-2.0 ms projected, so the <= 1 ms target of issue 15 is not met on one thread.
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
 

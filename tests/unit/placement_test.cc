@@ -332,6 +332,35 @@ TEST(PlacementTest, EldrIsAtLeastAsBalancedAsDeepSeekOnSkewedLoads) {
 // ReplicationMayImprove (the skip test of the re-replication search) against every re-replication, by brute
 // force: whenever it says no move exists, none leaves every rank it touches below max - eps while touching
 // the most loaded rank. Random small layers with random counts and distinct-rank slots.
+// The one-pass magnitude sort of the eldr placer must give the order of a stable sort by descending key:
+// wide and narrow ranges, ties, zeros, keys that share a bucket and keys far below the largest.
+TEST(PlacementTest, MagnitudeSortIsAStableDescendingSort) {
+  std::mt19937_64 rng(15);
+  placement_internal::MagnitudeSortScratch scratch;
+  for (int trial = 0; trial < 3000; ++trial) {
+    const int n = 1 + static_cast<int>(rng() % 300);
+    std::vector<double> key(n);
+    const int kind = trial % 5;
+    std::lognormal_distribution<double> wide(0.0, kind == 0 ? 8.0 : 1.5);
+    std::uniform_real_distribution<double> narrow(1.0, 1.05);
+    for (double& k : key) {
+      if (kind == 2) {
+        k = narrow(rng);  // every key in one or two buckets
+      } else if (kind == 3) {
+        k = static_cast<double>(rng() % 4);  // ties and zeros
+      } else {
+        k = wide(rng) * (rng() % 7 == 0 ? 0.0 : 1.0);
+      }
+    }
+    if (kind == 4) key[rng() % n] = 1e300;  // everything else far below the largest
+    std::vector<int32_t> want(n), got(n);
+    std::iota(want.begin(), want.end(), 0);
+    std::stable_sort(want.begin(), want.end(), [&](int32_t a, int32_t b) { return key[a] > key[b]; });
+    placement_internal::SortIndicesByDescendingMagnitude(key.data(), n, got.data(), &scratch);
+    ASSERT_EQ(got, want) << "trial " << trial << " n " << n;
+  }
+}
+
 TEST(PlacementTest, ReplicationSkipTestNeverSkipsAMove) {
   std::mt19937_64 rng(23);
   int skipped = 0, moves_found = 0;
