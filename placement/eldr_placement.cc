@@ -20,13 +20,15 @@
 //      lightest node, as DeepSeek's first step); rank contents are moved to the nodes where they serve the
 //      most load at home (ranks are interchangeable for balance), then swaps bring pairs of replicas home
 //      while every rank stays <= M. Groups are not forced onto nodes.
-//   5. With a previous placement: start again from the previous ranks, keeping every replica the new counts
-//      still want, place the rest heaviest first and repair the bottleneck down to M preferring moves that copy
-//      fewer weights (balancing passes that copy no more weights, then the search). If that cannot reach M, the
-//      same again from the previous ranks with balancing passes that ignore the copies; if that cannot either,
-//      take the placement of steps 1-4 with its ranks relabelled to the old ranks they overlap most (node to
-//      node, then rank to rank, exact assignments). Then swaps put experts back on ranks that already hold
-//      their weights (<= M), and inside a rank experts keep their old slots.
+//   5. With a previous placement, against the cap C = (1 + move_slack)·M: if the previous placement with its own
+//      replica counts already keeps every rank <= C under the new load (every expert placed, none twice on a
+//      rank), keep it (PreviousMeetsCap: zero moves). Otherwise start again from the previous ranks, keeping
+//      every replica the new counts still want, place the rest heaviest first and repair the bottleneck down to
+//      C preferring moves that copy fewer weights (balancing passes that copy no more weights, then the search).
+//      If that cannot reach C, the same again from the previous ranks with balancing passes that ignore the
+//      copies; if that cannot either, take the placement of steps 1-4 with its ranks relabelled to the old
+//      ranks they overlap most (node to node, then rank to rank, exact assignments). Then swaps put experts
+//      back on ranks that already hold their weights (<= C), and inside a rank experts keep their old slots.
 // All scratch lives in one EldrLayerPlacer per thread; nothing is allocated per layer.
 #include <algorithm>
 #include <cstring>
@@ -147,6 +149,12 @@ class EldrLayerPlacer {
     const double previous_cap = MaxLoad() * (1 + move_slack_) + eps_;
     if (previous != nullptr) {
       CountPrevious(previous);
+      if (PreviousMeetsCap(previous, previous_cap)) {
+        // Nothing to move: the placement in service already balances the new load within the cap.
+        std::copy(previous, previous + P_, phy2log);
+        for (int e = 0; e < E_; ++e) logcnt[e] = prev_total_[e];
+        return;
+      }
       fresh_slot_ = slot_;
       fresh_cnt_ = cnt_;
       stay_aware_ = true;
@@ -1120,6 +1128,32 @@ class EldrLayerPlacer {
   }
   bool Held(int r, int e) const { return prev_cnt_[static_cast<size_t>(r) * E_ + e] > 0; }
 
+  // True when the previous placement, with its own replica counts, is a valid eldr placement of this layer (every
+  // expert on some rank, none twice on one rank) whose bottleneck under the new load is within `cap`: then it is
+  // the answer, with zero moves. Fills prev_total_ [E] with its replica counts. REQUIRES: CountPrevious.
+  bool PreviousMeetsCap(const int32_t* previous, double cap) {
+    prev_total_.assign(E_, 0);
+    for (int r = 0; r < R_; ++r) {
+      for (int e = 0; e < E_; ++e) {
+        const int32_t c = prev_cnt_[static_cast<size_t>(r) * E_ + e];
+        if (c > 1) return false;
+        prev_total_[e] += c;
+      }
+    }
+    for (int e = 0; e < E_; ++e) {
+      if (prev_total_[e] == 0) return false;
+    }
+    for (int r = 0; r < R_; ++r) {
+      double sum = 0;
+      for (int k = 0; k < spr_; ++k) {
+        const int e = previous[static_cast<size_t>(r) * spr_ + k];
+        sum += load_[e] / prev_total_[e];
+      }
+      if (sum > cap) return false;
+    }
+    return true;
+  }
+
   // Best one-to-one matching of the ranks of new node `nn` onto the ranks of old node `on` by the number of
   // experts already in place; ties prefer keeping the rank index. Writes old rank of each new rank of the
   // node into map [rpn] and returns the overlap.
@@ -1302,6 +1336,7 @@ class EldrLayerPlacer {
   // Previous placement.
   std::vector<int32_t> prev_cnt_;      // [R, E] replicas on each rank before
   std::vector<int32_t> kept_;          // [E] previous replicas kept
+  std::vector<int32_t> prev_total_;    // [E] replicas of each expert in the previous placement
   std::vector<int32_t> fresh_slot_;    // [R, P/R] placement of steps 1-4
   std::vector<int32_t> fresh_cnt_;     // [E]
   std::vector<int64_t> cost_;          // [R/N, R/N]

@@ -75,8 +75,10 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // `previous` (optional, kEldr only; the DeepSeek variants follow the public algorithm and ignore it):
 // the placement in service now. kEldr then looks for a placement that moves fewer expert weights
 // (CountMoves) while no layer's bottleneck exceeds (1 + move_slack) times the one it reaches without
-// `previous`. When the load is unchanged and `previous` came from kEldr on the same problem, the result
-// equals `previous` (zero moves). InvalidArgument if move_slack is negative or not finite.
+// `previous`. A layer of `previous` that already meets that cap under the new load with its own replica counts
+// (every expert placed, none twice on a rank) is kept as it is (zero moves): in particular when the load is
+// unchanged and `previous` came from kEldr with the same move_slack, a fresh placement or a re-plan alike.
+// InvalidArgument if move_slack is negative or not finite.
 // Layers with zero total load are valid: the DeepSeek variants behave as eplb.py does (every redundant
 // slot goes to expert 0 of the node), kEldr spreads redundant slots over distinct experts.
 // log2phy order: DeepSeek variants list replicas in eplb.py's replica-rank order (the original slot

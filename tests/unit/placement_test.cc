@@ -329,9 +329,6 @@ TEST(PlacementTest, EldrIsAtLeastAsBalancedAsDeepSeekOnSkewedLoads) {
   }
 }
 
-// ReplicationMayImprove (the skip test of the re-replication search) against every re-replication, by brute
-// force: whenever it says no move exists, none leaves every rank it touches below max - eps while touching
-// the most loaded rank. Random small layers with random counts and distinct-rank slots.
 // The one-pass magnitude sort of the eldr placer must give the order of a stable sort by descending key:
 // wide and narrow ranges, ties, zeros, keys that share a bucket and keys far below the largest.
 TEST(PlacementTest, MagnitudeSortIsAStableDescendingSort) {
@@ -361,6 +358,9 @@ TEST(PlacementTest, MagnitudeSortIsAStableDescendingSort) {
   }
 }
 
+// ReplicationMayImprove (the skip test of the re-replication search) against every re-replication, by brute
+// force: whenever it says no move exists, none leaves every rank it touches below max - eps while touching
+// the most loaded rank. Random small layers with random counts and distinct-rank slots.
 TEST(PlacementTest, ReplicationSkipTestNeverSkipsAMove) {
   std::mt19937_64 rng(23);
   int skipped = 0, moves_found = 0;
@@ -590,6 +590,38 @@ TEST(PlacementTest, EldrMovesNothingWhenTheLoadDidNotChange) {
     EXPECT_EQ(m.changed_slots, 0);
     EXPECT_EQ(again.phy2log, first.phy2log);
   }
+}
+
+TEST(PlacementTest, EldrKeepsAPreviousPlacementThatAlreadyMeetsTheCap) {
+  // Re-planning a re-plan with the same load: the previous placement (a re-plan, with replica counts of its own)
+  // already keeps the bottleneck within (1 + move_slack) x the fresh one, so it is the answer and nothing moves.
+  // The hand case was found by review: it used to move 2 experts at the same balancedness (0.944444).
+  {
+    PlacementProblem p = Problem(1, 8, 12, 4, 1, 1, {8, 1, 9, 9, 4, 2, 3, 5});
+    const Placement a = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+    p.load = {1, 7, 8, 1, 9, 3, 4, 1};
+    const Placement b = PlaceOrDie(p, PlacementAlgorithm::kEldr, &a);
+    const Placement c = PlaceOrDie(p, PlacementAlgorithm::kEldr, &b);
+    EXPECT_EQ(CountMoves(b, c).moved_experts, 0);
+    EXPECT_EQ(c.phy2log, b.phy2log);
+    EXPECT_EQ(c.logcnt, b.logcnt);
+  }
+  std::mt19937_64 rng(91);
+  int checked = 0;
+  for (int scenario = 0; scenario < 300; ++scenario) {
+    const Shape& s = kShapes[scenario % (sizeof(kShapes) / sizeof(kShapes[0]))];
+    const int L = 2;
+    PlacementProblem p = Problem(L, s.E, s.P, s.R, s.N, s.G, SkewedLoad(L, s.E, 1000 + scenario));
+    p.move_slack = scenario % 3 == 0 ? 0.0 : 0.005 * (scenario % 3);
+    const Placement a = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+    for (double& x : p.load) x *= std::uniform_real_distribution<double>(0.7, 1.3)(rng);
+    const Placement b = PlaceOrDie(p, PlacementAlgorithm::kEldr, &a);
+    const Placement c = PlaceOrDie(p, PlacementAlgorithm::kEldr, &b);
+    ASSERT_EQ(CountMoves(b, c).moved_experts, 0) << "scenario " << scenario << " E=" << s.E << " R=" << s.R;
+    ASSERT_EQ(c.phy2log, b.phy2log) << "scenario " << scenario;
+    ++checked;
+  }
+  EXPECT_EQ(checked, 300);
 }
 
 TEST(PlacementTest, EldrPreviousPlacementCutsMovesWithoutCostingBalance) {
