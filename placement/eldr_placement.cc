@@ -197,17 +197,18 @@ class EldrLayerPlacer {
   // Greedy replication: each step takes the expert below R replicas with the largest load per replica (ties:
   // fewer replicas, then lower id). The experts are kept in that order in order_ (one sort of the loads,
   // then each step moves the chosen expert down to its new place, the experts it passes up by one), which
-  // leaves order_ as the heaviest-first order of the replicas that the packing needs.
+  // leaves order_ as the heaviest-first order of the replicas that the packing needs. The experts behind the
+  // chosen one stay in that order, so its new place is found by a binary search (branch-free: a conditional
+  // move per halving) instead of a walk past every expert it passes, whose stopping branch mispredicts.
   void Replicate() {
     for (int e = 0; e < E_; ++e) {
       cnt_[e] = 1;
       per_replica_[e] = load_[e];
     }
     SortByPerReplicaLoad();
-    auto ahead = [this](int a, int b) {
-      if (per_replica_[a] != per_replica_[b]) return per_replica_[a] > per_replica_[b];
-      if (cnt_[a] != cnt_[b]) return cnt_[a] < cnt_[b];
-      return a < b;
+    auto ahead = [this](int a, int b) {  // the order above, without branches on the data
+      const double wa = per_replica_[a], wb = per_replica_[b];
+      return (wa > wb) | ((wa == wb) & ((cnt_[a] < cnt_[b]) | ((cnt_[a] == cnt_[b]) & (a < b))));
     };
     int32_t* order = order_.data();
     for (int k = E_; k < P_; ++k) {
@@ -217,9 +218,15 @@ class EldrLayerPlacer {
       const int best = order[i];
       ++cnt_[best];
       per_replica_[best] = load_[best] / cnt_[best];
-      int j = i;  // the experts now ahead of `best` move up one place
-      for (; j + 1 < E_ && ahead(order[j + 1], best); ++j) order[j] = order[j + 1];
-      order[j] = best;
+      // The first of order[i + 1, E) that `best` is ahead of (E if none): the experts before it move up one place.
+      int32_t* first = order + i + 1;
+      int32_t* end = first;
+      if (int n = E_ - i - 1; n > 0) {
+        for (; n > 1; n -= n / 2) end = ahead(end[n / 2], best) ? end + n / 2 : end;
+        end += ahead(*end, best);
+      }
+      std::copy(first, end, order + i);
+      end[-1] = best;
     }
   }
 
@@ -737,28 +744,40 @@ class EldrLayerPlacer {
   // by_load_ = (load, rank) ascending; the last entry is the most loaded rank.
   void SortRanksByLoad() { SortRanksByKey(rank_load_.data()); }
   // by_load_ = (key[r], r) for every rank, ascending by KeyIndexLess. key: [R], not NaN. Each rank's place is
-  // the number of pairs below its own, counted eight at a time without branches (R² comparisons, which cost
-  // less than the mispredicted ones of a comparison sort of R entries; one 512-bit operation per eight where
-  // the target has them, two 256-bit ones otherwise).
+  // the number of pairs below its own, counted without branches (R² comparisons, which cost less than the
+  // mispredicted ones of a comparison sort of R entries): eight ranks at a time, one lane each, against every
+  // key in turn, so the counts end in the lanes with no sum across lanes (one 512-bit operation per
+  // comparison where the target has them, two 256-bit ones otherwise). The ranks past the last full eight
+  // (R % 8 of them) are counted one at a time.
   void SortRanksByKey(const double* key) {
     typedef double V8d __attribute__((vector_size(64)));
     typedef int64_t V8 __attribute__((vector_size(64)));
     const int full = R_ - R_ % 8;
-    for (int r = 0; r < R_; ++r) {
-      const double kr = key[r];
-      const V8d kr8 = {kr, kr, kr, kr, kr, kr, kr, kr};
-      const V8 r8 = {r, r, r, r, r, r, r, r};
-      V8 below = {0, 0, 0, 0, 0, 0, 0, 0}, j8 = {0, 1, 2, 3, 4, 5, 6, 7};
-      const V8 step = {8, 8, 8, 8, 8, 8, 8, 8};
-      for (int j = 0; j < full; j += 8) {
-        V8d k;
-        std::memcpy(&k, key + j, sizeof k);
-        below += (k < kr8) | ((k == kr8) & (j8 < r8));  // -1 per pair below
-        j8 += step;
+    for (int r0 = 0; r0 < full; r0 += 8) {
+      V8d kr;
+      std::memcpy(&kr, key + r0, sizeof kr);
+      V8 below = {0, 0, 0, 0, 0, 0, 0, 0};  // -1 per pair below
+      // Ranks j < r0 are below rank r on equal keys, ranks j >= r0 + 8 are not; among the eight, j < r.
+      for (int j = 0; j < r0; ++j) {
+        const double kj = key[j];
+        below += V8d{kj, kj, kj, kj, kj, kj, kj, kj} <= kr;
       }
+      const V8 r8 = {r0, r0 + 1, r0 + 2, r0 + 3, r0 + 4, r0 + 5, r0 + 6, r0 + 7};
+      for (int j = r0; j < r0 + 8; ++j) {
+        const double kj = key[j];
+        const V8d kj8 = {kj, kj, kj, kj, kj, kj, kj, kj};
+        below += (kj8 < kr) | ((kj8 == kr) & (V8{j, j, j, j, j, j, j, j} < r8));
+      }
+      for (int j = r0 + 8; j < R_; ++j) {
+        const double kj = key[j];
+        below += V8d{kj, kj, kj, kj, kj, kj, kj, kj} < kr;
+      }
+      for (int lane = 0; lane < 8; ++lane) by_load_[-below[lane]] = {kr[lane], r0 + lane};
+    }
+    for (int r = full; r < R_; ++r) {
+      const double kr = key[r];
       int64_t pos = 0;
-      for (int lane = 0; lane < 8; ++lane) pos -= below[lane];
-      for (int j = full; j < R_; ++j) pos += (key[j] < kr) | ((key[j] == kr) & (j < r));
+      for (int j = 0; j < R_; ++j) pos += (key[j] < kr) | ((key[j] == kr) & (j < r));
       by_load_[pos] = {kr, r};
     }
   }
