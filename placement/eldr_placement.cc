@@ -115,6 +115,7 @@ class EldrLayerPlacer {
     swap_ia_.resize(spr_);
     swap_a_.resize(spr_);
     swap_wa_.resize(spr_ + 1);
+    slot_w_.resize(static_cast<size_t>(R_) * SlotWidth());
     items_.resize(P_);
     taken_.resize(R_);
   }
@@ -674,6 +675,7 @@ class EldrLayerPlacer {
     int swaps_left = stay_aware_ ? P_ : kSwapsPerSlot * P_;
     const int max_rounds = stay_aware_ ? kStayAwareReplicationMoves : kMaxReplicationMoves;
     for (int round = 0; round <= max_rounds; ++round) {
+      BuildSlotLoads();   // MayImprove reads them; a re-replication changes them
       SortRanksByLoad();  // kept sorted by the swaps: its last entry is the maximum
       while (swaps_left-- > 0 && by_load_.back().first > target && BottleneckSwap()) {
       }
@@ -681,6 +683,18 @@ class EldrLayerPlacer {
       if (round == max_rounds || !ReplicationMayImprove() || !ReplicationMove()) break;
     }
     return MaxLoad() <= target;
+  }
+
+  // slot_w_ row width: P/R rounded up to whole vectors of eight.
+  int SlotWidth() const { return (spr_ + 7) / 8 * 8; }
+  // slot_w_ = the load of each slot's replica, +inf in the padding (MayImprove's vectors, read whole).
+  void BuildSlotLoads() {
+    const int width = SlotWidth();
+    for (int r = 0; r < R_; ++r) {
+      double* w = slot_w_.data() + static_cast<size_t>(r) * width;
+      for (int k = 0; k < width; ++k)
+        w[k] = k < spr_ ? per_replica_[At(r, k)] : std::numeric_limits<double>::infinity();
+    }
   }
 
   // Whether (cost, val) beats (best_cost, best_val): fewer weight copies first when re-planning from a
@@ -737,6 +751,8 @@ class EldrLayerPlacer {
     }
     if (s.bi < 0) return false;
     Swap(rmax, s.bi, s.bq, s.bj);
+    std::swap(slot_w_[static_cast<size_t>(rmax) * SlotWidth() + s.bi],
+              slot_w_[static_cast<size_t>(s.bq) * SlotWidth() + s.bj]);
     Resort(rmax, bq_index);
     return true;
   }
@@ -826,11 +842,11 @@ class EldrLayerPlacer {
     typedef int64_t V8 __attribute__((vector_size(64)));
     constexpr double kInf = std::numeric_limits<double>::infinity();
     const double lq = rank_load_[q];
-    const int32_t* q_slots = slot_.data() + static_cast<size_t>(q) * spr_;
+    const double* q_loads = slot_w_.data() + static_cast<size_t>(q) * SlotWidth();
     V8 may = {0, 0, 0, 0, 0, 0, 0, 0};
     for (int j0 = 0; j0 < spr_; j0 += 8) {
       V8d wb;
-      for (int lane = 0; lane < 8; ++lane) wb[lane] = j0 + lane < spr_ ? per_replica_[q_slots[j0 + lane]] : kInf;
+      std::memcpy(&wb, q_loads + j0, sizeof wb);
       V8d next = {kInf, kInf, kInf, kInf, kInf, kInf, kInf, kInf};
       for (int ia = 0; ia < s.num_a; ++ia) {
         const double a = s.a_load[ia];
@@ -1368,6 +1384,7 @@ class EldrLayerPlacer {
   std::vector<int> swap_jq_;           // [P/R] their slots
   std::vector<int> swap_ia_, swap_a_;  // [P/R] slots and experts of the most loaded rank's movable replicas
   std::vector<double> swap_wa_;        // [P/R + 1] their loads, then +inf
+  std::vector<double> slot_w_;         // [R, SlotWidth()] loads of the slots' replicas during Improve, +inf padding
   std::vector<int32_t> candidates_;    // [P/R] experts of one rank, in the re-replication search
   std::vector<int32_t> row_;           // [P/R]
   std::vector<int32_t> deferred_;      // [P/R]
