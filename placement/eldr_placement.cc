@@ -116,7 +116,7 @@ class EldrLayerPlacer {
     swap_a_.resize(spr_);
     swap_wa_.resize(spr_ + 1);
     slot_w_.resize(static_cast<size_t>(R_) * SlotWidth());
-    items_.resize(P_);
+    items_.resize(P_ + 1);
     taken_.resize(R_);
   }
 
@@ -198,18 +198,17 @@ class EldrLayerPlacer {
   // Greedy replication: each step takes the expert below R replicas with the largest load per replica (ties:
   // fewer replicas, then lower id). The experts are kept in that order in order_ (one sort of the loads,
   // then each step moves the chosen expert down to its new place, the experts it passes up by one), which
-  // leaves order_ as the heaviest-first order of the replicas that the packing needs. The experts behind the
-  // chosen one stay in that order, so its new place is found by a binary search (branch-free: a conditional
-  // move per halving) instead of a walk past every expert it passes, whose stopping branch mispredicts.
+  // leaves order_ as the heaviest-first order of the replicas that the packing needs.
   void Replicate() {
     for (int e = 0; e < E_; ++e) {
       cnt_[e] = 1;
       per_replica_[e] = load_[e];
     }
     SortByPerReplicaLoad();
-    auto ahead = [this](int a, int b) {  // the order above, without branches on the data
-      const double wa = per_replica_[a], wb = per_replica_[b];
-      return (wa > wb) | ((wa == wb) & ((cnt_[a] < cnt_[b]) | ((cnt_[a] == cnt_[b]) & (a < b))));
+    auto ahead = [this](int a, int b) {
+      if (per_replica_[a] != per_replica_[b]) return per_replica_[a] > per_replica_[b];
+      if (cnt_[a] != cnt_[b]) return cnt_[a] < cnt_[b];
+      return a < b;
     };
     int32_t* order = order_.data();
     for (int k = E_; k < P_; ++k) {
@@ -219,15 +218,9 @@ class EldrLayerPlacer {
       const int best = order[i];
       ++cnt_[best];
       per_replica_[best] = load_[best] / cnt_[best];
-      // The first of order[i + 1, E) that `best` is ahead of (E if none): the experts before it move up one place.
-      int32_t* first = order + i + 1;
-      int32_t* end = first;
-      if (int n = E_ - i - 1; n > 0) {
-        for (; n > 1; n -= n / 2) end = ahead(end[n / 2], best) ? end + n / 2 : end;
-        end += ahead(*end, best);
-      }
-      std::copy(first, end, order + i);
-      end[-1] = best;
+      int j = i;  // the experts now ahead of `best` move up one place
+      for (; j + 1 < E_ && ahead(order[j + 1], best); ++j) order[j] = order[j + 1];
+      order[j] = best;
     }
   }
 
@@ -393,8 +386,12 @@ class EldrLayerPlacer {
     skipped_ = false;
     ClearRanks();
     int n = 0;
-    for (int e : order_) {
-      for (int c = 0; c < cnt_[e]; ++c) items_[n++] = e;
+    for (int e : order_) {  // two copies written always (items_ has one entry to spare): no branch for most
+      const int copies = cnt_[e];
+      items_[n] = e;
+      items_[n + 1] = e;
+      for (int c = 2; c < copies; ++c) items_[n + c] = e;
+      n += copies;
     }
     for (int r = 0; r < R_; ++r) Put(items_[r], r, 0);  // round 0: every rank empty, lower rank first
     for (int t = 1; t < spr_; ++t) {
@@ -654,12 +651,11 @@ class EldrLayerPlacer {
         best = take ? val : best;
         best_j8 = take ? V8{j, j, j, j, j, j, j, j} : best_j8;
       }
-      for (int lane = 0; lane < 8; ++lane) {
-        if (best_j8[lane] >= 0 && best[lane] < best_val) {
-          best_val = best[lane];
-          best_k = k0 + lane;
-          best_j = static_cast<int>(best_j8[lane]);
-        }
+      for (int lane = 0; lane < 8; ++lane) {  // the first lane of the lowest value; no branch on the data
+        const bool take = (best_j8[lane] >= 0) & (best[lane] < best_val);
+        best_val = take ? best[lane] : best_val;
+        best_k = take ? k0 + lane : best_k;
+        best_j = take ? static_cast<int>(best_j8[lane]) : best_j;
       }
     }
     if (best_k < 0) return false;
@@ -1065,9 +1061,8 @@ class EldrLayerPlacer {
     for (int r = 0; r < R_; ++r) {
       const int n = NodeOf(r);
       for (int k = 0; k < spr_; ++k) {
-        const int h = home_[At(r, k)];
-        if (h == n) continue;
-        const size_t b = static_cast<size_t>(n) * N_ + h;
+        // Replicas at home go to the bucket (n, n), which no pair reads: no branch on the data.
+        const size_t b = static_cast<size_t>(n) * N_ + home_[At(r, k)];
         buckets_[b * P_ + bucket_size_[b]++] = r * spr_ + k;
       }
     }
@@ -1136,9 +1131,12 @@ class EldrLayerPlacer {
     std::fill(node_groups_.begin(), node_groups_.end(), 0);  // contents given to each node so far
     for (const auto& [neg_best, r] : by_load_) {
       const double* v = home_load_.data() + static_cast<size_t>(r) * N_;
-      int best = -1;
+      int best = -1;  // the first node of the largest value with a free position; no branch on the data
+      double best_v = 0;
       for (int n = 0; n < N_; ++n) {
-        if (node_groups_[n] < rpn_ && (best < 0 || v[n] > v[best])) best = n;
+        const bool take = (node_groups_[n] < rpn_) & ((best < 0) | (v[n] > best_v));
+        best = take ? n : best;
+        best_v = take ? v[n] : best_v;
       }
       rank_map_[r] = best * rpn_ + node_groups_[best]++;
     }
@@ -1336,7 +1334,7 @@ class EldrLayerPlacer {
   std::vector<int32_t> best_slot_;       // [R, P/R] placement of the best start so far
   std::vector<double> per_replica_;      // [E] load / replicas
   std::vector<int32_t> order_;           // [E]
-  std::vector<int32_t> items_;           // [P] the replicas' experts, heaviest first, while packing
+  std::vector<int32_t> items_;           // [P + 1] the replicas' experts, heaviest first, while packing
   std::vector<uint8_t> taken_;           // [R] by_load_ entry i took a replica in this round of packing
   MagnitudeSortScratch magnitude_sort_;  // for SortByPerReplicaLoad
   std::vector<int32_t> home_;            // [E] home node, -1 without groups or nodes
@@ -1363,7 +1361,7 @@ class EldrLayerPlacer {
   std::vector<double> node_load_;     // [N]
   std::vector<int32_t> node_groups_;  // [N]
   std::vector<double> home_load_;     // [R, N] load a rank's content would serve at home on each node
-  std::vector<int32_t> buckets_;      // [N, N, P] slots (r * P/R + k) on node n homed at node h
+  std::vector<int32_t> buckets_;      // [N, N, P] slots (r * P/R + k) on node n homed at node h (unread if h = n)
   std::vector<int32_t> bucket_size_;  // [N, N]
   std::vector<double> bucket_w_;      // [P] loads of one bucket's replicas during HomeSwaps
   std::vector<int32_t> bucket_r_;     // [P] their ranks
