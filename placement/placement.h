@@ -88,11 +88,11 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // O(E^2) at worst) and keeps that order while it replicates (O((P - E) * E) at worst); it packs in P/R rounds of
 // R replicas, each after a branch-free O(R^2) rank sort, and runs two pairwise balancing passes of
 // O(R^2 + P * P/R) (the i-th heaviest and the i-th lightest rank, their P/R x P/R replica pairs); its bottleneck
-// search sorts the ranks by O(R^2) branch-free comparisons at the start of each round, then makes at most 4P
-// swaps of O(P * P/R) each (the P/R x P/R replica pairs of the most loaded rank with each lighter rank; a
-// branch-free O((P/R)^2) test, eight replicas at a time, skips a rank that cannot take a swap, and the replicas of
-// the most loaded rank are scanned by ascending load, so a pair scan stops at the first that would lift the
-// lighter rank to the limit) and at most 32 re-replication rounds, each first a necessary test of
+// search sorts the ranks by O(R^2) branch-free comparisons and reads the slots' loads (O(P)) at the start of each
+// round, then makes at most 4P swaps of O(P * P/R) each (the P/R x P/R replica pairs of the most loaded rank with
+// each lighter rank; a branch-free O((P/R)^2) test, eight replicas at a time, skips a rank that cannot take a swap,
+// and the replicas of the most loaded rank are scanned by ascending load, so a pair scan stops at the first that
+// would lift the lighter rank to the limit) and at most 32 re-replication rounds, each first a necessary test of
 // O(E + P/R * (R + P/R * replicas)) (placement_internal.h, ReplicationMayImprove) and only where it does not prove
 // that no move exists a search of O(P * (P + E)) (experts whose best case already fails a bound are skipped). A
 // layer more than 2 % above its lower bound gets one more balancing pass and search, then a start packed one
@@ -106,7 +106,8 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // slots on 32 ranks in 4 nodes): DeepSeek variants about 1-2 ms; kEldr 2.62 ms single-threaded on a quiet 2-core
 // VM after three rounds of bit-identical speed-ups, 0.92-0.94x of that after a fifth, then about 0.75-0.85x of
 // that CPU time with the packing by rounds and the balancing passes (bench/README.md, "Expert placement", sixth
-// round): about 1.8-2.0 ms projected, so the <= 1 ms target of issue 15 is not met on one thread.
+// round), then about 0.75-0.8x of that with the bit-identical speed-ups of the seventh round: about 1.4-1.6 ms
+// projected, so the <= 1 ms target of issue 15 is not met on one thread.
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
 
