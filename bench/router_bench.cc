@@ -41,6 +41,25 @@ Calibration RandomCalibration(int K, int selected_layers, uint64_t seed) {
   return c;
 }
 
+// The benchmark's 2048-token prompt in the signature cache: 128 blocks of 16 tokens, each token routed to kTopK
+// distinct consecutive experts at a random start per layer (seed 1).
+struct PromptBlocks {
+  SignatureCache cache{kPromptTokens / kBlockSize, kL, kE, kBlockSize};
+  std::vector<BlockId> blocks;
+  PromptBlocks() {
+    std::mt19937_64 rng(1);
+    std::vector<uint16_t> ids(static_cast<size_t>(kBlockSize) * kL * kTopK);
+    for (int b = 0; b < cache.num_blocks(); ++b) {
+      for (int t = 0; t < kBlockSize * kL; ++t) {
+        const uint16_t first = static_cast<uint16_t>(rng() % (kE - kTopK));
+        for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = static_cast<uint16_t>(first + j);  // distinct
+      }
+      cache.WriteBlock(b, ids.data(), kBlockSize, kTopK);
+      blocks.push_back(b);
+    }
+  }
+};
+
 void ReportPercentiles(benchmark::State& state, std::vector<double>& ns) {
   if (ns.empty()) return;
   std::sort(ns.begin(), ns.end());
@@ -78,19 +97,9 @@ Router LoadedEldrRouter(Calibration& calib, int K, uint64_t seed) {
 void BM_RouteEndToEnd(benchmark::State& state) {
   const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
   const bool eldr = state.range(2) == 1;
-  const int num_blocks = kPromptTokens / kBlockSize;
-  SignatureCache cache(num_blocks, kL, kE, kBlockSize);
-  std::mt19937_64 rng(1);
-  std::vector<uint16_t> ids(static_cast<size_t>(kBlockSize) * kL * kTopK);
-  std::vector<BlockId> blocks;
-  for (int b = 0; b < num_blocks; ++b) {
-    for (int t = 0; t < kBlockSize * kL; ++t) {
-      const uint16_t first = static_cast<uint16_t>(rng() % (kE - kTopK));
-      for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = static_cast<uint16_t>(first + j);  // distinct
-    }
-    cache.WriteBlock(b, ids.data(), kBlockSize, kTopK);
-    blocks.push_back(b);
-  }
+  const PromptBlocks prompt;
+  const SignatureCache& cache = prompt.cache;
+  const std::vector<BlockId>& blocks = prompt.blocks;
   Calibration calib = RandomCalibration(K, S, 2);
   RouterConfig rc;
   rc.policy = RoutingPolicy::kEldrPaper;
@@ -123,32 +132,19 @@ BENCHMARK(BM_RouteEndToEnd)
 // BM_RouteEndToEnd's share of SumCounts can be compared with.
 void BM_SumCounts(benchmark::State& state) {
   const int S = static_cast<int>(state.range(0));
-  const int num_blocks = kPromptTokens / kBlockSize;
-  SignatureCache cache(num_blocks, kL, kE, kBlockSize);
-  std::mt19937_64 rng(1);
-  std::vector<uint16_t> ids(static_cast<size_t>(kBlockSize) * kL * kTopK);
-  std::vector<BlockId> blocks;
-  for (int b = 0; b < num_blocks; ++b) {
-    for (int t = 0; t < kBlockSize * kL; ++t) {
-      const uint16_t first = static_cast<uint16_t>(rng() % (kE - kTopK));
-      for (int j = 0; j < kTopK; ++j) ids[t * kTopK + j] = static_cast<uint16_t>(first + j);
-    }
-    cache.WriteBlock(b, ids.data(), kBlockSize, kTopK);
-    blocks.push_back(b);
-  }
-  std::vector<uint8_t> mask(kL, 0);
-  for (int l = 0; l < S; ++l) mask[(l * 7) % kL] = 1;
+  const PromptBlocks prompt;
+  const std::vector<uint8_t> mask = RandomCalibration(1, S, 0).signature.layer_mask;
   std::vector<float> counts(static_cast<size_t>(kL) * kE);
   std::vector<double> ns;
   ns.reserve(1 << 16);
   for (auto _ : state) {
     const auto t0 = std::chrono::steady_clock::now();
-    cache.SumCounts(blocks, &mask, counts.data());
+    prompt.cache.SumCounts(prompt.blocks, &mask, counts.data());
     benchmark::DoNotOptimize(counts.data());
     ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
   }
   ReportPercentiles(state, ns);
-  state.counters["KB"] = static_cast<double>(cache.bytes()) / 1024;
+  state.counters["KB"] = static_cast<double>(prompt.cache.bytes()) / 1024;
 }
 BENCHMARK(BM_SumCounts)->Arg(16)->Arg(48)->ArgName("layers")->Unit(benchmark::kMicrosecond);
 
