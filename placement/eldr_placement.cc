@@ -31,6 +31,7 @@
 //      back on ranks that already hold their weights (<= C), and inside a rank experts keep their old slots.
 // All scratch lives in one EldrLayerPlacer per thread; nothing is allocated per layer.
 #include <algorithm>
+#include <atomic>
 #include <cstring>
 #include <exception>
 #include <limits>
@@ -1432,13 +1433,18 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   ELDR_CHECK(P / p.num_ranks <= E, "slots per rank " << P / p.num_ranks << " > experts " << E);
   Placement out = NewPlacement(p);
   // Layers are independent and each thread owns its placer (a placer keeps no state from one layer to the
-  // next), so the placement is the same for any number of threads. A layer takes tens of microseconds and a
-  // thread about as long to start: a thread per kLayersPerThread layers at most.
+  // next), so the placement is the same for any number of threads and any order. A layer takes tens of
+  // microseconds and a thread about as long to start: a thread per kLayersPerThread layers at most. The threads
+  // take the next unplaced layer from one counter: layers differ in cost by up to ~5x (the new start runs on few
+  // of them), and a fixed share left one thread waiting for the other (wall 1.10-1.24 ms against 0.87 ms of
+  // work each).
   constexpr int kLayersPerThread = 16;
   const int threads = std::max(1, std::min(DefaultThreads(), L / kLayersPerThread));
-  auto place_share = [&](int t) {
+  std::atomic<int> next_layer{0};
+  auto place_share = [&](int) {
     EldrLayerPlacer placer(p);
-    for (int l = t; l < L; l += threads) {
+    for (int l = next_layer.fetch_add(1, std::memory_order_relaxed); l < L;
+         l = next_layer.fetch_add(1, std::memory_order_relaxed)) {
       placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
                         previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
                         out.phy2log.data() + static_cast<size_t>(l) * P,
