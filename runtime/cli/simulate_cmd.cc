@@ -25,7 +25,7 @@ namespace eldr::cli {
 namespace {
 
 struct SimulateArgs {
-  std::string config, calib, trace, policy, cost_model, output_dir, model;
+  std::string config, calib, trace, policy, cost_model, output_dir, model, prefill_from;
   std::vector<std::string> fit;
   std::string derive, out;
   std::string route_on = "prefill";
@@ -62,9 +62,21 @@ Status RunFit(const SimulateArgs& a) {
   if (a.model.empty()) return Status::InvalidArgument("--fit needs --model (the model config the steps ran)");
   std::vector<PathArg> inputs{{a.model, "--model"}};
   for (const auto& f : a.fit) inputs.push_back({f, "--fit"});
+  if (!a.prefill_from.empty()) inputs.push_back({a.prefill_from, "--prefill-from"});
   ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, inputs));
   ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(a.model));
-  ELDR_ASSIGN_OR_RETURN(FitReport r, FitCostModel(a.fit, mc, a.cores));
+  std::optional<CostModel> prefill;
+  if (!a.prefill_from.empty()) {
+    ELDR_ASSIGN_OR_RETURN(prefill, LoadCostModel(a.prefill_from));
+    prefill->source = a.prefill_from;
+  }
+  Result<FitReport> fitted = FitCostModel(a.fit, mc, a.cores, prefill ? &*prefill : nullptr);
+  if (!fitted.ok() && fitted.status().message().rfind("the prefills ", 0) == 0) {
+    // The decode steps may be fine: say how to keep their fit.
+    return Status::InvalidArgument(fitted.status().message() +
+                                   ", or give prefill.a and prefill.b with --prefill-from COST.yaml");
+  }
+  ELDR_ASSIGN_OR_RETURN(FitReport r, std::move(fitted));
   // Step logs time the compute only; hops on this machine's MPI with polling receivers take ~0.1 ms.
   if (r.model.control_latency == 0) r.model.control_latency = 1e-4;
   if (r.model.kv_latency == 0) r.model.kv_latency = 1e-4;
@@ -78,6 +90,7 @@ Status RunFit(const SimulateArgs& a) {
     j["prefill_r2"] = r.prefill_r2;
     j["decode_samples"] = r.decode_samples;
     j["prefill_samples"] = r.prefill_samples;
+    if (!r.prefill_given_by.empty()) j["prefill_given_by"] = r.prefill_given_by;
     j["decode_median_rel_error"] = r.decode_median_rel_error;
     const WithinBatchFit& w = r.within_batch;
     j["within_batch"] = {{"steps", w.steps},
@@ -127,6 +140,7 @@ Status CheckModeOptions(const CLI::App& cmd) {
   }
   if (!derive && given("--bandwidth")) return Status::InvalidArgument("--bandwidth applies only with --derive");
   if (!fit && given("--cores")) return Status::InvalidArgument("--cores applies only with --fit");
+  if (!fit && given("--prefill-from")) return Status::InvalidArgument("--prefill-from applies only with --fit");
   return Status::Ok();
 }
 
@@ -279,6 +293,10 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "--fit: the serve run's ranks shared this many CPU cores (0: a device per "
                   "rank); the fit removes the sharing and the model simulates it")
       ->check(InRange(kCores));
+  cmd->add_option("--prefill-from", a->prefill_from,
+                  "--fit: take prefill.a and prefill.b from this cost model YAML instead of fitting them (for logs "
+                  "whose prefills all have one prompt length; the decode terms are still fitted)")
+      ->check(NonEmptyPath());
   cmd->add_option("--model", a->model, "--fit/--derive: the model config YAML")->check(NonEmptyPath());
   cmd->add_option("--out,-o", a->out, "--fit/--derive: write the cost model YAML here (default: stdout)")
       ->check(NonEmptyPath());

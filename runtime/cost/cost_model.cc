@@ -529,12 +529,15 @@ CostModel DeriveCostModel(const ModelConfig& mc, const DeviceSpec& dev) {
 std::string FitReport::Summary() const {
   std::ostringstream o;
   o << "fit: " << decode_samples << " decode steps (R^2 " << Fmt(decode_r2, 3) << ", median relative error "
-    << Fmt(100 * decode_median_rel_error, 1) << "%), " << prefill_samples << " prefills (R^2 " << Fmt(prefill_r2, 3)
-    << ")\n"
+    << Fmt(100 * decode_median_rel_error, 1) << "%), "
+    << (prefill_given_by.empty() ? std::to_string(prefill_samples) + " prefills (R^2 " + Fmt(prefill_r2, 3) + ")"
+                                 : std::string("prefill terms given, not fitted"))
+    << "\n"
     << "decode step = " << Fmt(model.decode_a * 1e3, 4) << " ms + " << Fmt(model.decode_b * 1e6, 3)
     << " us/distinct expert + " << Fmt(model.decode_c * 1e6, 3) << " us/sequence + " << Fmt(model.decode_d * 1e9, 3)
     << " ns/context token\n"
-    << "prefill = " << Fmt(model.prefill_a * 1e3, 4) << " ms + " << Fmt(model.prefill_b * 1e6, 3) << " us/token\n";
+    << "prefill = " << Fmt(model.prefill_a * 1e3, 4) << " ms + " << Fmt(model.prefill_b * 1e6, 3) << " us/token"
+    << (prefill_given_by.empty() ? "" : " (given, not fitted: " + prefill_given_by + ")") << "\n";
   const WithinBatchFit& w = within_batch;
   if (w.steps > 0) {
     o << "within batch sizes (" << w.steps << " steps in " << w.batch_sizes << " batch sizes; "
@@ -546,7 +549,8 @@ std::string FitReport::Summary() const {
   return o.str();
 }
 
-Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& mc, double cores) {
+Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& mc, double cores,
+                               const CostModel* prefill) {
   if (!kCores.Contains(cores)) {
     return Status::InvalidArgument("--cores must be " + kCores.Describe() + kCores.Reason(cores));
   }
@@ -630,7 +634,12 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
   } else {
     return Status::InvalidArgument("no decode steps or BM_MoeLayer results in the input");
   }
-  if (!s.prefill_y.empty()) {
+  if (prefill) {
+    m.prefill_a = prefill->prefill_a;
+    m.prefill_b = prefill->prefill_b;
+    r.prefill_given_by = prefill->source.empty() ? prefill->name : prefill->source;
+    m.source += "; prefill given by " + r.prefill_given_by;
+  } else if (!s.prefill_y.empty()) {
     ELDR_RETURN_IF_ERROR(CheckIdentifiable(s.prefill_x, 2, kPrefillTerms, {0, 1}, "prefills"));
     const std::vector<double> beta = NonNegativeLeastSquares(s.prefill_x, s.prefill_y, 2);
     m.prefill_a = beta[0];

@@ -130,6 +130,8 @@ WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<do
 struct FitReport {
   CostModel model;
   int decode_samples = 0, prefill_samples = 0;
+  // prefill.a and prefill.b were given (FitCostModel's `prefill`), not fitted: the prefill samples were not used.
+  std::string prefill_given_by;
   double decode_r2 = 0, prefill_r2 = 0;
   double decode_median_rel_error = 0;  // median |predicted − measured| / measured over the decode samples
   WithinBatchFit within_batch;         // from step logs (steps == 0 for moe_layer_bench input)
@@ -148,7 +150,12 @@ struct FitReport {
 // coefficients, the relation and the samples that would identify them: "the decode steps cannot tell decode.b (s per
 // distinct expert) from decode.c (s per sequence): distinct experts = 50·batch in all 60 of them (...); add decode
 // steps where the distinct experts vary at a fixed batch (...)".
-Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model, double cores = 0);
+// prefill: when set, the prefill terms are not fitted: prefill_a and prefill_b are copied from *prefill (e.g. a
+// cost model of the same model on the same device, fitted to runs whose prompt lengths varied), the prefill samples
+// are read but not used, and prefill_given_by = prefill->source. For logs whose prefills cannot identify the two
+// prefill terms (one prompt length) while the decode steps are fine.
+Result<FitReport> FitCostModel(const std::vector<std::string>& files, const ModelConfig& model, double cores = 0,
+                               const CostModel* prefill = nullptr);
 
 // Non-negative least squares for small problems (columns ≤ 8): min ‖Xβ − y‖ with β ≥ 0, by fixing
 // negative coefficients at zero and refitting the rest. X is row-major [rows, cols]. Exposed for tests.

@@ -532,6 +532,32 @@ TEST(CostModel, CollinearDesignIsRefusedNamingTheTermsAndTheDataThatWouldSeparat
   EXPECT_NEAR(r->model.decode_c, 3e-4, 1e-9);
 }
 
+TEST(CostModel, GivenPrefillTermsKeepTheDecodeFitOfLogsWithOnePromptLength) {
+  // Every prefill has 16 prompt tokens: prefill.a and prefill.b cannot be fitted, the decode steps are fine.
+  const auto batch = [](int i) { return 1 + i % 5; };
+  const std::string path = WriteSteps(
+      "one_prompt.jsonl", [&](int i) { return 10 * batch(i) + i % 7; }, batch, [](int) { return 16; });
+  ASSERT_FALSE(FitCostModel({path}, Tiny()).ok());
+  CostModel given;
+  given.source = "prefill.yaml";
+  given.prefill_a = 7e-3;
+  given.prefill_b = 4e-6;
+  given.decode_b = 1;  // only the prefill terms are taken
+  auto r = FitCostModel({path}, Tiny(), 0, &given);
+  ASSERT_TRUE(r.ok()) << r.status().message();
+  // WriteSteps' decode coefficients, exactly; the prefill ones as given (not the logs' 2 ms + 10 us/token).
+  EXPECT_NEAR(r->model.decode_a, 1e-3, 1e-9);
+  EXPECT_NEAR(r->model.decode_b, 2e-5, 1e-10);
+  EXPECT_NEAR(r->model.decode_c, 3e-4, 1e-9);
+  EXPECT_NEAR(r->model.decode_d, 1e-7, 1e-12);
+  EXPECT_EQ(r->model.prefill_a, 7e-3);
+  EXPECT_EQ(r->model.prefill_b, 4e-6);
+  EXPECT_EQ(r->prefill_samples, 0);
+  EXPECT_EQ(r->prefill_given_by, "prefill.yaml");
+  EXPECT_NE(r->model.source.find("prefill given by prefill.yaml"), std::string::npos) << r->model.source;
+  EXPECT_NE(r->Summary().find("prefill terms given, not fitted"), std::string::npos) << r->Summary();
+}
+
 TEST(CostModel, CollinearBenchResultsAreRefused) {
   // BM_MoeLayer/<distinct>/<batch> with distinct = 4·batch in every result.
   const std::string path = ::testing::TempDir() + "/bench_collinear.json";
