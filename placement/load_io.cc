@@ -1,19 +1,23 @@
 // Expert-load readers: the JSON expert-score profiles and a plain [L, E] HDF5 dataset.
 #include <algorithm>
 #include <cmath>
-#include <filesystem>
 #include <fstream>
 #include <iterator>
 #include <nlohmann/json.hpp>
 #include <utility>
 
 #include "placement/placement.h"
+#include "runtime/common/atomic_file.h"
 #include "runtime/common/hdf5.h"
 #include "runtime/common/json_util.h"
 
 namespace eldr {
 
 namespace {
+
+// Bounds of an HDF5 load's declared shape (the project's expert ids are < 65536; no model has more layers).
+constexpr hsize_t kMaxLoadLayers = 65535;
+constexpr hsize_t kMaxLoadExperts = 65535;
 
 // A non-negative decimal integer key without leading zeros such as "46" (so keys map one-to-one to ids).
 bool ParseIndex(const std::string& key, int64_t* value) {
@@ -51,8 +55,7 @@ Status CheckLoadTotal(const std::string& where, const std::vector<double>& load)
 
 Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layers, int* num_experts) {
   using json = nlohmann::json;
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return Status::NotFound(path + ": no such file");
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a load JSON file"));
   std::ifstream in(path, std::ios::binary);
   if (!in) return Status::IoError(path + ": cannot open for reading");
   const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -118,11 +121,18 @@ Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::str
                                          int* num_experts) {
   ELDR_ASSIGN_OR_RETURN(h5::File file, h5::File::OpenReadOnly(path));
   if (!file.Exists(dataset)) return Status::NotFound(path + ": no dataset " + dataset);
+  // The declared shape is checked before anything is allocated: a chunked dataset may declare billions of
+  // never-written elements in a file of a few KB.
+  ELDR_ASSIGN_OR_RETURN(h5::Dims shape, file.Shape(dataset));
+  if (shape.size() != 2 || shape[0] < 1 || shape[1] < 1 || shape[0] > kMaxLoadLayers || shape[1] > kMaxLoadExperts) {
+    std::string got;
+    for (size_t i = 0; i < shape.size(); ++i) got += (i ? ", " : "") + std::to_string(shape[i]);
+    return Status::InvalidArgument(path + ": " + dataset + " is [" + got + "]; a load must be [layers, experts] with " +
+                                   "1 <= layers <= " + std::to_string(kMaxLoadLayers) +
+                                   " and 1 <= experts <= " + std::to_string(kMaxLoadExperts));
+  }
   h5::Dims dims;
   ELDR_ASSIGN_OR_RETURN(std::vector<double> load, file.Read<double>(dataset, &dims, 2));
-  if (dims[0] < 1 || dims[1] < 1 || dims[0] > (1u << 30) || dims[1] > (1u << 30)) {
-    return Status::InvalidArgument(path + ": " + dataset + " must be [layers, experts] with both >= 1");
-  }
   const int E = static_cast<int>(dims[1]);
   for (size_t i = 0; i < load.size(); ++i) {
     ELDR_RETURN_IF_ERROR(CheckLoadValue(

@@ -163,7 +163,8 @@ Result<Placement> PlacementFromPhy2Log(int num_layers, int num_experts, int num_
 // 0..E-1. All-zero layers are kept. Loads must be finite, >= 0 and sum to at most 1e300 (InvalidArgument), for
 // both readers. NotFound / Corrupt / InvalidArgument with the path in the message.
 Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layers, int* num_experts);
-// A 2-D numeric dataset [L, E] of an HDF5 file, e.g. "/load".
+// A 2-D numeric dataset [L, E] of an HDF5 file, e.g. "/load", with 1 <= L, E <= 65535; the declared shape is
+// checked before anything is read (InvalidArgument naming the shape), and the read against the memory budget.
 Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::string& dataset, int* num_layers,
                                          int* num_experts);
 

@@ -34,18 +34,24 @@ struct GivenSpec {
   bool slots = false, ranks = false, nodes = false, groups = false, algorithm = false;
 };
 
+// The bounds of -P (physical expert slots, all ranks together) and of -R, -N, -G (as the job config's topology keys).
+const IntRange kSlots = IntRange::Between(1, 1 << 20);
+const IntRange kPoolCount = IntRange::Between(1, 65536);
+
 // -P, -R, -N, -G and --algorithm. `required`: -P and -R must be given.
 void AddSpecOptions(CLI::App* cmd, SpecArgs* s, bool required, const std::string& slots_help,
                     const std::string& ranks_help) {
   cmd->add_option("--algorithm", s->algorithm, "deepseek-global, deepseek-hierarchical or eldr")->capture_default_str();
-  auto* slots = cmd->add_option("--slots,-P", s->slots, slots_help);
-  auto* ranks = cmd->add_option("--ranks,-R", s->ranks, ranks_help);
+  auto* slots = cmd->add_option("--slots,-P", s->slots, slots_help)->check(InRange(kSlots));
+  auto* ranks = cmd->add_option("--ranks,-R", s->ranks, ranks_help)->check(InRange(kPoolCount));
   if (required) {
     slots->required();
     ranks->required();
   }
-  cmd->add_option("--nodes,-N", s->nodes, "nodes")->capture_default_str();
-  cmd->add_option("--groups,-G", s->groups, "expert groups (hierarchical packing)")->capture_default_str();
+  cmd->add_option("--nodes,-N", s->nodes, "nodes")->capture_default_str()->check(InRange(kPoolCount));
+  cmd->add_option("--groups,-G", s->groups, "expert groups (hierarchical packing)")
+      ->capture_default_str()
+      ->check(InRange(kPoolCount));
 }
 
 GivenSpec GivenOf(const CLI::App* cmd) {
@@ -86,6 +92,7 @@ Status ReadProfileLoad(const ProfileArgs& a, PlacementProblem* p) {
 // The placement of an earlier `eldr place profile --json` (its phy2log).
 Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
   if (path.empty()) return std::unique_ptr<Placement>();
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path, "an `eldr place profile --json` file"));
   std::ifstream f(path);
   if (!f) return Status::NotFound(path + ": cannot open");
   const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());

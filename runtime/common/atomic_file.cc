@@ -1,6 +1,7 @@
 #include "runtime/common/atomic_file.h"
 
 #include <fcntl.h>
+#include <poll.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,6 +49,64 @@ Status CheckFinalComponent(const std::string& path) {
   }
   return Status::IoError(path + ": cannot write: " + why);
 }
+
+}  // namespace
+
+Status CheckInputFile(const std::string& path, const std::string& expected) {
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) {
+    if (errno == ENOENT || errno == ENOTDIR) return Status::NotFound(path + ": no such file");
+    return Status::IoError(path + ": cannot read: " + std::strerror(errno));
+  }
+  if (S_ISDIR(st.st_mode)) {
+    return Status::InvalidArgument(path + ": is a directory" + (expected.empty() ? "" : ", expected " + expected));
+  }
+  const char* kind = KindOf(st.st_mode);
+  if (!kind) return Status::Ok();
+  return Status::InvalidArgument(path + ": is " + kind +
+                                 ", not a regular file; eldr reads its inputs from files (reading this one could "
+                                 "block forever): copy the data to a file and give that");
+}
+
+Status OpenInputStream(const std::string& path, const std::string& expected, int* fd) {
+  *fd = -1;
+  struct stat st;
+  if (::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)) {
+    int f = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+    if (f < 0) return Status::IoError(path + ": cannot open: " + std::strerror(errno));
+    // Without a writer, a non-blocking open succeeds and poll() reports nothing until a writer writes or
+    // comes and goes; poll() is never restarted after a signal, so the wait ends on one.
+    while (true) {
+      struct pollfd p = {f, POLLIN, 0};
+      int n = ::poll(&p, 1, 200);
+      if (Interrupted()) {
+        ::close(f);
+        return InterruptStatus();
+      }
+      if (n > 0) break;
+      if (n < 0 && errno != EINTR) {
+        Status error = Status::IoError(path + ": cannot read: " + std::strerror(errno));
+        ::close(f);
+        return error;
+      }
+    }
+    int flags = ::fcntl(f, F_GETFL);
+    if (flags < 0 || ::fcntl(f, F_SETFL, flags & ~O_NONBLOCK) != 0) {
+      Status error = Status::IoError(path + ": cannot read: " + std::strerror(errno));
+      ::close(f);
+      return error;
+    }
+    *fd = f;
+    return Status::Ok();
+  }
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path, expected));
+  int f = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f < 0) return Status::IoError(path + ": cannot open: " + std::strerror(errno));
+  *fd = f;
+  return Status::Ok();
+}
+
+namespace {
 
 // Identity of a path for the same-file check.
 struct FileIdentity {

@@ -29,6 +29,20 @@ struct PathArg {
   std::string option;  // may be empty
 };
 
+// The input half of the policy: `path` names an existing regular file (a link to one is followed). Refuses,
+// before anything is opened, an absent path ("PATH: no such file"), a directory ("PATH: is a directory[,
+// expected WHAT]") and any other non-regular file: opening a FIFO with no writer, or reading a device, would
+// block or never end, and a reader that waits in open() cannot honour SIGTERM. `expected` names the document
+// for the directory message ("a job config file"); may be empty.
+Status CheckInputFile(const std::string& path, const std::string& expected = "");
+
+// Opens a streamed input for reading (*fd, O_CLOEXEC, blocking): a regular file or a FIFO (a shell pipe,
+// `<(zcat trace.jsonl.gz)`, /dev/stdin on a pipe). Other paths are refused as CheckInputFile refuses them. A FIFO
+// is opened without blocking and waited on with poll(), so a reader waiting for its writer ends on SIGINT,
+// SIGTERM or SIGHUP (InterruptStatus()) instead of hanging in open(). Once data flows, a writer that holds the
+// pipe open and stops writing stalls the read; the signal is recorded and takes effect when it writes or closes.
+Status OpenInputStream(const std::string& path, const std::string& expected, int* fd);
+
 // The policy for one output path, without creating anything: the directory exists and is writable, and the
 // final component is absent or a regular file (not a symbolic link, device, FIFO, socket or directory).
 Status CheckOutputPath(const std::string& path);

@@ -5,9 +5,10 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 
+#include "runtime/common/atomic_file.h"
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/parallel.h"
 #include "runtime/common/signals.h"
 
@@ -159,9 +160,7 @@ hid_t VarStringType() {
 
 Result<File> File::OpenReadOnly(const std::string& path) {
   SilenceHdf5();
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return Status::NotFound(path + ": no such file");
-  if (std::filesystem::is_directory(path, ec)) return Status::InvalidArgument(path + ": is a directory");
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path));
   htri_t is_h5 = H5Fis_hdf5(path.c_str());
   if (is_h5 <= 0) {
     return Status::Corrupt(path + ": not an HDF5 file (wrong format, truncated or corrupt)");
@@ -505,6 +504,9 @@ Status File::ReadRaw(const std::string& path, hid_t type, size_t elem_size, std:
     total *= d;
   }
   if (total > kMaxReadBytes / elem_size) return Fail(path + " is larger than 64 GiB (corrupt shape?)");
+  // Read<T> holds the raw bytes and their typed copy at once.
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(2.0 * static_cast<double>(total) * static_cast<double>(elem_size),
+                                         name_ + ": reading " + path));
   out->resize(total * elem_size);
   Handle dxpl = StrictTransfer();
   if (total > 0 && H5Dread(ds.get(), type, H5S_ALL, H5S_ALL, dxpl.get(), out->data()) < 0) {
@@ -540,6 +542,8 @@ Status File::ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_ro
   hsize_t total = 1;
   for (auto c : count) total *= c;
   if (total > kMaxReadBytes / sizeof(T)) return Fail(path + " selection is larger than 64 GiB");
+  ELDR_RETURN_IF_ERROR(
+      CheckMemoryBudget(static_cast<double>(total) * static_cast<double>(sizeof(T)), name_ + ": reading " + path));
   out->resize(total);
   Handle dxpl = StrictTransfer();
   if (total > 0 && H5Dread(ds.get(), NativeType<T>(), mspace.get(), fspace.get(), dxpl.get(), out->data()) < 0) {
@@ -764,6 +768,8 @@ Result<std::vector<T>> File::ReadParallel(const std::string& path, Dims* dims, i
       !PlanDirectRead(ds.get(), NativeType<T>(), sizeof(T), shape, &plan)) {
     return Read<T>(path, dims, expected_rank);
   }
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(static_cast<double>(shape[0]) * static_cast<double>(plan.row_bytes),
+                                         name_ + ": reading " + path));
   std::vector<T> out(shape[0] * (plan.row_bytes / sizeof(T)));
   unsigned char* base = reinterpret_cast<unsigned char*>(out.data());
   const int threads = num_threads > 0 ? num_threads : DefaultThreads();

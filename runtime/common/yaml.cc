@@ -5,17 +5,14 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <sstream>
+
+#include "runtime/common/atomic_file.h"
 
 namespace eldr {
 
 Result<YAML::Node> LoadYamlFile(const std::string& path, const std::string& document) {
-  std::error_code ec;
-  if (!std::filesystem::exists(path, ec)) return Status::NotFound(path + ": no such file");
-  if (std::filesystem::is_directory(path, ec)) {
-    return Status::InvalidArgument(path + ": is a directory, expected " + document + " file");
-  }
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path, document + " file"));
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);

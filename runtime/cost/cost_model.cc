@@ -11,6 +11,7 @@
 #include <regex>
 #include <sstream>
 
+#include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/yaml.h"
 
@@ -251,6 +252,7 @@ std::vector<double> DedicatedWork(const std::vector<std::pair<double, double>>& 
 }
 
 Status ReadStepLog(const std::string& path, Samples* s, double cores) {
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a steps.jsonl file"));
   std::ifstream in(path);
   if (!in) return Status::IoError(path + ": cannot open");
   std::string line;
@@ -557,10 +559,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
   if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
   Samples s;
   for (const std::string& f : files) {
-    std::error_code ec;
-    if (fs::is_directory(f, ec)) {
-      return Status::InvalidArgument(f + ": is a directory, expected a steps.jsonl or moe_layer_bench JSON file");
-    }
+    ELDR_RETURN_IF_ERROR(CheckInputFile(f, "a steps.jsonl or moe_layer_bench JSON file"));
     std::ifstream in(f);
     if (!in) return Status::NotFound(f + ": no such file");
     std::string first;

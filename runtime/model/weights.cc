@@ -200,6 +200,7 @@ Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& config, const Synth
 
 Result<ModelWeights> LoadSafetensors(const ModelConfig& config, const std::string& path) {
   ELDR_RETURN_IF_ERROR(ValidateModelConfig(config, config.name));
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a .safetensors file"));
   const int fd = ::open(path.c_str(), O_RDONLY);
   if (fd < 0) return Status::NotFound(path + ": cannot open: " + std::strerror(errno));
   struct stat st {};

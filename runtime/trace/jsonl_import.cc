@@ -1,5 +1,6 @@
 // JSONL → HDF5 trace import (DESIGN.md §5). Streams the input line by line (gzip or plain, through
 // zlib), validates each request fully and appends it; the first bad line aborts the import.
+#include <unistd.h>
 #include <zlib.h>
 
 #include <algorithm>
@@ -254,8 +255,13 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
 Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path, ImportSummary* summary) {
   // Before reading a line: an output that is the input would destroy it, a bad path would fail after the work.
   ELDR_RETURN_IF_ERROR(CheckOutputs({{out_path, "--out"}}, {{in_path, "--in"}}));
-  gzFile gz = gzopen(in_path.c_str(), "rb");
-  if (!gz) return Status::NotFound(in_path + ": cannot open: " + std::strerror(errno));
+  int fd = -1;
+  ELDR_RETURN_IF_ERROR(OpenInputStream(in_path, "a JSONL trace", &fd));
+  gzFile gz = gzdopen(fd, "rb");  // owns fd from here
+  if (!gz) {
+    ::close(fd);
+    return Status::IoError(in_path + ": cannot open: out of memory");
+  }
   struct GzCloser {
     gzFile f;
     ~GzCloser() { gzclose(f); }

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The output policy of every command (issue 14, runtime/common/atomic_file.h): outputs that are device nodes,
+# The file policy of every command (issue 14, runtime/common/atomic_file.h): inputs that are FIFOs or devices are
+# refused before they are opened (a FIFO without a writer would block forever); outputs that are device nodes,
 # FIFOs, symbolic links, directories or one of the command's inputs are refused before any work and left as they
 # were; a full disk is one line naming the file (never a crash) for import, synth and calibrate; SIGINT, SIGTERM
 # and SIGHUP during a long import or synth end with 128 + signal, one line, and no temporary. Every case asserts
@@ -93,6 +94,67 @@ for cmd in "calibrate --trace t.h5 -K 2 --out pipe" "trace synth --requests 4 --
     if [ -p pipe ] && [ -z "$(temps_of pipe)" ] && [ ! -e c2.h5 ]; then ok "FIFO: $cmd"; else bad "FIFO: $cmd" "pipe replaced"; fi
   fi
 done
+# ---- inputs that are not regular files ----
+# Opening a FIFO without a writer blocks in open(); the import used to wait there forever (and, its SIGTERM handler
+# only setting a flag, could be ended by SIGKILL alone). Every reader of a whole file (HDF5, YAML, JSON) refuses a
+# non-regular input before opening it. `timeout -s KILL` keeps a regression from hanging the suite: its 137 fails
+# check_run.
+mkfifo pipe.json
+for cmd in "trace stats pipe" "inspect pipe" "calibrate --trace pipe -K 2 --out c2.h5" \
+           "route --calib pipe --trace t.h5" "route --calib c.h5 --trace pipe" "place profile --load pipe -P 16 -R 2" \
+           "place profile --load pipe.json -P 16 -R 2" "simulate -c pipe --no-output" "trace synth --like pipe --out imp.h5" \
+           "simulate --fit pipe --model $SRC/configs/models/tiny.yaml -o imp.yaml"; do
+  timeout -s KILL 20 "$ELDR" $cmd >"$WORK/out.txt" 2>"$WORK/err.txt"
+  rc=$?
+  if check_run "FIFO input: $cmd" fail "pipe(\.json)?: is a FIFO, not a regular file"; then
+    if [ -p pipe ] && [ -p pipe.json ] && [ ! -e imp.h5 ] && [ ! -e imp.yaml ] && [ ! -e c2.h5 ]; then ok "FIFO input: $cmd"; else
+      bad "FIFO input: $cmd" "the FIFO was replaced or an output was left"; fi
+  fi
+done
+for cmd in "calibrate --trace /dev/zero -K 2 --out c2.h5" "place profile --load /dev/zero -P 16 -R 2"; do
+  timeout -s KILL 20 "$ELDR" $cmd >"$WORK/out.txt" 2>"$WORK/err.txt"
+  rc=$?
+  check_run "device input: $cmd" fail "/dev/zero: is a character device, not a regular file" && ok "device input: $cmd"
+done
+# The JSONL import streams: a pipe is an input (a writer that never comes is waited for until a signal), a device
+# is not.
+cat g.jsonl | timeout -s KILL 20 "$ELDR" trace import --in /dev/stdin --out imp.h5 >"$WORK/out.txt" 2>"$WORK/err.txt"
+rc=$?
+if [ "$rc" -eq 0 ] && [ -f imp.h5 ] && "$ELDR" trace stats imp.h5 >/dev/null 2>&1; then ok "import from a pipe (/dev/stdin)"; else
+  bad "import from a pipe (/dev/stdin)" "exit $rc: $(head -2 "$WORK/err.txt")"; fi
+rm -f imp.h5
+timeout -s KILL 20 "$ELDR" trace import --in pipe --out imp.h5 >"$WORK/out.txt" 2>"$WORK/err.txt" &
+pid=$!
+sleep 0.5
+kill -s TERM $pid
+wait $pid
+rc=$?
+if check_run "FIFO input without a writer, then SIGTERM" 143 "interrupted by SIGTERM"; then
+  if [ -p pipe ] && [ ! -e imp.h5 ] && [ -z "$(temps_of imp.h5)" ]; then ok "FIFO input without a writer, then SIGTERM"; else
+    bad "FIFO input without a writer, then SIGTERM" "the FIFO was replaced or an output was left"; fi
+fi
+timeout -s KILL 20 "$ELDR" trace import --in /dev/zero --out imp.h5 >"$WORK/out.txt" 2>"$WORK/err.txt"
+rc=$?
+check_run "device input: trace import" fail "/dev/zero: is a character device, not a regular file" && [ ! -e imp.h5 ] &&
+  ok "device input: trace import"
+# A load whose declared shape is [1, 2^31] in a file of a few KB (chunked, never written): refused from its shape,
+# before 16 GiB are allocated for it.
+/usr/bin/python3 -c "
+import h5py
+with h5py.File('huge.h5', 'w') as f:
+    f.create_dataset('load', shape=(1, 2**31), chunks=(1, 1024), dtype='f8')
+"
+timeout -s KILL 60 "$ELDR" place profile --load huge.h5 -P 16 -R 2 >"$WORK/out.txt" 2>"$WORK/err.txt"
+rc=$?
+check_run "load of declared shape [1, 2^31]" fail \
+  "huge.h5: /load is \[1, 2147483648\]; a load must be \[layers, experts\] with 1 <= layers <= 65535" &&
+  ok "load of declared shape [1, 2^31]"
+# Option ranges are the options' own errors, not the load file's.
+for opt in "-P 0 -R 2" "-P 16 -R -4" "-P 16 -R 2 -N 0" "-P 16 -R 2 -G 0" "-P 16 -R 2147483648"; do
+  expect_error "place profile $opt" "^eldr: error: --(slots|ranks|nodes|groups): must be an integer in \[1, [0-9]+\], got '(0|-4|2147483648)'" - \
+    "$ELDR" place profile --load huge.h5 $opt
+done
+
 cp c.h5 target.h5
 ln -s target.h5 link.h5
 for cmd in "calibrate --trace t.h5 -K 2 --out link.h5" "trace synth --requests 4 --out link.h5" \

@@ -1,16 +1,19 @@
-// The output policy (runtime/common/atomic_file.h) and the deferred signals (runtime/common/signals.h):
-// refused outputs (links, device nodes, FIFOs, directories, an input, twice the same output), the commit
-// (no temporary left, refused after a signal), OutputSet all-or-none, and HDF5 write errors as Status values.
+// The file policy (runtime/common/atomic_file.h) and the deferred signals (runtime/common/signals.h): inputs
+// that are not regular files, refused outputs (links, device nodes, FIFOs, directories, an input, twice the same
+// output), the commit (no temporary left, refused after a signal), OutputSet all-or-none, and HDF5 write errors as
+// Status values.
 #include "runtime/common/atomic_file.h"
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <thread>
 
 #include "runtime/common/hdf5.h"
 #include "runtime/common/signals.h"
@@ -76,6 +79,63 @@ TEST_F(AtomicFileTest, RefusesSymlinkFifoDirectoryAndDevice) {
     EXPECT_EQ(st.message().rfind(c.path + ": cannot write: it is " + c.kind, 0), 0u) << st.message();
   }
   EXPECT_EQ(ReadText("target"), "keep");
+}
+
+TEST_F(AtomicFileTest, InputsMustBeRegularFiles) {
+  WriteText("in.txt", "x");
+  ASSERT_EQ(::symlink(Path("in.txt").c_str(), Path("alias.txt").c_str()), 0);
+  EXPECT_TRUE(CheckInputFile(Path("in.txt")).ok());
+  EXPECT_TRUE(CheckInputFile(Path("alias.txt")).ok());  // a link to a regular file is followed
+  EXPECT_EQ(CheckInputFile(Path("none")).message(), Path("none") + ": no such file");
+  EXPECT_EQ(CheckInputFile(Path("none")).code(), StatusCode::kNotFound);
+  EXPECT_EQ(CheckInputFile(Path("in.txt/x")).message(), Path("in.txt/x") + ": no such file");
+  EXPECT_EQ(CheckInputFile(Path("sub"), "a job config file").message(),
+            Path("sub") + ": is a directory, expected a job config file");
+  EXPECT_EQ(CheckInputFile(Path("sub")).message(), Path("sub") + ": is a directory");
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  const Status fifo = CheckInputFile(Path("fifo"));  // returns at once: the FIFO is not opened
+  EXPECT_EQ(fifo.code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(fifo.message().rfind(Path("fifo") + ": is a FIFO, not a regular file;", 0), 0u) << fifo.message();
+  EXPECT_EQ(CheckInputFile("/dev/null").message().rfind("/dev/null: is a character device, not a regular file", 0), 0u);
+}
+
+TEST_F(AtomicFileTest, StreamInputsTakeAFifoAndEndOnASignal) {
+  WriteText("in.txt", "plain");
+  int fd = -1;
+  ASSERT_TRUE(OpenInputStream(Path("in.txt"), "", &fd).ok());
+  char buf[16] = {};
+  EXPECT_EQ(::read(fd, buf, sizeof buf), 5);
+  EXPECT_EQ(std::string(buf, 5), "plain");
+  ::close(fd);
+  EXPECT_EQ(OpenInputStream(Path("sub"), "a JSONL trace", &fd).message(),
+            Path("sub") + ": is a directory, expected a JSONL trace");
+  EXPECT_EQ(fd, -1);
+  EXPECT_EQ(OpenInputStream("/dev/null", "", &fd).message().rfind("/dev/null: is a character device", 0), 0u);
+
+  // A FIFO whose writer comes after the reader: the reader waits, then reads what was written, blocking.
+  ASSERT_EQ(::mkfifo(Path("fifo").c_str(), 0600), 0);
+  std::thread writer([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    std::ofstream(Path("fifo")) << "piped";
+  });
+  ASSERT_TRUE(OpenInputStream(Path("fifo"), "", &fd).ok());
+  std::string got;
+  for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) got.append(buf, static_cast<size_t>(n));
+  ::close(fd);
+  writer.join();
+  EXPECT_EQ(got, "piped");
+
+  // No writer ever: a signal ends the wait with the interrupt status and no descriptor.
+  InstallInterruptHandlers();
+  std::thread signaller([] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ::kill(::getpid(), SIGTERM);
+  });
+  const Status waited = OpenInputStream(Path("fifo"), "", &fd);
+  signaller.join();
+  EXPECT_EQ(waited.message(), "interrupted by SIGTERM");
+  EXPECT_EQ(fd, -1);
+  ClearInterruptForTesting();
 }
 
 TEST_F(AtomicFileTest, RefusesAnOutputThatIsAnInput) {
