@@ -236,7 +236,7 @@ expect_error "a numeric model name in JSONL" "nummodel.jsonl:1: field 'model' mu
   "$ELDR" trace import --in nummodel.jsonl --out out.h5
 printf '%s\n%s\n' "$line" "${line/\[\[2,3\]\]/[[2,9]]}" | sed '2s/"a"/"b"/' > badid.jsonl
 expect_error "expert id >= num_experts" "badid.jsonl:2: .*expert id 9" out.h5 "$ELDR" trace import --in badid.jsonl --out out.h5
-expect_error "missing JSONL" "nothere.jsonl: cannot open" out.h5 "$ELDR" trace import --in nothere.jsonl --out out.h5
+expect_error "missing JSONL" "nothere.jsonl: no such file" out.h5 "$ELDR" trace import --in nothere.jsonl --out out.h5
 head -c 3000000 "$SRC/tests/data/esft-deepseek-v2-lite/routing.jsonl.gz" > cut.jsonl.gz
 expect_error "truncated gzip JSONL" "cut.jsonl.gz" out.h5 "$ELDR" trace import --in cut.jsonl.gz --out out.h5
 expect_error "synth with zero domains" "domain" out.h5 "$ELDR" trace synth --domains 0 --out out.h5

@@ -367,7 +367,7 @@ if "${MPIRUN[@]}" -np 4 "$ELDR" serve -c stok.yaml --quiet >f.out 2>f.err && gre
   ok "model.weights: a safetensors file serves"
 else bad "model.weights: a safetensors file serves" "$(grep eldr f.err | head -2)"; fi
 weights_job stmissing "$WORK/nope.safetensors"
-expect_fail_once "model.weights: missing file" "router \(rank 0\): model.weights: .*nope.safetensors: cannot open" 4 stmissing.yaml
+expect_fail_once "model.weights: missing file" "router \(rank 0\): model.weights: .*nope.safetensors: no such file" 4 stmissing.yaml
 printf '\x02\0\0\0\0\0\0\0{}' > empty.safetensors
 weights_job stempty "$WORK/empty.safetensors"
 expect_fail_once "model.weights: a tensor is missing" "model.weights: .*empty.safetensors: missing tensor model.embed_tokens.weight" \
@@ -377,7 +377,7 @@ weights_job stnum "$WORK/num.safetensors"
 expect_fail_once "model.weights: a header entry of the wrong type" "num.safetensors: model.embed_tokens.weight: its header entry is not a JSON object" \
   4 stnum.yaml
 weights_job stdir "$WORK"
-expect_fail_once "model.weights: a directory" "model.weights: .*: is not a regular file" 4 stdir.yaml
+expect_fail_once "model.weights: a directory" "model.weights: .*: is a directory, expected a .safetensors file" 4 stdir.yaml
 
 # KV transport (kv_cache.transport; runtime/comm/kv_transport.h). mpi: the KV inside the control message, as in
 # every job above; auto: nccl only where every rank has a GPU of its own, else mpi; metrics.json records the one
