@@ -2,7 +2,8 @@
 # Builds bench/placement_identity/driver.cc against placement/ of two revisions (default: main and the work
 # tree) and compares every placement of `driver dump` byte for byte, then times both side by side.
 # Usage: bench/placement_identity/compare.sh [OLD_REV] [random cases] [timing rounds]. Needs a configured
-# build/ (launch/build) for runtime/common; writes into a temporary directory.
+# build/ (launch/build) for runtime/common; writes into a temporary directory. One placer thread unless
+# ELDR_NUM_THREADS says otherwise (the placement must not depend on it).
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 OLD_REV="${1:-main}"; NRAND="${2:-3000}"; ROUNDS="${3:-7}"
@@ -14,7 +15,7 @@ build() {  # build SRC_DIR OUT
     -o "$2" "$ROOT/build/runtime/libeldr_common.a" /usr/lib/x86_64-linux-gnu/hdf5/serial/libhdf5.so -lyaml-cpp -ldeflate -lz -lpthread
 }
 build "$TMP/old" "$TMP/driver_old"; build "$ROOT" "$TMP/driver_new"
-export ELDR_PROFILES="$ROOT/bench/data/expert-load-profiles" ELDR_NUM_THREADS=1
+export ELDR_PROFILES="$ROOT/bench/data/expert-load-profiles" ELDR_NUM_THREADS="${ELDR_NUM_THREADS:-1}"
 "$TMP/driver_old" dump "$TMP/old.bin" "$NRAND"; "$TMP/driver_new" dump "$TMP/new.bin" "$NRAND"
 cmp "$TMP/old.bin" "$TMP/new.bin" && echo "identical placements (old $OLD_REV vs work tree)"
 for i in $(seq "$ROUNDS"); do
