@@ -29,12 +29,14 @@ PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profi
   row_ = static_cast<int>(layers.size()) * num_experts;
   scale_ = static_cast<double>(num_layers) / static_cast<double>(layers.size());
   q_.resize(static_cast<size_t>(num_profiles) * row_);
+  inverse_keep_.resize(q_.size());
   for (int p = 0; p < num_profiles; ++p) {
     for (size_t i = 0; i < layers.size(); ++i) {
       const float* src = profiles.data() + (static_cast<size_t>(p) * num_layers + layers[i]) * num_experts;
       for (int e = 0; e < num_experts; ++e) {
         const size_t j = static_cast<size_t>(p) * row_ + i * num_experts + e;
         q_[j] = std::clamp(src[e], 0.0f, kMaxProbability);
+        inverse_keep_[j] = 1.0 / (1.0 - static_cast<double>(q_[j]));
       }
     }
   }
@@ -47,26 +49,40 @@ PredictedUnion::PredictedUnion(const std::vector<float>& profiles, int num_profi
   growth_version_.assign(growth_.size(), kStale);
 }
 
-// Decoder k's products kd = keep_exact_[k] become op(kd, 1 − q_p) entry by entry (1 − q in double, computed from
-// the float q rather than stored: one array less to read), and in
-// the same pass keep_[k] = float(kd) and U_k = scale · (|S|·E − Σ kd), the sum in eight double lanes added pairwise
-// at the end (a fixed order, so the same value on every run; one accumulator was a 4-cycle dependency per entry).
-template <typename Op>
-void PredictedUnion::Update(int k, int p, Op op) {
+// Decoder k's products kd = keep_exact_[k] are multiplied entry by entry by the profile's factors (kAdd: 1 − q,
+// in double from the float q, one array less to read; kRemove: the precomputed 1 / (1 − q), capped at 1 after;
+// kReset: set to exactly 1), and in the same pass keep_[k] = float(kd) and U_k = scale · (|S|·E − Σ kd), the sum
+// in eight double lanes added pairwise at the end (a fixed order, so the same value on every run; one
+// accumulator was a 4-cycle dependency per entry).
+template <PredictedUnion::UpdateKind kKind>
+void PredictedUnion::Update(int k, int p) {
   typedef double Double8 __attribute__((vector_size(64)));
   typedef float Float8 __attribute__((vector_size(32)));
   double* kd = keep_exact_.data() + static_cast<size_t>(k) * row_;
   float* kp = keep_.data() + static_cast<size_t>(k) * row_;
   const float* q = q_.data() + static_cast<size_t>(p) * row_;
+  const double* inv = inverse_keep_.data() + static_cast<size_t>(p) * row_;
+  const auto apply = [](auto v, auto f) {
+    if constexpr (kKind == UpdateKind::kAdd) return v * f;
+    if constexpr (kKind == UpdateKind::kRemove) {
+      const auto x = v * f;
+      return x < 1 ? x : x * 0 + 1;  // min(1, kd / (1 − q)), lane by lane
+    }
+    if constexpr (kKind == UpdateKind::kReset) return v * 0 + 1;  // kd is finite: every lane 1
+  };
   Double8 lane = {0, 0, 0, 0, 0, 0, 0, 0};
   int j = 0;
   for (; j + 8 <= row_; j += 8) {
-    Double8 v;
-    Float8 qf;
+    Double8 v, f;
     std::memcpy(&v, kd + j, sizeof v);
-    std::memcpy(&qf, q + j, sizeof qf);
-    const Double8 f = 1.0 - __builtin_convertvector(qf, Double8);
-    v = op(v, f);
+    if constexpr (kKind == UpdateKind::kRemove) {
+      std::memcpy(&f, inv + j, sizeof f);
+    } else {
+      Float8 qf;
+      std::memcpy(&qf, q + j, sizeof qf);
+      f = 1.0 - __builtin_convertvector(qf, Double8);
+    }
+    v = apply(v, f);
     std::memcpy(kd + j, &v, sizeof v);
     const Float8 vf = __builtin_convertvector(v, Float8);
     std::memcpy(kp + j, &vf, sizeof vf);
@@ -74,8 +90,9 @@ void PredictedUnion::Update(int k, int p, Op op) {
   }
   double untouched = ((lane[0] + lane[1]) + (lane[2] + lane[3])) + ((lane[4] + lane[5]) + (lane[6] + lane[7]));
   for (; j < row_; ++j) {
-    Double8 v = {kd[j], 1, 1, 1, 1, 1, 1, 1}, f = {1.0 - static_cast<double>(q[j]), 1, 1, 1, 1, 1, 1, 1};
-    kd[j] = op(v, f)[0];
+    const double f1 = kKind == UpdateKind::kRemove ? inv[j] : 1.0 - static_cast<double>(q[j]);
+    Double8 v = {kd[j], 1, 1, 1, 1, 1, 1, 1}, f = {f1, 1, 1, 1, 1, 1, 1, 1};
+    kd[j] = apply(v, f)[0];
     kp[j] = static_cast<float>(kd[j]);
     untouched += kd[j];
   }
@@ -87,21 +104,18 @@ void PredictedUnion::Add(int k, int p) {
   ELDR_CHECK(k >= 0 && k < static_cast<int>(count_.size()) && p >= 0 && p < num_profiles_,
              "PredictedUnion::Add(" << k << ", " << p << ")");
   ++count_[k];
-  Update(k, p, [](auto v, auto f) { return v * f; });
+  Update<UpdateKind::kAdd>(k, p);
 }
 
 void PredictedUnion::Remove(int k, int p) {
   ELDR_CHECK(k >= 0 && k < static_cast<int>(count_.size()) && p >= 0 && p < num_profiles_ && count_[k] > 0,
              "PredictedUnion::Remove(" << k << ", " << p << ")");
   --count_[k];
+  // An emptied decoder is reset to exactly 1: drop the rounding residue of the products.
   if (count_[k] == 0) {
-    // Reset to exactly 1: drop the rounding residue of the products.
-    Update(k, p, [](auto v, auto) { return v * 0 + 1; });  // kd is finite: every lane 1
+    Update<UpdateKind::kReset>(k, p);
   } else {
-    Update(k, p, [](auto v, auto f) {
-      const auto q = v / f;
-      return q < 1 ? q : q * 0 + 1;  // min(1, kd / m), lane by lane
-    });
+    Update<UpdateKind::kRemove>(k, p);
   }
 }
 

@@ -15,9 +15,9 @@
 // where S is the signature's layer mask and scale = L / |S| extrapolates the masked layers to all L (the
 // masked layers are the ones whose routing the signature predicts; restricting to them keeps a decision at
 // K · |S| · E multiply-adds). q is clamped to [0, 1 − 1e-6] so every factor stays invertible (a removal
-// divides its factors out; an emptied decoder's row is reset to exactly 1).
+// multiplies by the precomputed 1 / (1 − q); an emptied decoder's row is reset to exactly 1).
 //
-// Cost: Add / Remove O(|S|·E) multiplies or divides, no transcendental (one decoder's product row and its union);
+// Cost: Add / Remove O(|S|·E) multiplies, no division or transcendental (one decoder's product row and its union);
 // Growth O(|S|·E); Union O(1). Growths(p), what a decision reads, caches ΔU_k(p) per (profile, decoder): a request's
 // profile is one of the P cluster profiles, so ΔU_k(p) changes only when decoder k's row does (each Add / Remove
 // bumps the decoder's version), and a call recomputes only the decoders changed since the last call for p —
@@ -55,13 +55,15 @@ class PredictedUnion {
   int64_t growth_evaluations() const { return growth_evaluations_; }
 
  private:
-  template <typename Op>
-  void Update(int decoder, int profile, Op op);  // keep_exact_, keep_ and union_ of `decoder` in one pass
+  enum class UpdateKind { kAdd, kRemove, kReset };
+  template <UpdateKind kKind>
+  void Update(int decoder, int profile);  // keep_exact_, keep_ and union_ of `decoder` in one pass
 
   int num_profiles_ = 0, row_ = 0;  // row_ = |S| · E
   double scale_ = 1;
   std::vector<float> q_;                  // [P, row_]
-  std::vector<double> keep_exact_;        // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}), multiplied in and divided out
+  std::vector<double> inverse_keep_;      // [P, row_] 1 / (1 − q_): a removal multiplies by it
+  std::vector<double> keep_exact_;        // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}): × (1 − q) in, × 1 / (1 − q) out
   std::vector<float> keep_;               // [K, row_] keep_exact_ in float (Growth's dot product)
   std::vector<double> union_;             // [K] U_k
   std::vector<int64_t> count_;            // [K] |R_k|
