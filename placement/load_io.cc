@@ -65,6 +65,12 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
   if (!doc.is_object() || !doc.contains("token_scores") || !doc["token_scores"].is_object()) {
     return Status::Corrupt(path + ": expected an object with \"token_scores\": {layer: {expert: load}}");
   }
+  for (auto it = doc.begin(); it != doc.end(); ++it) {  // a misspelt key is never silently ignored
+    if (it.key() != "token_scores" && it.key() != "gate_scores") {
+      return Status::Corrupt(path + ": unknown key \"" + it.key() +
+                             "\" (a load profile holds \"token_scores\" and optionally \"gate_scores\")");
+    }
+  }
   const json& scores = doc["token_scores"];
   if (scores.empty()) return Status::Corrupt(path + ": \"token_scores\" has no layers");
   std::vector<std::pair<int64_t, const json*>> layers;

@@ -1,6 +1,8 @@
 #include "runtime/calib/calibration.h"
 
 #include <cmath>
+#include <string>
+#include <unordered_set>
 
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/hdf5.h"
@@ -76,6 +78,12 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   const size_t N = c.request_ids.size();
   if (N == 0) return bad("/calibration holds no signatures");
   if (c.domains.size() != N) return bad("/calibration/domains and request_ids differ in length");
+  {
+    std::unordered_set<std::string> ids;
+    for (const std::string& id : c.request_ids) {
+      if (!ids.insert(id).second) return bad("/calibration/request_ids holds '" + id + "' twice");
+    }
+  }
   if (c.signatures.size() != N * D)
     return bad("/calibration/signatures must be [N, D] with D = |S|*E = " + std::to_string(D));
   if (!AllFinite(c.signatures)) return bad("/calibration/signatures has NaN or infinite values");
@@ -90,6 +98,19 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (K < 1 || static_cast<size_t>(K) > N) return bad("/clusters K must be in [1, N]");
   if (c.centroids.size() != static_cast<size_t>(K) * D) return bad("/clusters/centroids must be [K, D]");
   if (!AllFinite(c.centroids)) return bad("/clusters/centroids has NaN or infinite values");
+  // A centroid is the renormalised mean of its members' unit signatures: norm 1, or 0 where every member's
+  // signature is 0 (every expert of the masked layers has idf 0: a tiny trace where each request uses them all).
+  for (int k = 0; k < K; ++k) {
+    double n2 = 0;
+    for (int x = 0; x < D; ++x) {
+      const double v = c.centroids[static_cast<size_t>(k) * D + x];
+      n2 += v * v;
+    }
+    if (n2 > 0 && std::abs(std::sqrt(n2) - 1) > 1e-3) {
+      return bad("/clusters/centroids row " + std::to_string(k) + " has norm " + std::to_string(std::sqrt(n2)) +
+                 ", expected 1 (or 0)");
+    }
+  }
   if (c.assignment.size() != N) return bad("/clusters/assignment must be [N]");
   std::vector<int64_t> sizes(K, 0);
   for (int32_t a : c.assignment) {
@@ -211,10 +232,8 @@ Result<Calibration> ReadCalibration(const std::string& path) {
                                    " is not supported (this eldr reads " + std::to_string(kCalibrationFormatVersion) +
                                    ")");
   }
-  auto model = f.ReadStringAttribute("/", "model");
-  c.shape.model = model.ok() ? model.value() : "";
-  auto created = f.ReadStringAttribute("/", "created");
-  c.created = created.ok() ? created.value() : "";
+  ELDR_ASSIGN_OR_RETURN(c.shape.model, f.ReadStringAttribute("/", "model"));
+  ELDR_ASSIGN_OR_RETURN(c.created, f.ReadStringAttribute("/", "created"));
   ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
   ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
   ELDR_ASSIGN_OR_RETURN(int64_t top_k, f.ReadIntAttribute("/", "top_k"));
@@ -236,11 +255,12 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(c.signature.layer_mask, f.Read<uint8_t>("/signature/layer_mask", &dims, 1));
   ELDR_ASSIGN_OR_RETURN(c.layer_order, f.Read<int32_t>("/signature/layer_order", &dims, 1));
   ELDR_ASSIGN_OR_RETURN(c.rho_curve, f.Read<double>("/signature/rho_curve", &dims, 1));
-  auto n_star = f.ReadIntAttribute("/signature", "n_star");
-  c.n_star = n_star.ok() && n_star.value() >= 0 && n_star.value() <= L ? static_cast<int>(n_star.value()) : 0;
-  auto features = f.ReadStringAttribute("/signature", "features");  // absent in older files: prefill
-  if (features.ok()) {
-    auto parsed = ParseSignatureFeatures(features.value());
+  ELDR_ASSIGN_OR_RETURN(int64_t n_star, f.ReadIntAttribute("/signature", "n_star"));
+  if (n_star < 1 || n_star > L) return Status::Corrupt(path + ": /signature n_star must be in [1, num_layers]");
+  c.n_star = static_cast<int>(n_star);
+  ELDR_ASSIGN_OR_RETURN(std::string features, f.ReadStringAttribute("/signature", "features"));
+  {
+    auto parsed = ParseSignatureFeatures(features);
     if (!parsed.ok()) return parsed.status().WithPrefix(path);
     c.features = parsed.value();
   }
@@ -261,18 +281,20 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   if (f.Exists("/clusters/mean_decode_len")) {
     ELDR_ASSIGN_OR_RETURN(c.mean_decode_len, f.Read<double>("/clusters/mean_decode_len", &dims, 1));
   }
-  auto work_balanced = f.ReadIntAttribute("/clusters", "work_balanced");
-  c.work_balanced = work_balanced.ok() && work_balanced.value() != 0;
+  if (!c.decode_lens.empty()) {  // written with the decode lengths (and only then)
+    ELDR_ASSIGN_OR_RETURN(int64_t work_balanced, f.ReadIntAttribute("/clusters", "work_balanced"));
+    c.work_balanced = work_balanced != 0;
+  }
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/clusters", "K"));
   if (K < 1 || K > static_cast<int64_t>(c.request_ids.size())) {
     return Status::Corrupt(path + ": /clusters K = " + std::to_string(K) + " must be in [1, N]");
   }
   c.num_clusters = static_cast<int>(K);
   ELDR_ASSIGN_OR_RETURN(c.tau, f.ReadDoubleAttribute("/clusters", "tau"));
-  auto seed = f.ReadIntAttribute("/clusters", "seed");
-  c.seed = seed.ok() ? static_cast<uint64_t>(seed.value()) : 0;
-  auto balanced = f.ReadIntAttribute("/clusters", "balanced");
-  c.balanced = !balanced.ok() || balanced.value() != 0;
+  ELDR_ASSIGN_OR_RETURN(int64_t seed, f.ReadIntAttribute("/clusters", "seed"));
+  c.seed = static_cast<uint64_t>(seed);
+  ELDR_ASSIGN_OR_RETURN(int64_t balanced, f.ReadIntAttribute("/clusters", "balanced"));
+  c.balanced = balanced != 0;
   ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
   return c;
 }

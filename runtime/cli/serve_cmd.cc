@@ -41,9 +41,21 @@ void AddServeCommand(CLI::App& app, Action* action) {
   cmd->add_option("--output-dir", *out_dir, "override output.dir")->check(NonEmptyPath());
   cmd->callback([=] {
     *action = [=]() -> Status {
-      if (*print_ranks) {
+      // The job config with the command line's overrides, each checked (the same for --print-ranks and the job).
+      const auto load_job = [=]() -> Result<JobConfig> {
         ELDR_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(*config));
+        // The simulate: section is eldr simulate's, but its keys are checked here too (a typo is never silent).
         ELDR_RETURN_IF_ERROR(CheckJobCostKeys(*config));
+        if (!policy->empty()) {
+          ELDR_ASSIGN_OR_RETURN(job.policy, ParseRoutingPolicy(*policy));
+        }
+        if (*tau) job.tau = *tau;
+        if (*load_bound) job.load_bound = **load_bound;
+        if (!out_dir->empty()) job.output_dir = *out_dir;
+        return job;
+      };
+      if (*print_ranks) {
+        ELDR_ASSIGN_OR_RETURN(JobConfig job, load_job());
         std::printf("ranks %d\n", job.world_size());
         for (int r = 0; r < job.world_size(); ++r) std::printf("rank %d: %s\n", r, job.RoleOf(r).c_str());
         std::printf("watchdog_s %g\n", job.watchdog_s);  // launch/eldr-launch sizes the launcher's kill delay by it
@@ -57,23 +69,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
       Status st;
       std::string role = "rank " + std::to_string(rank);
       try {
-        auto job = LoadJobConfig(*config);
-        if (job.ok()) {
-          // The simulate: section is eldr simulate's, but its keys are checked here too (a typo is never silent).
-          const Status sim_keys = CheckJobCostKeys(*config);
-          if (!sim_keys.ok()) job = sim_keys;
-        }
-        if (job.ok() && !policy->empty()) {
-          auto p = ParseRoutingPolicy(*policy);
-          if (!p.ok()) {
-            job = p.status();
-          } else {
-            job->policy = p.value();
-          }
-        }
-        if (job.ok() && *tau) job->tau = *tau;
-        if (job.ok() && *load_bound) job->load_bound = **load_bound;
-        if (job.ok() && !out_dir->empty()) job->output_dir = *out_dir;
+        auto job = load_job();
         if (!job.ok()) {
           st = job.status();
         } else {

@@ -7,7 +7,9 @@
 #include <limits>
 #include <memory>
 #include <optional>
+#include <string>
 #include <type_traits>
+#include <vector>
 
 #include "runtime/calib/calibration.h"
 #include "runtime/cli/commands.h"
@@ -58,6 +60,34 @@ Status WriteOrPrint(const std::string& out, const std::string& text) {
   return Status::Ok();
 }
 
+// The output directory (and any missing parents) created before a run, so that a path that cannot be created
+// fails before the run rather than after it; removed again, deepest first and only while empty, unless Keep() was
+// called once the run's files are in it: a failed run leaves no empty directory behind.
+class CreatedDirectories {
+ public:
+  CreatedDirectories() = default;
+  CreatedDirectories(const CreatedDirectories&) = delete;
+  CreatedDirectories& operator=(const CreatedDirectories&) = delete;
+  ~CreatedDirectories() {
+    std::error_code ec;
+    for (const auto& d : created_) std::filesystem::remove(d, ec);  // fails (harmlessly) on a non-empty one
+  }
+  Status Create(const std::string& dir) {
+    std::error_code ec;
+    for (std::filesystem::path p = std::filesystem::absolute(dir, ec).lexically_normal();
+         !p.empty() && !std::filesystem::exists(p, ec) && p != p.parent_path(); p = p.parent_path()) {
+      created_.push_back(p);  // deepest first
+    }
+    std::filesystem::create_directories(dir, ec);
+    if (ec) return Status::IoError(dir + ": cannot create the output directory: " + ec.message());
+    return Status::Ok();
+  }
+  void Keep() { created_.clear(); }
+
+ private:
+  std::vector<std::filesystem::path> created_;
+};
+
 Status RunFit(const SimulateArgs& a) {
   if (a.model.empty()) return Status::InvalidArgument("--fit needs --model (the model config the steps ran)");
   std::vector<PathArg> inputs{{a.model, "--model"}};
@@ -83,7 +113,6 @@ Status RunFit(const SimulateArgs& a) {
   if (r.model.kv_bandwidth == 0) r.model.kv_bandwidth = 5e9;
   r.model.name = "fit-" + mc.name;
   ELDR_RETURN_IF_ERROR(CheckCostModel(r.model, "the fitted cost model (check the step times of the --fit files)"));
-  std::fprintf(stderr, "%s", r.Summary().c_str());
   if (a.json) {
     nlohmann::json j = CostModelJson(r.model);
     j["decode_r2"] = r.decode_r2;
@@ -101,13 +130,17 @@ Status RunFit(const SimulateArgs& a) {
                          {"d", w.d},
                          {"partial_r", w.partial_r},
                          {"within_share", w.within_share}};
-    return WriteOrPrint(a.out, DumpJson(j) + "\n");
+    ELDR_RETURN_IF_ERROR(WriteOrPrint(a.out, DumpJson(j) + "\n"));
+  } else {
+    ELDR_RETURN_IF_ERROR(WriteOrPrint(a.out, CostModelYaml(r.model)));
   }
-  return WriteOrPrint(a.out, CostModelYaml(r.model));
+  std::fprintf(stderr, "%s", r.Summary().c_str());  // after the write: a failed write's error is the first line
+  return Status::Ok();
 }
 
 Status RunDerive(const SimulateArgs& a) {
   if (a.model.empty()) return Status::InvalidArgument("--derive needs --model (a model config YAML)");
+  ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, {{a.model, "--model"}}));
   ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(a.model));
   DeviceSpec dev;
   if (a.derive != "h200" && a.derive != "H200") {
@@ -116,8 +149,9 @@ Status RunDerive(const SimulateArgs& a) {
   if (a.bandwidth > 0) dev.memory_bandwidth = a.bandwidth;  // 0: not given (the option's range excludes 0)
   const CostModel m = DeriveCostModel(mc, dev);
   ELDR_RETURN_IF_ERROR(CheckCostModel(m, "the derived cost model (check --bandwidth, in bytes/s)"));
-  std::fprintf(stderr, "%s\n", m.source.c_str());
-  return WriteOrPrint(a.out, a.json ? DumpJson(CostModelJson(m)) + "\n" : CostModelYaml(m));
+  ELDR_RETURN_IF_ERROR(WriteOrPrint(a.out, a.json ? DumpJson(CostModelJson(m)) + "\n" : CostModelYaml(m)));
+  std::fprintf(stderr, "%s\n", m.source.c_str());  // after the write: a failed write's error is the first line
+  return Status::Ok();
 }
 
 // simulate runs one of three modes (--fit, --derive, a simulation); an option of another mode would be ignored, so it
@@ -166,6 +200,9 @@ Status RunSimulation(const SimulateArgs& a) {
   c.max_concurrency = a.max_concurrency.value_or(c.max_concurrency);
   c.admission_cap = a.admission_cap.value_or(c.admission_cap);
   c.workload_seed = a.seed.value_or(c.workload_seed);
+  if (a.no_output && !a.output_dir.empty()) {
+    return Status::InvalidArgument("--no-output writes no files: drop --output-dir (or --no-output)");
+  }
   if (!a.output_dir.empty()) c.output_dir = a.output_dir;
   if (a.route_on != "prefill" && a.route_on != "decode") {
     return Status::InvalidArgument("--route-on '" + a.route_on + "' must be prefill or decode");
@@ -188,11 +225,10 @@ Status RunSimulation(const SimulateArgs& a) {
     ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c.calibration));
     calib = std::make_unique<Calibration>(std::move(cal));
   }
+  CreatedDirectories created;
   if (!a.no_output) {  // fail before the run, not after it
     ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));
-    std::error_code ec;
-    std::filesystem::create_directories(c.output_dir, ec);
-    if (ec) return Status::IoError(c.output_dir + ": cannot create the output directory: " + ec.message());
+    ELDR_RETURN_IF_ERROR(created.Create(c.output_dir));
     ELDR_RETURN_IF_ERROR(
         CheckOutputs({{c.output_dir + "/metrics.json", "output.dir"}, {c.output_dir + "/requests.jsonl", "output.dir"}},
                      {{a.config, "--config"},
@@ -212,7 +248,10 @@ Status RunSimulation(const SimulateArgs& a) {
   j["max_batch"] = c.max_batch;
   j["route_on"] = c.route_on_decode ? "decode" : "prefill";
   j["cost_model"] = CostModelJson(cost);
-  if (!a.no_output) ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, c.output_replace, j, r.records, false));
+  if (!a.no_output) {
+    ELDR_RETURN_IF_ERROR(WriteJobOutputs(c.output_dir, c.output_replace, j, r.records, false));
+    created.Keep();
+  }
   if (a.json) {
     std::printf("%s\n", DumpJson(j).c_str());
   } else {

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iomanip>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -251,7 +252,24 @@ std::vector<double> DedicatedWork(const std::vector<std::pair<double, double>>& 
   return out;
 }
 
-Status ReadStepLog(const std::string& path, Samples* s, double cores) {
+std::string Number(double v) {
+  std::ostringstream os;
+  os << std::setprecision(15) << v;
+  return os.str();
+}
+
+// A count field of a step record: an integer in [lo, hi].
+double CountField(const nlohmann::json& j, const char* key, double lo, double hi) {
+  const double v = j.at(key).get<double>();
+  if (!(v >= lo && v <= hi) || v != std::floor(v)) {
+    throw std::runtime_error(std::string(key) + " must be an integer in [" + Number(lo) + ", " + Number(hi) +
+                             "], got " + Number(v));
+  }
+  return v;
+}
+
+// max_distinct: the distinct experts a decode step can touch, the model's MoE layers x routed experts.
+Status ReadStepLog(const std::string& path, Samples* s, double cores, double max_distinct) {
   ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a steps.jsonl file"));
   std::ifstream in(path);
   if (!in) return Status::IoError(path + ": cannot open");
@@ -279,12 +297,15 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores) {
       const double cpu = j.value("cpu_seconds", -1.0);
       if (cpu >= 0) cpu_work.emplace_back(kind == "decode", cpu);
       if (kind == "decode") {
-        s->decode_x.insert(s->decode_x.end(), {1.0, j.at("distinct_experts").get<double>(), j.at("batch").get<double>(),
-                                               j.at("context_tokens").get<double>()});
+        constexpr double kMaxCount = 1e15;  // far beyond any batch or context, below where doubles skip integers
+        const double distinct = CountField(j, "distinct_experts", 0, max_distinct);
+        const double batch = CountField(j, "batch", 1, kMaxCount);
+        const double context = CountField(j, "context_tokens", 0, kMaxCount);
+        s->decode_x.insert(s->decode_x.end(), {1.0, distinct, batch, context});
         s->decode_y.push_back(seconds);
         decode_spans.emplace_back(end - seconds, end);
       } else if (kind == "prefill") {
-        s->prefill_x.insert(s->prefill_x.end(), {1.0, j.at("prompt_tokens").get<double>()});
+        s->prefill_x.insert(s->prefill_x.end(), {1.0, CountField(j, "prompt_tokens", 1, 1e15)});
         s->prefill_y.push_back(seconds);
         prefill_spans.emplace_back(end - seconds, end);
       } else {
@@ -580,7 +601,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     if (whole) {
       ELDR_RETURN_IF_ERROR(ReadBenchJson(f, j, &s));
     } else {
-      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s, cores));
+      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s, cores, static_cast<double>(mc.num_moe_layers()) * mc.num_experts));
     }
   }
   FitReport r;

@@ -81,6 +81,15 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
     arrival[i] = t;
   }
   const double step_s = o.step_ms / 1000.0;
+  // Time advances in whole steps (an int64 step index, times step_s in double); past 2^53 steps a double no longer
+  // tells one step from the next, and the replay would never reach the last arrival.
+  constexpr double kMaxSteps = 9007199254740992.0;  // 2^53
+  if (!arrival.empty() && !(arrival.back() / step_s <= kMaxSteps)) {
+    std::ostringstream os;
+    os << "the arrivals span " << arrival.back() << " s, more than " << kMaxSteps << " decode steps of " << o.step_ms
+       << " ms: raise --rate (requests/s) or --step-ms";
+    return Status::InvalidArgument(os.str());
+  }
 
   RouteReplayReport report;
   report.num_decoders = K;

@@ -93,8 +93,12 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   return root.Finish();
 }
 
-// Relative paths: against the config file's directory `dir` when the file is there, else the working directory.
+// Relative paths: inputs against the config file's directory `dir` when the file is there, else the working
+// directory; output.dir (which need not exist yet) always against `dir`, as the configs' comments say.
 void ResolvePaths(const std::string& dir, JobConfig* c) {
+  if (!c->output_dir.empty() && !fs::path(c->output_dir).is_absolute()) {
+    c->output_dir = (fs::path(dir) / c->output_dir).lexically_normal().string();
+  }
   c->model_config = Resolve(dir, c->model_config);
   c->trace = Resolve(dir, c->trace);
   c->calibration = Resolve(dir, c->calibration);

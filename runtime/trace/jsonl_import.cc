@@ -112,6 +112,10 @@ Status CheckRecordFields(const json& j) {
 
 // Parses and validates one line. Errors are the problem only; the caller adds file and line.
 Status ParseLine(const std::string& line, ParsedRequest* out) {
+  // JSON text has no raw NUL byte (inside a string it is \u0000); the parser would stop at one and drop the rest.
+  if (const size_t nul = line.find('\0'); nul != std::string::npos) {
+    return Status::InvalidArgument("a NUL byte at column " + std::to_string(nul + 1) + " (not JSON text)");
+  }
   ELDR_ASSIGN_OR_RETURN(json j, ParseJson(line));
   if (!j.is_object()) return Status::InvalidArgument("a line must be a JSON object");
   ELDR_RETURN_IF_ERROR(CheckRecordFields(j));

@@ -143,13 +143,21 @@ namespace {
 
 // The root attributes of a trace file: its format and model shape.
 Status ReadTraceShape(const h5::File& f, const std::string& path, TraceShape* shape) {
+  // Both root attributes are required (DESIGN.md §5): a file without them is not known to follow this layout.
   auto fmt = f.ReadStringAttribute("/", "format");
-  if (fmt.ok() && fmt.value() != "eldr-trace") {
+  if (!fmt.ok()) {
+    return Status::InvalidArgument(path + ": not an eldr routing trace (no root attribute format = 'eldr-trace'); " +
+                                   "write one with 'eldr trace import' or 'eldr trace synth'");
+  }
+  if (fmt.value() != "eldr-trace") {
     return Status::InvalidArgument(path + ": is a '" + fmt.value() + "' file, not a routing trace");
   }
-  // Absent in traces written by other tools (as format is); present, it must be the one this reader knows.
   auto version = f.ReadIntAttribute("/", "format_version");
-  if (version.ok() && version.value() != kTraceFormatVersion) {
+  if (!version.ok()) {
+    return Status::InvalidArgument(path + ": trace without the root attribute format_version (this eldr reads " +
+                                   std::to_string(kTraceFormatVersion) + ")");
+  }
+  if (version.value() != kTraceFormatVersion) {
     return Status::InvalidArgument(path + ": trace format_version " + std::to_string(version.value()) +
                                    " is not supported (this eldr reads " + std::to_string(kTraceFormatVersion) + ")");
   }
@@ -157,8 +165,7 @@ Status ReadTraceShape(const h5::File& f, const std::string& path, TraceShape* sh
     return Status::InvalidArgument(
         path + ": not a routing trace (no /tokens/topk_ids); import JSONL with 'eldr trace import'");
   }
-  auto model = f.ReadStringAttribute("/", "model");
-  shape->model = model.ok() ? model.value() : "";
+  ELDR_ASSIGN_OR_RETURN(shape->model, f.ReadStringAttribute("/", "model"));
   ELDR_ASSIGN_OR_RETURN(int64_t L, f.ReadIntAttribute("/", "num_layers"));
   ELDR_ASSIGN_OR_RETURN(int64_t E, f.ReadIntAttribute("/", "num_experts"));
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/", "top_k"));

@@ -284,10 +284,104 @@ if mount -t tmpfs -o size=40k tmpfs "$MNT" 2>/dev/null; then
   full_case "nearly full disk: trace synth" "$MNT/s.h5" "$ELDR" trace synth --requests 20 --out "$MNT/s.h5"
   dd if=/dev/zero of="$MNT/filler" bs=1k count=36 status=none 2>/dev/null
   full_case "nearly full disk: calibrate" "$MNT/c.h5" "$ELDR" calibrate --trace t.h5 -K 2 --out "$MNT/c.h5" --quiet
+  # A simulation whose outputs do not fit: one line, and not even the output directory it created is left.
+  "$ELDR" simulate -c job.yaml -n 3000 --output-dir "$MNT/deep/run" --quiet >"$WORK/out.txt" 2>"$WORK/err.txt"
+  rc=$?
+  if check_run "full disk: simulate leaves no run directory" fail "No space left on device"; then
+    [ -e "$MNT/deep" ] && bad "full disk: simulate leaves no run directory" "left $(ls -a "$MNT/deep")" ||
+      ok "full disk: simulate leaves no run directory"
+  fi
   umount "$MNT"
 else
   echo "skip   full-disk cases (mounting a tmpfs needs root)"
 fi
+
+# ---- damaged files and impossible values (stop 28's hostile probe): one line, no crash, nothing written ----
+# A global-heap object whose size field is corrupted: libhdf5 1.10 copies by it unchecked (exit 139, h5dump too).
+cp t.h5 heap.h5
+/usr/bin/python3 - <<'PYEOF'
+import h5py, struct
+with h5py.File("heap.h5", "r") as f:
+    victim = f["/requests/id"][5].decode()
+data = bytearray(open("heap.h5", "rb").read())
+at = data.find(victim.encode())
+assert at > 8 and struct.unpack_from("<Q", data, at - 8)[0] == len(victim), "unexpected heap layout"
+struct.pack_into("<Q", data, at - 8, 0x7FFFFFFFFFFFFFFF)
+open("heap.h5", "wb").write(data)
+PYEOF
+expect_error "trace stats: a corrupted string heap (was: segfault)" "heap.h5: the strings of /requests/id point outside their heap" - \
+  "$ELDR" trace stats heap.h5
+expect_error "calibrate: a corrupted string heap (was: segfault)" "heap.h5: the strings of /requests/id point outside" hc.h5 \
+  "$ELDR" calibrate --trace heap.h5 -K 2 --out hc.h5 --quiet
+/usr/bin/python3 - <<'PYEOF'
+import h5py, numpy as np, shutil
+for name, edit in [("nofmt.h5", lambda f: f.attrs.__delitem__("format")),
+                   ("nover.h5", lambda f: f.attrs.__delitem__("format_version"))]:
+    shutil.copy("t.h5", name)
+    with h5py.File(name, "r+") as f: edit(f)
+def set_id(f):
+    ids = f["/requests/id"][:]
+    del f["/requests/id"]
+    ids[2] = b"ab\xffcd"
+    f.create_dataset("/requests/id", data=ids, dtype=h5py.string_dtype("utf-8"))
+shutil.copy("t.h5", "utf8.h5")
+with h5py.File("utf8.h5", "r+") as f: set_id(f)
+for name, edit in [("dupid.h5", "dup"), ("nobal.h5", "nobal"), ("zeroc.h5", "norm")]:
+    shutil.copy("c.h5", name)
+    with h5py.File(name, "r+") as f:
+        if edit == "dup":
+            ids = f["/calibration/request_ids"][:]; ids[1] = ids[0]
+            del f["/calibration/request_ids"]
+            f.create_dataset("/calibration/request_ids", data=ids, dtype=h5py.string_dtype("utf-8"))
+        elif edit == "nobal":
+            del f["/clusters"].attrs["balanced"]
+        else:
+            f["/clusters/centroids"][...] = 0.5  # rows of norm != 1
+PYEOF
+expect_error "trace without its format attribute (was: read anyway)" "nofmt.h5: not an eldr routing trace" - \
+  "$ELDR" trace stats nofmt.h5
+expect_error "trace without format_version (was: read anyway)" "nover.h5: trace without the root attribute format_version" - \
+  "$ELDR" trace stats nover.h5
+expect_error "request id not UTF-8 (was: rewritten with U+FFFD)" "utf8.h5: /requests/id entry 2 is not valid UTF-8" - \
+  "$ELDR" trace stats utf8.h5
+expect_error "calibration with a duplicate request id" "dupid.h5: .*request_ids holds .* twice" - "$ELDR" inspect dupid.h5
+expect_error "calibration without /clusters@balanced (was: defaulted)" "nobal.h5: missing attribute /clusters@balanced" - \
+  "$ELDR" inspect nobal.h5
+expect_error "calibration whose centroids are not unit vectors" "zeroc.h5: .*centroids row 0 has norm" - "$ELDR" inspect zeroc.h5
+cp "$SRC/configs/models/tiny.yaml" model-copy.yaml
+expect_untouched "simulate --derive: -o = --model (was: overwrote it)" "--out is the same file as the input --model" \
+  model-copy.yaml "$ELDR" simulate --derive h200 --model model-copy.yaml -o model-copy.yaml
+expect_error "simulate --derive into a missing directory: the error is the first line" "nodir/d.yaml: cannot write" - \
+  "$ELDR" simulate --derive h200 --model model-copy.yaml -o nodir/d.yaml
+echo '{"kind":"decode","worker":0,"time":0.01,"seconds":0.002,"batch":-3,"distinct_experts":6,"context_tokens":72}' >neg.jsonl
+expect_error "simulate --fit: a negative batch (was: fitted)" "neg.jsonl:1: .*batch must be an integer in \[1," fit-neg.yaml \
+  "$ELDR" simulate --fit neg.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit-neg.yaml
+echo '{"kind":"decode","worker":0,"time":0.01,"seconds":0.002,"batch":3,"distinct_experts":99999,"context_tokens":72}' >big.jsonl
+expect_error "simulate --fit: more distinct experts than the model has" "big.jsonl:1: .*distinct_experts must be an integer in \[0, " \
+  fit-big.yaml "$ELDR" simulate --fit big.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit-big.yaml
+expect_error "route --rate 1e-20 (was: never ended)" "the arrivals span .* raise --rate" - \
+  timeout 60 "$ELDR" route --calib c.h5 --trace t.h5 --policy jsq --rate 1e-20
+expect_error "route --step-ms 1e-20 (was: never ended)" "decode steps of 1e-20 ms" - \
+  timeout 60 "$ELDR" route --calib c.h5 --trace t.h5 --policy jsq --step-ms 1e-20
+expect_error "simulate --no-output with --output-dir (was: ignored)" "--no-output writes no files" - \
+  "$ELDR" simulate -c job.yaml --no-output --output-dir elsewhere
+expect_error "serve --print-ranks checks its overrides" "unknown routing policy 'foo'" - \
+  "$ELDR" serve -c job.yaml --print-ranks --policy foo
+head -1 g.jsonl | tr -d '\n' >nul.jsonl && printf '\0\n' >>nul.jsonl
+expect_error "trace import: a NUL byte after the record (was: ignored)" "nul.jsonl:1: a NUL byte at column" nul.h5 \
+  "$ELDR" trace import --in nul.jsonl --out nul.h5
+/usr/bin/python3 -c "
+import json; d = json.load(open('$PROFILE')); d['tokens_scores'] = {}; json.dump(d, open('typo-profile.json', 'w'))"
+expect_error "place profile: an unknown key in the load profile (was: ignored)" "typo-profile.json: unknown key \"tokens_scores\"" - \
+  "$ELDR" place profile --load typo-profile.json -P 160 -R 16
+# A relative output.dir is the config's directory's, as its inputs are (was: the working directory's).
+mkdir -p sub && sed "s|^workload: {trace: tiny.h5|workload: {trace: $WORK/tiny.h5|" job.yaml >sub/job.yaml
+if "$ELDR" simulate -c sub/job.yaml --quiet >/dev/null 2>"$WORK/err.txt" && [ -e sub/run/metrics.json ] && [ ! -e run ]; then
+  ok "output.dir relative to the config file"
+else
+  bad "output.dir relative to the config file" "$(cat "$WORK/err.txt") $(ls)"
+fi
+rm -rf sub
 
 # ---- signals: 128 + signal, one line, no temporary ----
 # Import from a FIFO: the input is written, the temporary appears while the import waits for the end of the input,

@@ -131,39 +131,39 @@ PY
 collinear prop.jsonl "50 * (1 + i % 7)" "1 + i % 7" "50 + 11 * i" "i + 1"
 expect_error "fit: distinct experts = 50 x batch" \
   "error: the decode steps cannot tell decode.b \(s per distinct expert\) from decode.c \(s per sequence\): distinct experts = 50·batch in all 60 of them \(a collinear design: every split between these terms fits equally well\); add decode steps where the distinct experts vary at a fixed batch \(e.g. same-domain and mixed batches of one size\)$" \
-  fitc.yaml "$ELDR" simulate --fit prop.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+  fitc.yaml "$ELDR" simulate --fit prop.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" -o fitc.yaml
 collinear affine.jsonl "3 + 2 * (1 + i % 7)" "1 + i % 7" "50 + 11 * i" "i + 1"
 expect_error "fit: distinct experts = 3 + 2 x batch" \
   "error: the decode steps cannot tell decode.a \(s per step\), decode.b \(s per distinct expert\) and decode.c \(s per sequence\) apart: distinct experts = 3 \+ 2·batch in all 60 of them" \
-  fitc.yaml "$ELDR" simulate --fit affine.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+  fitc.yaml "$ELDR" simulate --fit affine.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" -o fitc.yaml
 collinear onebatch.jsonl "4 + i % 13" "4" "50 + 11 * i" "i + 1"
 expect_error "fit: one batch size" \
   "error: the decode steps cannot tell decode.a \(s per step\) from decode.c \(s per sequence\): batch = 4 in all 60 of them .*; add decode steps where the batch varies$" \
-  fitc.yaml "$ELDR" simulate --fit onebatch.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+  fitc.yaml "$ELDR" simulate --fit onebatch.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" -o fitc.yaml
 collinear ctx.jsonl "4 + i % 13" "1 + i % 7" "100 * (1 + i % 7)" "i + 1"
 expect_error "fit: context = 100 x batch" \
   "error: the decode steps cannot tell decode.c \(s per sequence\) from decode.d \(s per context token\): context tokens = 100·batch in all 60 of them .*; add decode steps where the context tokens vary at a fixed batch$" \
-  fitc.yaml "$ELDR" simulate --fit ctx.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+  fitc.yaml "$ELDR" simulate --fit ctx.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" -o fitc.yaml
 collinear prompt.jsonl "4 + i % 13" "1 + i % 7" "50 + 11 * i" "16"
 expect_error "fit: one prompt length" \
   "error: the prefills cannot tell prefill.a \(s per prefill\) from prefill.b \(s per computed prompt token\): computed prompt tokens = 16 in all 60 of them .*; add prefills where the computed prompt tokens vary, or give prefill.a and prefill.b with --prefill-from COST.yaml$" \
-  fitc.yaml "$ELDR" simulate --fit prompt.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitc.yaml
+  fitc.yaml "$ELDR" simulate --fit prompt.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" -o fitc.yaml
 printf 'decode: {a: 0.01, b: 0.01, c: 0.01, d: 0.01}\nprefill: {a: 0.007, b: 4e-06}\n' > prefill-cost.yaml
 run_ok "fit: one prompt length, prefill terms given by --prefill-from" \
-  "$ELDR" simulate --fit prompt.jsonl --model "$SRC/configs/models/tiny.yaml" --prefill-from prefill-cost.yaml -o fitp.yaml
+  "$ELDR" simulate --fit prompt.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" --prefill-from prefill-cost.yaml -o fitp.yaml
 grep -qE "decode: \{a: 0.001, b: 5e-05, c: 0.0002, d: 3e-07\}" fitp.yaml && grep -qE "prefill: \{a: 0.007, b: 4e-06\}" fitp.yaml &&
   grep -q "prefill given by prefill-cost.yaml" fitp.yaml && ok "--prefill-from: decode fitted, prefill as given" ||
   bad "--prefill-from: decode fitted, prefill as given" "$(cat fitp.yaml)"
 expect_error "--prefill-from as the output" \
   "error: prefill-cost.yaml: --out is the same file as the input --prefill-from" \
-  - "$ELDR" simulate --fit prompt.jsonl --model "$SRC/configs/models/tiny.yaml" --prefill-from prefill-cost.yaml -o prefill-cost.yaml
+  - "$ELDR" simulate --fit prompt.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" --prefill-from prefill-cost.yaml -o prefill-cost.yaml
 grep -q "prefill: {a: 0.007, b: 4e-06}" prefill-cost.yaml && ok "--prefill-from kept when named as the output" ||
   bad "--prefill-from kept when named as the output" "$(cat prefill-cost.yaml)"
 expect_error "--prefill-from without --fit" "error: --prefill-from applies only with --fit" \
   - "$ELDR" simulate --derive h200 --model "$SRC/configs/models/tiny.yaml" --prefill-from prefill-cost.yaml
 collinear near.jsonl "50 * (1 + i % 7) + (i % 3 == 0)" "1 + i % 7" "50 + 11 * i" "i + 1"
 run_ok "fit: distinct experts nearly 50 x batch (one expert more in a third of the steps)" \
-  "$ELDR" simulate --fit near.jsonl --model "$SRC/configs/models/tiny.yaml" -o fitn.yaml
+  "$ELDR" simulate --fit near.jsonl --model "$SRC/configs/models/deepseek-v2-lite.yaml" -o fitn.yaml
 grep -qE "decode: \{a: 0.001, b: 5e-05, c: 0.0002, d: 3e-07\}" fitn.yaml && ok "the nearly collinear fit recovers the coefficients" ||
   bad "the nearly collinear fit recovers the coefficients" "$(cat fitn.yaml)"
 

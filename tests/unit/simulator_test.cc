@@ -21,6 +21,11 @@ namespace eldr {
 namespace {
 
 ModelConfig Tiny() { return LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/tiny.yaml").value(); }
+// The model the synthetic step logs below are fitted for: their distinct experts (up to ~60 a step) need more
+// (layer, expert) pairs than the tiny model has (2 x 8), and a fit refuses a step above the model's count.
+ModelConfig FitModel() {
+  return LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/deepseek-v2-lite.yaml").value();
+}
 
 // A trace of the tiny model's shape (L=2, E=8, k=2) from explicit rows: each request's rows are
 // {prompt rows..., decode rows...}; a row is [L][k] expert ids.
@@ -457,7 +462,7 @@ TEST(CostModel, FitFromAStepLog) {
         << i + 1 << "}\n";
     }
   }
-  auto r = FitCostModel({path}, Tiny());
+  auto r = FitCostModel({path}, FitModel());
   ASSERT_TRUE(r.ok()) << r.status().ToString();
   EXPECT_NEAR(r->model.decode_a, 1e-3, 1e-9);
   EXPECT_NEAR(r->model.decode_b, 2e-5, 1e-10);
@@ -471,7 +476,7 @@ TEST(CostModel, FitFromAStepLog) {
     std::ofstream o(path, std::ios::app);
     o << "{\"kind\":\"decode\",\"seconds\":\"x\"}\n";
   }
-  auto bad = FitCostModel({path}, Tiny());
+  auto bad = FitCostModel({path}, FitModel());
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("steps.jsonl:81"), std::string::npos) << bad.status().message();
 }
@@ -499,7 +504,7 @@ TEST(CostModel, CollinearDesignIsRefusedNamingTheTermsAndTheDataThatWouldSeparat
   const auto prompt = [](int i) { return i + 1; };
   auto r = FitCostModel({WriteSteps(
                             "prop.jsonl", [&](int i) { return 2 * batch(i); }, batch, prompt)},
-                        Tiny());
+                        FitModel());
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().message(),
             "the decode steps cannot tell decode.b (s per distinct expert) from decode.c (s per sequence): distinct "
@@ -509,7 +514,7 @@ TEST(CostModel, CollinearDesignIsRefusedNamingTheTermsAndTheDataThatWouldSeparat
   // Every step activating the same experts: b against the intercept.
   r = FitCostModel({WriteSteps(
                        "const.jsonl", [](int) { return 52; }, batch, prompt)},
-                   Tiny());
+                   FitModel());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("cannot tell decode.a (s per step) from decode.b (s per distinct expert): "
                                       "distinct experts = 52 in all 40"),
@@ -518,7 +523,7 @@ TEST(CostModel, CollinearDesignIsRefusedNamingTheTermsAndTheDataThatWouldSeparat
   // One prompt length: prefill.a against prefill.b.
   r = FitCostModel({WriteSteps(
                        "prompt.jsonl", [](int i) { return 10 + i % 9; }, batch, [](int) { return 16; })},
-                   Tiny());
+                   FitModel());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("the prefills cannot tell prefill.a (s per prefill) from prefill.b"),
             std::string::npos)
@@ -526,7 +531,7 @@ TEST(CostModel, CollinearDesignIsRefusedNamingTheTermsAndTheDataThatWouldSeparat
   // One expert more in every fourth step at each batch: identified, and the exact coefficients come back.
   r = FitCostModel({WriteSteps(
                        "near.jsonl", [&](int i) { return 2 * batch(i) + (i % 4 == 0); }, batch, prompt)},
-                   Tiny());
+                   FitModel());
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_NEAR(r->model.decode_b, 2e-5, 1e-10);
   EXPECT_NEAR(r->model.decode_c, 3e-4, 1e-9);
@@ -537,13 +542,13 @@ TEST(CostModel, GivenPrefillTermsKeepTheDecodeFitOfLogsWithOnePromptLength) {
   const auto batch = [](int i) { return 1 + i % 5; };
   const std::string path = WriteSteps(
       "one_prompt.jsonl", [&](int i) { return 10 * batch(i) + i % 7; }, batch, [](int) { return 16; });
-  ASSERT_FALSE(FitCostModel({path}, Tiny()).ok());
+  ASSERT_FALSE(FitCostModel({path}, FitModel()).ok());
   CostModel given;
   given.source = "prefill.yaml";
   given.prefill_a = 7e-3;
   given.prefill_b = 4e-6;
   given.decode_b = 1;  // only the prefill terms are taken
-  auto r = FitCostModel({path}, Tiny(), 0, &given);
+  auto r = FitCostModel({path}, FitModel(), 0, &given);
   ASSERT_TRUE(r.ok()) << r.status().message();
   // WriteSteps' decode coefficients, exactly; the prefill ones as given (not the logs' 2 ms + 10 us/token).
   EXPECT_NEAR(r->model.decode_a, 1e-3, 1e-9);
@@ -570,7 +575,7 @@ TEST(CostModel, CollinearBenchResultsAreRefused) {
     }
     o << "]}";
   }
-  auto r = FitCostModel({path}, Tiny());
+  auto r = FitCostModel({path}, FitModel());
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.status().message().find("the BM_MoeLayer results cannot tell decode.b (s per distinct expert) from "
                                       "decode.c (s per sequence): distinct experts = 4·batch in all 4 of them"),
@@ -677,13 +682,13 @@ TEST(CostModel, FitRemovesCoreSharing) {
       t += 2 * own + 0.5;  // idle gap between pairs
     }
   }
-  auto shared = FitCostModel({path}, Tiny(), 1.0);
+  auto shared = FitCostModel({path}, FitModel(), 1.0);
   ASSERT_TRUE(shared.ok()) << shared.status().ToString();
   EXPECT_NEAR(shared->model.decode_a, 1e-3, 1e-8);
   EXPECT_NEAR(shared->model.decode_b, 2e-5, 1e-9);
   EXPECT_NEAR(shared->model.decode_c, 3e-4, 1e-8);
   EXPECT_EQ(shared->model.cores, 1.0);
-  auto unshared = FitCostModel({path}, Tiny(), 0.0);  // without the correction: twice the coefficients
+  auto unshared = FitCostModel({path}, FitModel(), 0.0);  // without the correction: twice the coefficients
   ASSERT_TRUE(unshared.ok());
   EXPECT_NEAR(unshared->model.decode_a, 2e-3, 1e-8);
 }
@@ -710,7 +715,7 @@ TEST(CostModel, HardwareFiguresArePlausible) {
   EXPECT_NE(CheckCostModel(m, "derived").message().find("(a negative zero: write 0)"), std::string::npos);
   // --fit --cores takes the same range.
   EXPECT_NE(
-      FitCostModel({"unused.jsonl"}, Tiny(), 1e30).status().message().find("--cores must be 0 or in [0.1, 65536]"),
+      FitCostModel({"unused.jsonl"}, FitModel(), 1e30).status().message().find("--cores must be 0 or in [0.1, 65536]"),
       std::string::npos);
 }
 
