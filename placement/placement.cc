@@ -315,7 +315,7 @@ MoveStats CountMoves(const Placement& from, const Placement& to, int64_t expert_
     }
     for (int s = 0; s < P; ++s) st.changed_slots += a[s] != b[s];
   }
-  st.moved_bytes = st.moved_experts * expert_bytes;
+  st.moved_bytes = static_cast<double>(st.moved_experts) * static_cast<double>(expert_bytes);
   return st;
 }
 

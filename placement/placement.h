@@ -144,7 +144,7 @@ double GroupLocality(const Placement& placement, const std::vector<double>& load
 
 struct MoveStats {
   int64_t moved_experts = 0;  // expert weights that must be copied onto a rank that does not hold them
-  int64_t moved_bytes = 0;    // moved_experts * expert_bytes
+  double moved_bytes = 0;     // moved_experts * expert_bytes (a double: the product can pass 2^63)
   int64_t changed_slots = 0;  // slots whose logical expert differs (includes reorders within a rank)
 };
 // moved_experts = Σ_{layer, rank, expert} max(0, replicas on the rank in `to` − replicas there in `from`):

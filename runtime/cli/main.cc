@@ -4,6 +4,8 @@
 
 #include "runtime/cli/commands.h"
 #include "runtime/common/check.h"
+#include "runtime/common/memory_budget.h"
+#include "runtime/common/parallel.h"
 #include "runtime/common/provenance.h"
 #include "runtime/common/signals.h"
 
@@ -70,7 +72,10 @@ int main(int argc, char** argv) {
     return app.exit(e);
   }
   try {
-    eldr::Status st = action ? action() : eldr::Status::InvalidArgument("no command given");
+    // The environment's settings are checked before any work, as the options are.
+    eldr::Status st = eldr::ThreadsFromEnvironment().status();
+    if (st.ok()) st = eldr::MemoryBudgetFromEnvironment().status();
+    if (st.ok()) st = action ? action() : eldr::Status::InvalidArgument("no command given");
     // A command that installed the interrupt handlers (runtime/common/signals.h) has unwound and removed its
     // temporaries by now: one line, and the shell's exit code of a run killed by that signal.
     if (eldr::Interrupted()) {

@@ -7,12 +7,14 @@
 #include <chrono>
 #include <fstream>
 #include <iterator>
+#include <limits>
 #include <memory>
 
 #include "placement/placement.h"
 #include "runtime/calib/calibration.h"
 #include "runtime/calib/placement_store.h"
 #include "runtime/cli/commands.h"
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/signals.h"
@@ -100,8 +102,21 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
   if (!parsed.ok()) return parsed.status().WithPrefix(path);
   try {
     const nlohmann::json& j = parsed.value();
-    auto prev = PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"),
-                                     j.at("phy2log").get<std::vector<int32_t>>());
+    // Each entry an integer expert id as written (get<int32_t> would wrap 2^70 and truncate 1.5 silently).
+    const nlohmann::json& entries = j.at("phy2log");
+    if (!entries.is_array()) return Status::InvalidArgument(path + ": phy2log must be an array of expert ids");
+    std::vector<int32_t> phy2log;
+    phy2log.reserve(entries.size());
+    for (size_t i = 0; i < entries.size(); ++i) {
+      const nlohmann::json& e = entries[i];
+      if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > std::numeric_limits<int32_t>::max() ||
+          (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))) {
+        return Status::InvalidArgument(path + ": phy2log[" + std::to_string(i) + "] = " + e.dump() +
+                                       " is not an expert id (a whole number >= 0)");
+      }
+      phy2log.push_back(static_cast<int32_t>(e.get<int64_t>()));
+    }
+    auto prev = PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"), std::move(phy2log));
     if (!prev.ok()) return prev.status().WithPrefix(path);
     return std::make_unique<Placement>(std::move(prev).value());
   } catch (const nlohmann::json::exception& e) {
@@ -154,8 +169,7 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
     const MoveStats m = CountMoves(*previous, pl, a.expert_bytes);
     j["moved_experts"] = m.moved_experts;
     j["moved_bytes"] = m.moved_bytes;
-    text += "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " + std::to_string(m.moved_bytes) +
-            " bytes\n";
+    text += "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " + FormatBytes(m.moved_bytes) + "\n";
   }
   PrintResult(a.as_json, text, DumpJson(WithProvenance(j, cmd)));
   return Status::Ok();

@@ -5,6 +5,7 @@
 #include "runtime/cli/commands.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/progress.h"
 #include "runtime/common/signals.h"
 #include "runtime/trace/stats.h"
 #include "runtime/trace/synth.h"
@@ -90,10 +91,13 @@ Status SynthesizeLike(const std::string& like, LikeSynthOptions lopts, bool no_w
       }(),
       [](const TraceRequest&, const uint16_t*, const float*) { return Status::Ok(); }));
   ELDR_ASSIGN_OR_RETURN(auto writer, TraceWriter::Open(out, model.shape, lopts.with_weights));
+  ProgressBar bar("synth", lopts.num_requests);  // drawn only on a terminal
   ELDR_RETURN_IF_ERROR(GenerateLike(model, lopts, [&](const TraceRequest& r, const uint16_t* ids, const float* w) {
     novelty.Add(r, ids);
+    bar.Advance();
     return writer->Append(r, ids, w);
   }));
+  bar.Finish();
   ELDR_RETURN_IF_ERROR(writer->Finish());
   std::vector<std::vector<std::string>> rows;
   for (const auto& d : model.domains) {

@@ -32,8 +32,32 @@ int64_t MemAvailable() {
 
 }  // namespace
 
+Result<std::optional<uint64_t>> MemoryBudgetFromEnvironment() {
+  const char* env = std::getenv("ELDR_MEMORY_BUDGET");
+  if (env == nullptr) return std::optional<uint64_t>();
+  const std::string text = env;
+  const auto bad = [&] {
+    return Status::InvalidArgument("ELDR_MEMORY_BUDGET='" + text +
+                                   "' must be a whole number of bytes >= 1, optionally with K, M, G or T (e.g. 10G)");
+  };
+  size_t digits = 0;
+  while (digits < text.size() && text[digits] >= '0' && text[digits] <= '9') ++digits;
+  if (digits == 0 || digits > 19 || text.size() > digits + 1) return bad();
+  int shift = 0;
+  if (text.size() == digits + 1) {
+    const std::string units = "KMGT";
+    const size_t u = units.find(text[digits]);
+    if (u == std::string::npos) return bad();
+    shift = 10 * static_cast<int>(u + 1);
+  }
+  const uint64_t v = std::strtoull(text.substr(0, digits).c_str(), nullptr, 10);
+  if (v == 0 || (shift > 0 && v > (~uint64_t{0} >> shift))) return bad();
+  return std::optional<uint64_t>(v << shift);
+}
+
 uint64_t AvailableMemoryBytes() {
-  if (const char* env = std::getenv("ELDR_MEMORY_BUDGET")) return std::strtoull(env, nullptr, 10);
+  // Checked by the command line before any work; a library caller with a malformed value gets the machine's figure.
+  if (auto budget = MemoryBudgetFromEnvironment(); budget.ok() && budget.value().has_value()) return *budget.value();
   int64_t avail = MemAvailable();
   const int64_t limit = ReadInteger("/sys/fs/cgroup/memory.max");
   if (limit >= 0) {

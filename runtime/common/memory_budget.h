@@ -7,6 +7,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 
 #include "runtime/common/status.h"
@@ -15,8 +16,13 @@ namespace eldr {
 
 // Bytes this process may still allocate: the lower of /proc/meminfo's MemAvailable and the cgroup v2 limit
 // (/sys/fs/cgroup/memory.max minus memory.current) when there is one; 0 when neither can be read.
-// ELDR_MEMORY_BUDGET (bytes) replaces it (tests).
+// ELDR_MEMORY_BUDGET replaces it (tests; see MemoryBudgetFromEnvironment).
 uint64_t AvailableMemoryBytes();
+
+// ELDR_MEMORY_BUDGET parsed: a whole number of bytes >= 1, optionally followed by K, M, G or T (powers of 1024),
+// e.g. "1048576" or "10G"; nullopt when unset. InvalidArgument naming the variable and its value otherwise (the
+// command line checks it before any work, so a typo is never read as 0 bytes or as no budget at all).
+Result<std::optional<uint64_t>> MemoryBudgetFromEnvironment();
 
 // ResourceExhausted "WHAT: needs N GB, this machine has M GB available" when `bytes` exceed
 // AvailableMemoryBytes() (doubles, so that a product of counts cannot overflow). OK when the budget is unknown.

@@ -8,18 +8,36 @@
 #include <cstdlib>
 #include <exception>
 #include <mutex>
+#include <string>
 #include <thread>
 #include <vector>
 
+#include "runtime/common/status.h"
+
 namespace eldr {
+
+// ELDR_NUM_THREADS parsed: a whole number in [1, kMaxThreads]; 0 when unset. InvalidArgument naming the variable
+// and its value otherwise (the command line checks it before any work, so "abc" or "0" is never silently the
+// hardware count).
+constexpr int kMaxThreads = 4096;
+inline Result<int> ThreadsFromEnvironment() {
+  const char* env = std::getenv("ELDR_NUM_THREADS");
+  if (env == nullptr) return 0;
+  const std::string text = env;
+  const bool digits = !text.empty() && text.size() <= 4 &&
+                      std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  const int n = digits ? std::stoi(text) : 0;
+  if (n < 1 || n > kMaxThreads) {
+    return Status::InvalidArgument("ELDR_NUM_THREADS='" + text + "' must be a whole number in [1, " +
+                                   std::to_string(kMaxThreads) + "] (threads per process)");
+  }
+  return n;
+}
 
 // Threads per process: ELDR_NUM_THREADS when set (a launcher running several ranks per node sets it to
 // cores / ranks), else the hardware concurrency.
 inline int DefaultThreads() {
-  if (const char* env = std::getenv("ELDR_NUM_THREADS")) {
-    const int n = std::atoi(env);
-    if (n >= 1) return n;
-  }
+  if (Result<int> n = ThreadsFromEnvironment(); n.ok() && *n >= 1) return *n;
   return std::max(1u, std::thread::hardware_concurrency());
 }
 

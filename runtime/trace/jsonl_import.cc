@@ -27,7 +27,6 @@ namespace {
 
 using nlohmann::json;
 
-constexpr int64_t kMaxTokenEntries = int64_t{1} << 31;  // per request: T * L * k
 
 // Reads lines of any length from a plain or gzip file.
 class LineReader {
@@ -174,10 +173,10 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
     return Status::InvalidArgument("prompt_len " + std::to_string(P) +
                                    " must be in [0, num_tokens = " + std::to_string(T) + "]");
   }
-  if (T > kMaxTokenEntries / (L * K)) {
+  if (T > kMaxRequestEntries / (L * K)) {
     return Status::InvalidArgument("a request of " + std::to_string(T) + " tokens x " + std::to_string(L) +
                                    " layers x top-" + std::to_string(K) + " is larger than one request may be (" +
-                                   std::to_string(kMaxTokenEntries) + " routing entries)");
+                                   std::to_string(kMaxRequestEntries) + " routing entries)");
   }
   out->shape.num_layers = static_cast<int>(L);
   out->shape.num_experts = static_cast<int>(E);

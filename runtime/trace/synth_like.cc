@@ -8,6 +8,7 @@
 #include <unordered_map>
 
 #include "runtime/common/json_util.h"
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/signals.h"
 #include "runtime/trace/sampling.h"
 
@@ -426,6 +427,15 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
       prompt =
           std::clamp<int64_t>(std::llround(static_cast<double>(total) * len.prompt_len / real_total), 1, total - 1);
     }
+    // exp(jitter·N(0, 1)) is heavy-tailed: a request may draw far more tokens than any real one (and than memory).
+    if (static_cast<double>(total) > static_cast<double>(kMaxRequestEntries) / (s.num_layers * s.top_k)) {
+      return BadOption("--length-jitter " + std::to_string(o.length_jitter) + " drew a request of " +
+                       std::to_string(total) + " tokens (" + std::to_string(real_total) +
+                       " in the real trace), more than a request may hold; lower --length-jitter");
+    }
+    ELDR_RETURN_IF_ERROR(CheckMemoryBudget(static_cast<double>(total) * s.num_layers * s.top_k * (o.with_weights ? 6 : 2),
+                                           "--length-jitter " + std::to_string(o.length_jitter) + ": a request of " +
+                                               std::to_string(total) + " tokens"));
     TraceRequest req;
     req.domain = d.name;
     req.id = d.name.empty() ? "like-" + std::to_string(i) : "like-" + d.name + "-" + std::to_string(i);

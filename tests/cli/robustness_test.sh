@@ -374,6 +374,49 @@ expect_error "trace import: a NUL byte after the record (was: ignored)" "nul.jso
 import json; d = json.load(open('$PROFILE')); d['tokens_scores'] = {}; json.dump(d, open('typo-profile.json', 'w'))"
 expect_error "place profile: an unknown key in the load profile (was: ignored)" "typo-profile.json: unknown key \"tokens_scores\"" - \
   "$ELDR" place profile --load typo-profile.json -P 160 -R 16
+# Round two of the probe: the environment, heavy-tailed lengths, moved bytes, --previous entries, inspect, eldr-launch.
+for v in 0 -1 abc 2x 1e3 99999999999999999999 ""; do
+  expect_error "ELDR_NUM_THREADS='$v' (was: the hardware count)" "ELDR_NUM_THREADS='$v' must be a whole number in \[1, 4096\]" \
+    envc.h5 env ELDR_NUM_THREADS="$v" "$ELDR" calibrate --trace t.h5 -K 2 --out envc.h5 --quiet
+done
+for v in abc -1 0 10X 1.5G ""; do
+  expect_error "ELDR_MEMORY_BUDGET='$v' (was: misread)" "ELDR_MEMORY_BUDGET='$v' must be a whole number of bytes" envm.h5 \
+    env ELDR_MEMORY_BUDGET="$v" "$ELDR" calibrate --trace t.h5 -K 2 --out envm.h5 --quiet
+done
+expect_error "ELDR_MEMORY_BUDGET=10K is 10 KiB" "needs .*, this machine has 10.2 KB|needs .* this machine has 10240 B" - \
+  env ELDR_MEMORY_BUDGET=10K "$ELDR" trace synth --requests 400 --layers 8 --experts 32 --top-k 4 --out budget.h5
+env ELDR_NUM_THREADS=1 ELDR_MEMORY_BUDGET=8G "$ELDR" calibrate --trace t.h5 -K 2 --out envok.h5 --quiet &&
+  ok "valid ELDR_NUM_THREADS and ELDR_MEMORY_BUDGET" || bad "valid ELDR_NUM_THREADS and ELDR_MEMORY_BUDGET"
+expect_error "synth --like --length-jitter 5 (was: OOM kill)" "--length-jitter 5.* drew a request of .* tokens|--length-jitter 5.*: needs" \
+  jit.h5 env ELDR_MEMORY_BUDGET=64M "$ELDR" trace synth --like t.h5 --requests 2000 --length-jitter 5 --out jit.h5
+echo '{"token_scores": {"0": {"0": 5, "1": 1, "2": 1, "3": 1}, "1": {"0": 1, "1": 1, "2": 1, "3": 5}}}' >p4.json
+"$ELDR" place profile --load p4.json -P 6 -R 2 --json >p4-place.json 2>/dev/null
+/usr/bin/python3 - <<'PYEOF'
+import json
+j = json.load(open("p4-place.json"))
+j["phy2log"] = j["phy2log"][::-1]
+json.dump(j, open("p4-rev.json", "w"))
+j["phy2log"][0] = 2 ** 70
+json.dump(j, open("p4-big.json", "w"))
+j["phy2log"][0] = 1.5
+json.dump(j, open("p4-half.json", "w"))
+PYEOF
+"$ELDR" place profile --load p4.json -P 6 -R 2 --previous p4-rev.json --expert-bytes 1000000000000000000 --json >mb.json 2>"$WORK/err.txt" &&
+  /usr/bin/python3 -c "
+import json; j = json.load(open('mb.json')); assert j['moved_experts'] > 0 and j['moved_bytes'] == j['moved_experts'] * 1e18, j" &&
+  ok "moved bytes past 2^63 (was: 0 in JSON, negative in text)" || bad "moved bytes past 2^63" "$(cat "$WORK/err.txt")"
+expect_error "place --previous: a phy2log entry of 2^70 (was: reported as -2147483648)" "p4-big.json: phy2log\[0\] = 1.18059[0-9]*e\+21 is not an expert id" - \
+  "$ELDR" place profile --load p4.json -P 6 -R 2 --previous p4-big.json
+expect_error "place --previous: a phy2log entry of 1.5 (was: read as 1)" "p4-half.json: phy2log\[0\] = 1.5 is not an expert id" - \
+  "$ELDR" place profile --load p4.json -P 6 -R 2 --previous p4-half.json
+"$ELDR" place calib --calib c.h5 -P 16 -R 2 --out placed.h5 >/dev/null 2>&1
+/usr/bin/python3 -c "
+import h5py; f = h5py.File('placed.h5', 'r+'); d = f['/placement/global/phy2log']; x = d[...]; x[0, 0] = 999; d[...] = x"
+expect_error "inspect: a damaged /placement (was: ignored)" "placed.h5: .*phy2log" - "$ELDR" inspect placed.h5
+expect_error "eldr-launch --launcher without a value (was: a bash error)" "eldr-launch: --launcher needs a value" - \
+  "$SRC/launch/eldr-launch" job.yaml --launcher
+expect_error "eldr-launch DIR" "eldr-launch: sub0: is a directory" - sh -c "mkdir -p sub0 && '$SRC/launch/eldr-launch' sub0"
+
 # A relative output.dir is the config's directory's, as its inputs are (was: the working directory's).
 mkdir -p sub && sed "s|^workload: {trace: tiny.h5|workload: {trace: $WORK/tiny.h5|" job.yaml >sub/job.yaml
 if "$ELDR" simulate -c sub/job.yaml --quiet >/dev/null 2>"$WORK/err.txt" && [ -e sub/run/metrics.json ] && [ ! -e run ]; then
