@@ -193,14 +193,15 @@ void AddInspectCommand(CLI::App& app, Action* action) {
       ELDR_ASSIGN_OR_RETURN(StoredPlacements placed, ReadPlacements(*path, calib->shape.num_layers,
                                                                     calib->shape.num_experts, 0, calib->num_clusters));
       if (placed.present) {
-        j["placement"] = {{"algorithm", placed.algorithm},          {"num_ranks", placed.num_ranks},
-                          {"num_slots", placed.num_slots},          {"num_nodes", placed.num_nodes},
-                          {"num_groups", placed.num_groups},        {"clusters_using_global", placed.from_global}};
-        text += "placement: " + (placed.algorithm.empty() ? std::string("(algorithm not recorded)") : placed.algorithm) +
-                ", " + std::to_string(placed.num_slots) + " slots on " + std::to_string(placed.num_ranks) +
-                " ranks (" + std::to_string(placed.num_nodes) + " nodes, " + std::to_string(placed.num_groups) +
-                " groups); " + std::to_string(placed.from_global.size()) + " of " +
-                std::to_string(calib->num_clusters) + " clusters use the global placement\n";
+        j["placement"] = {{"algorithm", placed.algorithm},   {"num_ranks", placed.num_ranks},
+                          {"num_slots", placed.num_slots},   {"num_nodes", placed.num_nodes},
+                          {"num_groups", placed.num_groups}, {"clusters_using_global", placed.from_global}};
+        text +=
+            "placement: " + (placed.algorithm.empty() ? std::string("(algorithm not recorded)") : placed.algorithm) +
+            ", " + std::to_string(placed.num_slots) + " slots on " + std::to_string(placed.num_ranks) + " ranks (" +
+            std::to_string(placed.num_nodes) + " nodes, " + std::to_string(placed.num_groups) + " groups); " +
+            std::to_string(placed.from_global.size()) + " of " + std::to_string(calib->num_clusters) +
+            " clusters use the global placement\n";
       }
       if (!trace_path->empty()) {
         ELDR_ASSIGN_OR_RETURN(Trace t, ReadTrace(*trace_path));

@@ -14,9 +14,9 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/calib/placement_store.h"
 #include "runtime/cli/commands.h"
-#include "runtime/common/memory_budget.h"
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/memory_budget.h"
 #include "runtime/common/signals.h"
 #include "runtime/eval/placement_replay.h"
 #include "runtime/trace/trace.h"
@@ -169,7 +169,8 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
     const MoveStats m = CountMoves(*previous, pl, a.expert_bytes);
     j["moved_experts"] = m.moved_experts;
     j["moved_bytes"] = m.moved_bytes;
-    text += "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " + FormatBytes(m.moved_bytes) + "\n";
+    text +=
+        "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " + FormatBytes(m.moved_bytes) + "\n";
   }
   PrintResult(a.as_json, text, DumpJson(WithProvenance(j, cmd)));
   return Status::Ok();

@@ -374,12 +374,13 @@ Status CommitRunDirectory(const std::string& dir, bool replace,
   std::vector<std::pair<std::string, std::string>> paths;
   for (const auto& [file, content] : files) paths.emplace_back(temp + "/" + file, content);
   Status st = WriteFilesAtomic(paths);  // each file written, fsynced and renamed inside `temp`, which is fsynced
-  if (!st.ok()) {  // name the run's file as the user knows it, not the temporary directory's
+  if (!st.ok()) {                       // name the run's file as the user knows it, not the temporary directory's
     std::string m = st.message();
-    for (size_t at = m.find(temp); at != std::string::npos; at = m.find(temp, at + dir.size())) m.replace(at, temp.size(), dir);
+    for (size_t at = m.find(temp); at != std::string::npos; at = m.find(temp, at + dir.size()))
+      m.replace(at, temp.size(), dir);
     st = Status(st.code(), m);
   }
-  std::string earlier;                  // where an earlier run went, to be removed
+  std::string earlier;  // where an earlier run went, to be removed
   if (st.ok()) {
     ELDR_ASSIGN_OR_RETURN(const bool holds_files, RunDirectoryHoldsFiles(target.string()));
     if (!holds_files) {

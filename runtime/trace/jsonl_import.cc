@@ -27,7 +27,6 @@ namespace {
 
 using nlohmann::json;
 
-
 // Reads lines of any length from a plain or gzip file.
 class LineReader {
  public:

@@ -433,9 +433,9 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
                        std::to_string(total) + " tokens (" + std::to_string(real_total) +
                        " in the real trace), more than a request may hold; lower --length-jitter");
     }
-    ELDR_RETURN_IF_ERROR(CheckMemoryBudget(static_cast<double>(total) * s.num_layers * s.top_k * (o.with_weights ? 6 : 2),
-                                           "--length-jitter " + std::to_string(o.length_jitter) + ": a request of " +
-                                               std::to_string(total) + " tokens"));
+    ELDR_RETURN_IF_ERROR(CheckMemoryBudget(
+        static_cast<double>(total) * s.num_layers * s.top_k * (o.with_weights ? 6 : 2),
+        "--length-jitter " + std::to_string(o.length_jitter) + ": a request of " + std::to_string(total) + " tokens"));
     TraceRequest req;
     req.domain = d.name;
     req.id = d.name.empty() ? "like-" + std::to_string(i) : "like-" + d.name + "-" + std::to_string(i);

@@ -50,7 +50,7 @@ struct Trace {
 // The limits of the trace format, which every reader enforces and every writer (synth, import, WriteTrace,
 // TraceWriter) checks first, so that nothing is written that a reader would reject.
 constexpr int kMaxTraceLayers = 4096;
-constexpr int kMaxTraceExperts = 65535;  // ids are uint16
+constexpr int kMaxTraceExperts = 65535;                   // ids are uint16
 constexpr int64_t kMaxRequestEntries = int64_t{1} << 31;  // routing entries of one request: tokens x L x top-k
 // InvalidArgument "NAME: num_layers L must be in [1, 4096]" (and the same for E and k <= E) unless the shape is
 // one a reader accepts.
