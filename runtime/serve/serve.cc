@@ -784,9 +784,12 @@ class RouterRank {
   Status Serve(ProgressBar& bar) {
     while (!frontend_->done()) {
       if (!Tick(true)) return Status::Ok();
-      // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work.
+      // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work, at
+      // most kAdmitPerTick per pass: a burst (request_rate: inf) of a million requests sent in one call kept rank
+      // 0 in blocking sends for over a minute, with no heartbeat, until the workers' watch gave up on it.
+      constexpr int64_t kAdmitPerTick = 256;
       const double now = Now() - start_;
-      frontend_->Admit(frontend_->DueBy(now), now);
+      frontend_->Admit(std::min(frontend_->DueBy(now), frontend_->sent() + kAdmitPerTick), now);
       if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
