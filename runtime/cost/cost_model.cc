@@ -5,7 +5,6 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
-#include <iomanip>
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -252,24 +251,20 @@ std::vector<double> DedicatedWork(const std::vector<std::pair<double, double>>& 
   return out;
 }
 
-std::string Number(double v) {
-  std::ostringstream os;
-  os << std::setprecision(15) << v;
-  return os.str();
-}
-
-// A count field of a step record: an integer in [lo, hi].
-double CountField(const nlohmann::json& j, const char* key, double lo, double hi) {
+// A count field of a step record: an integer in `range`.
+double CountField(const nlohmann::json& j, const char* key, const IntRange& range) {
   const double v = j.at(key).get<double>();
-  if (!(v >= lo && v <= hi) || v != std::floor(v)) {
-    throw std::runtime_error(std::string(key) + " must be an integer in [" + Number(lo) + ", " + Number(hi) +
-                             "], got " + Number(v));
+  if (!(v >= static_cast<double>(range.lo) && v <= static_cast<double>(range.hi)) || v != std::floor(v)) {
+    throw std::runtime_error(std::string(key) + " must be " + range.Describe() + ", got " + j.at(key).dump());
   }
   return v;
 }
 
+// Far beyond any batch, context or prompt, below where doubles skip integers.
+constexpr int64_t kMaxStepCount = 1'000'000'000'000'000;
+
 // max_distinct: the distinct experts a decode step can touch, the model's MoE layers x routed experts.
-Status ReadStepLog(const std::string& path, Samples* s, double cores, double max_distinct) {
+Status ReadStepLog(const std::string& path, Samples* s, double cores, int64_t max_distinct) {
   ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a steps.jsonl file"));
   std::ifstream in(path);
   if (!in) return Status::IoError(path + ": cannot open");
@@ -297,15 +292,15 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores, double max
       const double cpu = j.value("cpu_seconds", -1.0);
       if (cpu >= 0) cpu_work.emplace_back(kind == "decode", cpu);
       if (kind == "decode") {
-        constexpr double kMaxCount = 1e15;  // far beyond any batch or context, below where doubles skip integers
-        const double distinct = CountField(j, "distinct_experts", 0, max_distinct);
-        const double batch = CountField(j, "batch", 1, kMaxCount);
-        const double context = CountField(j, "context_tokens", 0, kMaxCount);
+        const double distinct = CountField(j, "distinct_experts", IntRange::Between(0, max_distinct));
+        const double batch = CountField(j, "batch", IntRange::Between(1, kMaxStepCount));
+        const double context = CountField(j, "context_tokens", IntRange::Between(0, kMaxStepCount));
         s->decode_x.insert(s->decode_x.end(), {1.0, distinct, batch, context});
         s->decode_y.push_back(seconds);
         decode_spans.emplace_back(end - seconds, end);
       } else if (kind == "prefill") {
-        s->prefill_x.insert(s->prefill_x.end(), {1.0, CountField(j, "prompt_tokens", 1, 1e15)});
+        s->prefill_x.insert(s->prefill_x.end(),
+                            {1.0, CountField(j, "prompt_tokens", IntRange::Between(1, kMaxStepCount))});
         s->prefill_y.push_back(seconds);
         prefill_spans.emplace_back(end - seconds, end);
       } else {
@@ -601,7 +596,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     if (whole) {
       ELDR_RETURN_IF_ERROR(ReadBenchJson(f, j, &s));
     } else {
-      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s, cores, static_cast<double>(mc.num_moe_layers()) * mc.num_experts));
+      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s, cores, static_cast<int64_t>(mc.num_moe_layers()) * mc.num_experts));
     }
   }
   FitReport r;
