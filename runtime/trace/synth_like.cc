@@ -421,28 +421,32 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
     const LikeLengths& len = d.lengths[UniformBelow(rng, d.lengths.size())];
     const double scale = std::exp(o.length_jitter * StandardNormal(rng));
     const int64_t real_total = std::max<int64_t>(1, len.prompt_len + len.decode_len);
-    int64_t total = std::max<int64_t>(len.decode_len > 0 ? 2 : 1, std::llround(real_total * scale));
+    // exp(jitter·N(0, 1)) is heavy-tailed: a request may draw far more tokens than any real one (and than memory),
+    // so the draw is checked as a double, before it is rounded to an integer that could overflow.
+    const double drawn = static_cast<double>(real_total) * scale;
+    const size_t stride = static_cast<size_t>(s.num_layers) * s.top_k;
+    if (drawn > static_cast<double>(kMaxRequestEntries) / static_cast<double>(stride)) {
+      return BadOption("--length-jitter " + std::to_string(o.length_jitter) + " drew a request of " +
+                       std::to_string(std::llround(std::min(drawn, 9e18))) + " tokens (" + std::to_string(real_total) +
+                       " in the real trace), more than a request may hold; lower --length-jitter");
+    }
+    int64_t total = std::max<int64_t>(len.decode_len > 0 ? 2 : 1, std::llround(drawn));
     int64_t prompt = total;
     if (len.decode_len > 0) {
       prompt =
           std::clamp<int64_t>(std::llround(static_cast<double>(total) * len.prompt_len / real_total), 1, total - 1);
     }
-    // exp(jitter·N(0, 1)) is heavy-tailed: a request may draw far more tokens than any real one (and than memory).
-    if (static_cast<double>(total) > static_cast<double>(kMaxRequestEntries) / (s.num_layers * s.top_k)) {
-      return BadOption("--length-jitter " + std::to_string(o.length_jitter) + " drew a request of " +
-                       std::to_string(total) + " tokens (" + std::to_string(real_total) +
-                       " in the real trace), more than a request may hold; lower --length-jitter");
+    if (static_cast<size_t>(total) * stride > ids.capacity()) {  // only when the buffers grow, not per request
+      ELDR_RETURN_IF_ERROR(CheckMemoryBudget(static_cast<double>(total) * stride * (o.with_weights ? 6 : 2),
+                                             "--length-jitter " + std::to_string(o.length_jitter) + ": a request of " +
+                                                 std::to_string(total) + " tokens"));
     }
-    ELDR_RETURN_IF_ERROR(CheckMemoryBudget(
-        static_cast<double>(total) * s.num_layers * s.top_k * (o.with_weights ? 6 : 2),
-        "--length-jitter " + std::to_string(o.length_jitter) + ": a request of " + std::to_string(total) + " tokens"));
     TraceRequest req;
     req.domain = d.name;
     req.id = d.name.empty() ? "like-" + std::to_string(i) : "like-" + d.name + "-" + std::to_string(i);
     req.prompt_len = prompt;
     req.num_tokens = total;
     sampler.DrawDistribution(rng, d.mean, d.concentration);
-    const size_t stride = static_cast<size_t>(s.num_layers) * s.top_k;
     ids.resize(static_cast<size_t>(total) * stride);
     if (o.with_weights) weights.resize(ids.size());
     float* w = o.with_weights ? weights.data() : nullptr;
