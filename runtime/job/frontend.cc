@@ -1,6 +1,7 @@
 #include "runtime/job/frontend.h"
 
 #include <algorithm>
+#include <limits>
 
 namespace eldr {
 
@@ -52,6 +53,8 @@ Frontend::Frontend(const JobConfig& c, const JobRequests& in, Router router, std
     r.token_times.reserve(static_cast<size_t>(in.output_len[i]));
   }
   for (DecoderRecord& d : decoders_) d.rank_load_sum.assign(c.ep_size, 0.0);
+  free_slots_.assign(static_cast<size_t>(std::max<int64_t>(0, c.max_concurrency)),
+                     -std::numeric_limits<double>::infinity());
   routing_.tau = router_.tau();
 }
 
@@ -64,7 +67,12 @@ void Frontend::Admit(int64_t due, double now) {
   while (next_ < std::min(due, num_requests()) && (cap == 0 || active_ < cap)) {
     const int p = static_cast<int>(std::min_element(prefill_outstanding_.begin(), prefill_outstanding_.end()) -
                                    prefill_outstanding_.begin());
-    records_[next_].arrival = now;
+    double due_at = arrivals_[next_];
+    if (cap > 0) {  // the oldest free slot: the request could go once it was free and the request had arrived
+      due_at = std::max(due_at, free_slots_.front());
+      free_slots_.pop_front();
+    }
+    records_[next_].arrival = std::min(due_at, now);
     prefill_of_[next_] = p;
     ++prefill_outstanding_[p];
     ++active_;
@@ -123,7 +131,7 @@ void Frontend::ReleaseHeld() {
   while (!held_.empty() && Route(held_.front().first, held_.front().second)) held_.pop_front();
 }
 
-void Frontend::Finish(int64_t request, bool ok, const std::string& error) {
+void Frontend::Finish(int64_t request, double t, bool ok, const std::string& error) {
   RequestRecord& r = records_[request];
   if (!ok && r.token_times.empty() && prefill_of_[request] >= 0) --prefill_outstanding_[prefill_of_[request]];
   r.success = ok;
@@ -131,6 +139,7 @@ void Frontend::Finish(int64_t request, bool ok, const std::string& error) {
   r.output_len = static_cast<int64_t>(r.token_times.size());
   if (r.decoder >= 0) router_.Complete(routed_[request], work_left_[request]);  // failed at the decoder: frees too
   --active_;
+  if (config_->max_concurrency > 0) free_slots_.push_back(t);
   ++done_;
   ReleaseHeld();
 }

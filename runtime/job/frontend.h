@@ -69,7 +69,10 @@ class Frontend {
   const std::vector<double>& arrivals() const { return arrivals_; }
   // How many requests have arrived by time t (arrival <= t).
   int64_t DueBy(double t) const;
-  // Sends requests [sent(), due) while max_concurrency allows, stamping their arrival at `now`.
+  // Sends requests [sent(), due) while max_concurrency allows. Each is stamped with the time it was due at the
+  // frontend, which its TTFT counts from: its scheduled arrival or, when max_concurrency held it, the time the
+  // slot it takes was freed (a closed-loop client sends it then), whichever is later; never later than `now`.
+  // A caller that sends in portions (serve's rank 0 bounds one pass) so leaves no wait out of the latencies.
   void Admit(int64_t due, double now);
 
   // Prefill's result reached the frontend at t: the first token (recorded when given) and the counts [L, E]
@@ -80,10 +83,10 @@ class Frontend {
   // A decode step of `decoder` (batch 0: nothing ran, not counted); `rank_load` [ep_size] or empty.
   void OnDecodeStep(int decoder, int64_t batch, int64_t distinct_experts, std::span<const int64_t> rank_load,
                     double balancedness);
-  // `request` finished (ok) or failed with `error`: its decoder's slot frees (Router::Complete) and held
-  // requests are routed while a decoder admits them. A failure before the first token also ends the
-  // request's outstanding prefill.
-  void Finish(int64_t request, bool ok, const std::string& error = "");
+  // `request` finished (ok) or failed with `error`, as the frontend learnt at time t: its max_concurrency slot
+  // and its decoder's slot free (Router::Complete) and held requests are routed while a decoder admits them.
+  // A failure before the first token also ends the request's outstanding prefill.
+  void Finish(int64_t request, double t, bool ok, const std::string& error = "");
   // The job ends early (watchdog): every request not finished is marked failed, with `never_sent` or
   // `unfinished` as its error.
   void AbandonUnfinished(const std::string& never_sent, const std::string& unfinished);
@@ -123,6 +126,7 @@ class Frontend {
   std::vector<RoutingDecision> routed_;                      // [N] each routed request's decision (Router::Complete)
   std::vector<DecoderRecord> decoders_;                      // [decode_ranks]
   std::deque<std::pair<int64_t, std::vector<float>>> held_;  // every decoder at its cap: (request, counts)
+  std::deque<double> free_slots_;  // max_concurrency > 0: since when each free slot is free, oldest first
   RoutingStats routing_;
   int64_t next_ = 0, active_ = 0, done_ = 0;
 };

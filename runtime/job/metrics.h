@@ -21,7 +21,7 @@ struct RequestRecord {
   int decoder = -1;
   int64_t prompt_len = 0;
   int64_t output_len = 0;           // tokens generated, the first (from prefill) included
-  double arrival = 0;               // when the request entered the frontend
+  double arrival = 0;               // when it was due at the frontend (Frontend::Admit)
   std::vector<double> token_times;  // [output_len] when each output token reached the frontend
   std::vector<int32_t> tokens;      // [output_len] the generated token ids
   bool success = true;

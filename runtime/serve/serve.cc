@@ -825,7 +825,7 @@ class RouterRank {
       case kTagTokens:
         return OnTokens(msg, t);
       case kTagFailed:
-        return OnFailed(msg);
+        return OnFailed(msg, t);
       case kTagHeartbeat:  // the answer to rank 0's heartbeat: being heard is all it says
         return DecodeMsg<HeartbeatMsg>(msg).status();
       default:
@@ -868,15 +868,15 @@ class RouterRank {
     for (const TokenRecord& tok : m.tokens) {
       // Tokens of one request arrive in order from its decoder: the index needs no check.
       frontend_->OnToken(tok.request, t, tok.token);
-      if (tok.finished) frontend_->Finish(tok.request, true);
+      if (tok.finished) frontend_->Finish(tok.request, t, true);
     }
     return Status::Ok();
   }
 
-  Status OnFailed(const Message& msg) {
+  Status OnFailed(const Message& msg, double t) {
     ELDR_ASSIGN_OR_RETURN(FailedMsg m, DecodeMsg<FailedMsg>(msg));
     ELDR_RETURN_IF_ERROR(CheckRequest(m.request, msg.source));
-    frontend_->Finish(m.request, false,
+    frontend_->Finish(m.request, t, false,
                       c_.RoleOf(msg.source) + " (rank " + std::to_string(msg.source) + "): " + m.reason);
     return Status::Ok();
   }

@@ -397,7 +397,7 @@ class Simulation {
       error = std::move(it->second);
       errors_.erase(it);
     }
-    frontend_->Finish(i, ok, error);
+    frontend_->Finish(i, now_, ok, error);
     frontend_->Admit(arrival_due_, now_);
   }
 

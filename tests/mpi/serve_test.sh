@@ -225,6 +225,26 @@ PYEOF
 then ok "reffull: a decoder full when KV is routed to it: every request completes with the reference's tokens"
 else bad "reffull: full decoder" "$(tail -3 reffull.log)"; fi
 
+# A burst larger than rank 0 sends in one pass of its loop (at most 256 requests: a million in one call kept it
+# from its heartbeats until the workers' watch gave up): 600 requests at request_rate inf all complete once, and
+# each keeps its due time, 0, as its arrival (a request sent in a later pass does not lose its wait at rank 0
+# from its TTFT; before, each was stamped when it was sent).
+job burst 1 2 jsq "" inf
+sed -i 's/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
+        s/seed: 3}/seed: 3, num_requests: 600, output_len: 2}/' burst.yaml
+if "${MPIRUN[@]}" -np 4 "$ELDR" serve -c burst.yaml --quiet >burst.log 2>&1 && $PY - "$WORK/out-burst" >>burst.log 2>&1 <<'PYEOF'
+import json, sys
+recs = [json.loads(l) for l in open(sys.argv[1] + "/requests.jsonl")]
+assert len(recs) == 600 and len({r["id"] for r in recs}) == 600, "not every request once"
+assert all(r["success"] and r["output_len"] == 2 for r in recs), [r for r in recs if not r["success"]][:2]
+late = [r["id"] for r in recs if r["arrival_s"] != 0.0]
+assert not late, "arrival stamped at the send, not when due: %s" % late[:3]
+m = json.load(open(sys.argv[1] + "/metrics.json"))
+assert m["completed"] == 600 and m["failed"] == 0
+PYEOF
+then ok "burst of 600 at rate inf (rank 0 sends at most 256 a pass): every request once, each arrival when due"
+else bad "burst of 600 at rate inf" "$(tail -3 burst.log)"; fi
+
 # Expert-parallel decoders (decode.ep_size): a decoder that is an EP group of 2 ranks (its MoE layers dispatched
 # to the ranks holding the experts and combined in the single-rank order) decodes exactly the tokens one rank
 # does, with the contiguous placement and with a per-cluster placement that replicates hot experts, and the

@@ -81,10 +81,10 @@ TEST(Frontend, HoldsAtTheCapAndReleasesInOrder) {
   EXPECT_EQ(sent.routes, (Pairs{{0, 0}, {1, 1}}));
   EXPECT_EQ(f->prefill_outstanding(0), 0);
   f->OnToken(1, 0.5, 8);
-  f->Finish(1, true);
+  f->Finish(1, 0.5, true);
   EXPECT_EQ(sent.routes, (Pairs{{0, 0}, {1, 1}, {2, 1}}));
   f->OnToken(0, 0.6, 8);
-  f->Finish(0, true);
+  f->Finish(0, 0.6, true);
   EXPECT_EQ(sent.routes, (Pairs{{0, 0}, {1, 1}, {2, 1}, {3, 0}}));
   EXPECT_EQ(f->decoder_in_flight(0), 1);
   EXPECT_EQ(f->decoder_in_flight(1), 1);
@@ -102,17 +102,18 @@ TEST(Frontend, AHeldRequestWaitsBehindEarlierHeldOnes) {
   ASSERT_TRUE(f.ok());
   f->Admit(3, 0.0);
   for (int64_t r = 0; r < 3; ++r) f->OnFirstToken(r, 1.0, std::nullopt, kNoCounts);
-  f->Finish(0, true);
+  f->Finish(0, 1.1, true);
   EXPECT_EQ(sent.routes, (Pairs{{0, 0}, {1, 0}}));
-  f->Finish(1, true);
-  f->Finish(2, true);
+  f->Finish(1, 1.2, true);
+  f->Finish(2, 1.3, true);
   EXPECT_EQ(sent.routes, (Pairs{{0, 0}, {1, 0}, {2, 0}}));
   EXPECT_TRUE(f->done());
 }
 
 TEST(Frontend, MaxConcurrencyAndLeastOutstandingPrefill) {
-  // max_concurrency 2, 2 prefill ranks: 0 → p0, 1 → p1, 2 waits. 0 fails at prefill (no token): p0 has 0
-  // outstanding, the slot frees, and 2 goes to p0 with its arrival stamped when it is sent.
+  // max_concurrency 2, 2 prefill ranks, all three due at 0 (rate inf): 0 → p0, 1 → p1, 2 waits. 0 fails at
+  // prefill (no token) at 0.6: p0 has 0 outstanding, the slot frees, and 2 goes to p0 at the next Admit (0.7).
+  // Arrivals are when each was due: 0 and 1 at 0 (sent later, at 0.5), 2 when the slot freed (0.6).
   JobConfig c = Job(RoutingPolicy::kRoundRobin, 2, 1, 0);
   c.max_concurrency = 2;
   const JobRequests in = Requests(3, {3, 3, 3});
@@ -122,7 +123,7 @@ TEST(Frontend, MaxConcurrencyAndLeastOutstandingPrefill) {
   f->Admit(3, 0.5);
   EXPECT_EQ(sent.prefill, (Pairs{{0, 0}, {1, 1}}));
   EXPECT_EQ(f->sent(), 2);
-  f->Finish(0, false, "prefill 0: too long");
+  f->Finish(0, 0.6, false, "prefill 0: too long");
   EXPECT_EQ(f->prefill_outstanding(0), 0);
   EXPECT_EQ(f->prefill_outstanding(1), 1);
   f->Admit(3, 0.7);
@@ -132,10 +133,47 @@ TEST(Frontend, MaxConcurrencyAndLeastOutstandingPrefill) {
   EXPECT_EQ(r0.error, "prefill 0: too long");
   EXPECT_EQ(r0.output_len, 0);
   EXPECT_EQ(r0.decoder, -1);
-  EXPECT_DOUBLE_EQ(r0.arrival, 0.5);
-  EXPECT_DOUBLE_EQ(f->records()[2].arrival, 0.7);
+  EXPECT_DOUBLE_EQ(r0.arrival, 0.0);
+  EXPECT_DOUBLE_EQ(f->records()[1].arrival, 0.0);
+  EXPECT_DOUBLE_EQ(f->records()[2].arrival, 0.6);
   EXPECT_EQ(f->records()[2].id, "r2");
   EXPECT_EQ(f->records()[2].prompt_len, 3);
+}
+
+TEST(Frontend, ArrivalIsWhenTheRequestWasDueNotWhenItWasSent) {
+  // Open loop at 2 req/s (seeded Poisson arrivals, read back): a request sent late (a caller that admits in
+  // portions, as serve's rank 0 does under a burst) keeps its scheduled arrival, so its TTFT holds the wait.
+  JobConfig c = Job(RoutingPolicy::kRoundRobin, 1, 1, 0);
+  c.request_rate = 2;
+  const JobRequests in = Requests(4, {1, 1, 1, 1});
+  Sent sent;
+  auto f = Frontend::Create(c, in, in.trace.shape, nullptr, sent.Actions());
+  ASSERT_TRUE(f.ok());
+  const std::vector<double> a = f->arrivals();
+  ASSERT_EQ(a.size(), 4u);
+  f->Admit(2, a[3] + 1);  // two sent in this portion, late
+  f->Admit(4, a[3] + 2);  // the rest in the next
+  for (int i = 0; i < 4; ++i) EXPECT_DOUBLE_EQ(f->records()[i].arrival, a[i]) << i;
+  // A first token at a[3] + 3: TTFT counts from the scheduled arrival.
+  f->OnFirstToken(0, a[3] + 3, 1, kNoCounts);
+  EXPECT_DOUBLE_EQ(f->records()[0].ttft(), a[3] + 3 - a[0]);
+
+  // Closed loop, max_concurrency 1, all due at 0: each request is due when the slot it takes was freed (the
+  // finish before it), even when the caller admits it later; never later than the send.
+  JobConfig cl = Job(RoutingPolicy::kRoundRobin, 1, 1, 0);
+  cl.max_concurrency = 1;
+  Sent sent2;
+  auto g = Frontend::Create(cl, in, in.trace.shape, nullptr, sent2.Actions());
+  ASSERT_TRUE(g.ok());
+  g->Admit(4, 0.25);  // 0 goes (due at 0)
+  g->Finish(0, 1.0, false, "x");
+  g->Admit(4, 1.5);  // 1 goes: its slot freed at 1.0
+  g->Finish(1, 2.0, false, "x");
+  g->Admit(4, 2.0);  // 2 at 2.0
+  EXPECT_EQ(g->sent(), 3);
+  EXPECT_DOUBLE_EQ(g->records()[0].arrival, 0.0);
+  EXPECT_DOUBLE_EQ(g->records()[1].arrival, 1.0);
+  EXPECT_DOUBLE_EQ(g->records()[2].arrival, 2.0);
 }
 
 TEST(Frontend, FinishAccounting) {
@@ -153,8 +191,8 @@ TEST(Frontend, FinishAccounting) {
   f->OnToken(0, 2.0, 11);
   f->OnToken(0, 3.0, 12);
   f->OnToken(0, 4.0, 13);  // beyond output_len
-  f->Finish(0, true);
-  f->Finish(1, false, "decode 1 (rank 3): KV blocks arrived corrupted");
+  f->Finish(0, 3.0, true);
+  f->Finish(1, 3.5, false, "decode 1 (rank 3): KV blocks arrived corrupted");
   EXPECT_EQ(f->prefill_outstanding(0), 0);
   EXPECT_EQ(f->decoder_in_flight(0), 0);
   EXPECT_EQ(f->decoder_in_flight(1), 0);
@@ -182,7 +220,7 @@ TEST(Frontend, AbandonUnfinishedMarksWhatIsLeft) {
   f->Admit(3, 0.0);  // 0 and 1 sent
   f->OnFirstToken(0, 1.0, 1, kNoCounts);
   f->OnToken(0, 2.0, 2);
-  f->Finish(0, true);
+  f->Finish(0, 2.0, true);
   f->AbandonUnfinished("never sent", "unfinished");
   EXPECT_TRUE(f->records()[0].success);
   EXPECT_EQ(f->records()[1].error, "unfinished");
@@ -283,7 +321,7 @@ TEST(Frontend, EldrTailHoldsDecodeWorkAndOverflowsByDistance) {
   EXPECT_EQ(sent.routes, (Pairs{{0, 0}, {1, 0}, {2, 1}}));
   EXPECT_EQ(f->routing().fallbacks, 1);
   EXPECT_DOUBLE_EQ(f->router().decoders()[1].work, 6);
-  f->Finish(0, true);
+  f->Finish(0, 1.5, true);
   EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 6);
   EXPECT_EQ(f->decoder_in_flight(0), 1);
 }
