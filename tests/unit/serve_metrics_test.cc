@@ -1,7 +1,9 @@
 // Serving metrics against hand-computed values and numpy's percentile definition; arrivals' statistics.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 
 #include "runtime/job/metrics.h"
 #include "runtime/job/workload.h"
@@ -20,6 +22,33 @@ TEST(Metrics, PercentileIsNumpyLinear) {
   EXPECT_NEAR(d.mean, 2.5, 1e-12);
   EXPECT_NEAR(d.std, std::sqrt(1.25), 1e-12);  // population std, as numpy
   EXPECT_NEAR(d.percentiles[1].second, 3.7, 1e-12);
+}
+
+TEST(Metrics, SummarizeSelectsTheSameOrderStatisticsAsASort) {
+  // Summarize reads its percentiles by selection; a full sort and Percentile are the reference, on random
+  // values with ties (integers 0..9), of every small size and a few large ones, at the ends and between ranks.
+  const std::vector<double> ps = {0, 1, 25, 50, 90, 99, 99.9, 100};
+  uint64_t state = 12345;
+  const auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return static_cast<double>((state >> 33) % 10);
+  };
+  for (size_t n : {1, 2, 3, 4, 5, 7, 8, 13, 100, 1001, 65537}) {
+    std::vector<double> v(n);
+    for (double& x : v) x = next() + (n > 100 ? 0.001 * next() : 0.0);
+    std::vector<double> sorted = v;
+    std::sort(sorted.begin(), sorted.end());
+    const Distribution d = Summarize(v, ps);
+    ASSERT_EQ(d.percentiles.size(), ps.size());
+    EXPECT_EQ(d.median, Percentile(sorted, 50)) << n;
+    for (size_t i = 0; i < ps.size(); ++i) {
+      EXPECT_EQ(d.percentiles[i].first, ps[i]);
+      EXPECT_EQ(d.percentiles[i].second, Percentile(sorted, ps[i])) << "n " << n << " p " << ps[i];
+    }
+    double sum = 0;
+    for (double x : sorted) sum += x;
+    EXPECT_NEAR(d.mean, sum / static_cast<double>(n), 1e-9 * (1 + sum));
+  }
 }
 
 TEST(Metrics, ServingSummaryByHand) {
