@@ -62,6 +62,10 @@ nlohmann::json DistinctByBatchJson(const DistinctByBatch& by_batch);
 
 // One line of the per-request JSONL; with_tokens adds the generated token ids.
 nlohmann::json RequestRecordJson(const RequestRecord& r, bool with_tokens = false);
+// The same line as text, appended to `out` with its newline: byte for byte DumpJsonLine(RequestRecordJson(r,
+// with_tokens)) (nlohmann's sorted keys, number format and string escapes), without building a json object per
+// record (a million-record job's requests.jsonl took seconds that way, past the launcher's kill delay).
+void AppendRequestLine(std::string& out, const RequestRecord& r, bool with_tokens = false);
 
 // What a job observed per decoder and at the router, beyond the per-request records.
 struct DecoderStats {
@@ -112,6 +116,10 @@ struct StepRecord {
 };
 // Writes one JSON line per step, atomically.
 Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& steps);
+// One step's line (with its newline), appended to `out`: {batch, context_tokens, cpu_seconds (when measured),
+// distinct_experts, kind, seconds, time, worker} for a decode step, {cpu_seconds, kind, prompt_tokens, seconds,
+// time, worker} for a prefill step, in nlohmann's key order and number format.
+void AppendStepLine(std::string& out, const StepRecord& s);
 
 // The run directory (output.dir) of serve and simulate, committed all or none: every file is written into a new
 // temporary directory beside it (.NAME.tmp.PID, each file fsynced), and that directory is renamed to `dir` only when
@@ -122,8 +130,7 @@ Status WriteStepLog(const std::string& path, const std::vector<StepRecord>& step
 // files, and a file the earlier run did not have (or another tool put there) goes with it.
 // Errors, one line naming output.dir: `dir` is a symlink or not a directory, it holds files and !replace, a write
 // or rename failed.
-Status CommitRunDirectory(const std::string& dir, bool replace,
-                          const std::vector<std::pair<std::string, std::string>>& files);
+Status CommitRunDirectory(const std::string& dir, bool replace, std::vector<std::pair<std::string, std::string>> files);
 
 // What CommitRunDirectory would refuse, checked before a job runs (so that a long run is not lost at its end).
 Status CheckRunDirectory(const std::string& dir, bool replace);

@@ -4,7 +4,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <limits>
 
+#include "runtime/common/json_util.h"
 #include "runtime/job/metrics.h"
 #include "runtime/job/workload.h"
 
@@ -75,6 +77,89 @@ TEST(Metrics, ServingSummaryByHand) {
   auto r = RequestRecordJson(c);
   EXPECT_EQ(r["error"], "rank 3 died");
   EXPECT_FALSE(r.contains("ttft_ms"));
+}
+
+TEST(Metrics, RequestLineIsWhatNlohmannDumps) {
+  // AppendRequestLine against the json object it replaces, on random records: doubles of every magnitude,
+  // 0, -0, NaN and inf, strings with quotes, backslashes, control bytes, UTF-8 and invalid UTF-8, failed and
+  // untimed records, with and without tokens.
+  const std::vector<std::string> strings = {"",          "r1",   "esft-intent-084#0",      "a\"b",        "back\\slash",
+                                            "tab\there", "nl\n", std::string("nul\0x", 5), "caf\xc3\xa9", "bad\xff\xfe",
+                                            "\x7f"};
+  const std::vector<double> specials = {0.0,
+                                        -0.0,
+                                        1e-7,
+                                        1e-5,
+                                        123456789012345678.0,
+                                        1e300,
+                                        -2.5,
+                                        std::numeric_limits<double>::quiet_NaN(),
+                                        std::numeric_limits<double>::infinity()};
+  uint64_t state = 99;
+  const auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 11;
+  };
+  const auto real = [&] {
+    const uint64_t k = next() % 4;
+    if (k == 0) return specials[next() % specials.size()];
+    const double u = static_cast<double>(next()) / 9007199254740992.0;  // [0, 1)
+    return k == 1 ? u : k == 2 ? u * 1e4 : std::ldexp(u, static_cast<int>(next() % 200) - 100);
+  };
+  for (int i = 0; i < 3000; ++i) {
+    RequestRecord r;
+    r.id = strings[next() % strings.size()];
+    r.domain = strings[next() % strings.size()];
+    r.decoder = static_cast<int>(next() % 5) - 1;
+    r.prompt_len = static_cast<int64_t>(next() % 100000);
+    r.arrival = real();
+    const int n = static_cast<int>(next() % 4);
+    for (int t = 0; t < n; ++t) {
+      r.token_times.push_back(real());
+      r.tokens.push_back(static_cast<int32_t>(next() % 200000) - 100);
+    }
+    r.output_len = n;
+    r.success = next() % 3 != 0;
+    if (!r.success) r.error = strings[next() % strings.size()];
+    for (bool with_tokens : {false, true}) {
+      std::string line;
+      AppendRequestLine(line, r, with_tokens);
+      ASSERT_EQ(line, DumpJsonLine(RequestRecordJson(r, with_tokens)) + "\n") << i;
+    }
+  }
+}
+
+TEST(Metrics, StepLineIsWhatNlohmannDumps) {
+  // AppendStepLine against the json object steps.jsonl was built from before (the reference, written out here):
+  // decode and prefill steps, with and without a CPU time, numbers of every magnitude.
+  uint64_t state = 7;
+  const auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 11;
+  };
+  for (int i = 0; i < 2000; ++i) {
+    StepRecord st;
+    st.kind = next() % 2 ? "decode" : "prefill";
+    st.worker = static_cast<int>(next() % 40);
+    st.time = std::ldexp(static_cast<double>(next()), -static_cast<int>(next() % 80));
+    st.seconds = static_cast<double>(next() % 100000) * 1e-6;
+    st.batch = static_cast<int64_t>(next() % 300);
+    st.distinct_experts = static_cast<int64_t>(next() % 100000);
+    st.tokens = static_cast<int64_t>(next());
+    st.cpu_seconds = next() % 3 == 0 ? -1.0 : static_cast<double>(next() % 1000) / 7.0;
+    nlohmann::json j = {{"kind", st.kind}, {"worker", st.worker}, {"time", st.time}, {"seconds", st.seconds}};
+    if (st.cpu_seconds >= 0) j["cpu_seconds"] = st.cpu_seconds;
+    if (st.kind == "decode") {
+      j["batch"] = st.batch;
+      j["distinct_experts"] = st.distinct_experts;
+      j["context_tokens"] = st.tokens;
+    } else {
+      j["prompt_tokens"] = st.tokens;
+    }
+    std::string line;
+    AppendStepLine(line, st);
+    ASSERT_EQ(line, DumpJsonLine(j) + "\n") << i;
+  }
 }
 
 TEST(Metrics, PerDomainByHand) {
