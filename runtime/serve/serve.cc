@@ -650,7 +650,8 @@ class RouterRank {
     } else {
       if (stop_ == Stop::kSignal) PingAfterSignal();
       failure = StopReport("");
-      frontend_->AbandonUnfinished("never sent (" + failure + ")", "unfinished (" + failure + ")");
+      const std::string cause = StopCause() + "; metrics.json's reason says more";
+      frontend_->AbandonUnfinished("never sent (" + cause + ")", "unfinished (" + cause + ")");
     }
     const Status written = WriteOutputs(failure);
     // On a signal the launcher is ending every rank already, and a worker that exited now could have rank 0
@@ -785,11 +786,17 @@ class RouterRank {
     while (!frontend_->done()) {
       if (!Tick(true)) return Status::Ok();
       // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work, at
-      // most kAdmitPerTick per pass: a burst (request_rate: inf) of a million requests sent in one call kept rank
-      // 0 in blocking sends for over a minute, with no heartbeat, until the workers' watch gave up on it.
-      constexpr int64_t kAdmitPerTick = 256;
+      // most kAdmitPerTick per pass (a million requests sent in one call kept rank 0 in blocking sends for over
+      // a minute, with no heartbeat, until the workers' watch gave up on it) and at most kPrefillQueue
+      // outstanding per prefill rank: the rest wait here, in order, each stamped when it was due (so its TTFT
+      // holds the wait). A prefill rank polls for routing decisions by tag, and MPI searches its unexpected
+      // messages one by one: 300 000 prompts queued there slowed a job about a thousandfold.
+      constexpr int64_t kAdmitPerTick = 256, kPrefillQueue = 64;
+      int64_t room = 0;
+      for (int p = 0; p < c_.prefill_ranks; ++p)
+        room += std::max<int64_t>(0, kPrefillQueue - frontend_->prefill_outstanding(p));
       const double now = Now() - start_;
-      frontend_->Admit(std::min(frontend_->DueBy(now), frontend_->sent() + kAdmitPerTick), now);
+      frontend_->Admit(std::min(frontend_->DueBy(now), frontend_->sent() + std::min(kAdmitPerTick, room)), now);
       if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
@@ -882,6 +889,23 @@ class RouterRank {
   }
 
   std::string RankName(int rank) const { return c_.RoleOf(rank) + " (rank " + std::to_string(rank) + ")"; }
+
+  // Why the job stopped, in a few words, for each request it leaves unfinished (StopReport's line, in metrics.json,
+  // says the rest: a million records each carrying all of it made requests.jsonl 300 MB, too slow to write in the
+  // second the launcher gives after a signal).
+  std::string StopCause() const {
+    switch (stop_) {
+      case Stop::kSignal:
+        return std::string("rank 0 received ") + SignalName(g_signal);
+      case Stop::kRouterStalled:
+        return "the router (rank 0) was stopped longer than watchdog_s";
+      case Stop::kSilent:
+        return "watchdog: a rank was silent for watchdog_s";
+      case Stop::kNone:
+        break;
+    }
+    return "the job stopped early";
+  }
 
   // Why the job stopped, in one line: the stalled rank first (the one silent longest: a stopped rank has been
   // silent since it stopped, while a rank blocked sending to it went silent later), then the other silent ranks

@@ -415,6 +415,11 @@ import h5py; f = h5py.File('placed.h5', 'r+'); d = f['/placement/global/phy2log'
 expect_error "inspect: a damaged /placement (was: ignored)" "placed.h5: .*phy2log" - "$ELDR" inspect placed.h5
 expect_error "eldr-launch --launcher without a value (was: a bash error)" "eldr-launch: --launcher needs a value" - \
   "$SRC/launch/eldr-launch" job.yaml --launcher
+expect_error "eldr-launch --kill-delay 0" "eldr-launch: --kill-delay must be a whole number of seconds >= 1" - \
+  "$SRC/launch/eldr-launch" job.yaml --kill-delay 0
+if ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --kill-delay 4 2>/dev/null | grep -q -- "--mca odls_base_sigkill_timeout 4 "; then
+  ok "eldr-launch --kill-delay 4: mpirun's odls_base_sigkill_timeout 4"
+else bad "eldr-launch --kill-delay 4" "$(ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --kill-delay 4 2>&1 | tail -2)"; fi
 expect_error "eldr-launch DIR" "eldr-launch: sub0: is a directory" - sh -c "mkdir -p sub0 && '$SRC/launch/eldr-launch' sub0"
 
 # A relative output.dir is the config's directory's, as its inputs are (was: the working directory's).

@@ -245,6 +245,33 @@ PYEOF
 then ok "burst of 600 at rate inf (rank 0 sends at most 256 a pass): every request once, each arrival when due"
 else bad "burst of 600 at rate inf" "$(tail -3 burst.log)"; fi
 
+# SIGTERM to mpirun in the middle of a 300 000-request burst: mpirun passes it on odls_base_sigkill_timeout (here
+# 5 s) later and SIGKILLs as long after that; rank 0 has to account for every request and write its outputs in
+# that time. It could not: the prompts queued at the prefill rank slowed the job a thousandfold and each of the
+# 300 000 records carried the whole stop report (it wrote after ~12 s). The signal goes to mpirun itself (the
+# timeout wrapper does not pass it on).
+job sigburst 1 2 jsq "" inf
+sed -i 's/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
+        s/seed: 3}/seed: 3, num_requests: 300000, output_len: 2}/' sigburst.yaml
+"${MPIRUN[@]}" --mca odls_base_sigkill_timeout 5 -np 4 "$ELDR" serve -c sigburst.yaml --quiet >sigburst.out 2>sigburst.log &
+wrapper=$!
+sleep 4
+kill -TERM "$(pgrep -P "$wrapper" -x mpirun)" 2>/dev/null
+wait "$wrapper"
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$(grep -c 'eldr: error' sigburst.log)" = 1 ] &&
+   grep -q "rank 0 received SIGTERM" sigburst.log && $PY - "$WORK/out-sigburst" >>sigburst.log 2>&1 <<'PYEOF'
+import json, sys
+m = json.load(open(sys.argv[1] + "/metrics.json"))
+assert m["incomplete"] is True and m["completed"] > 0 and m["completed"] + m["failed"] == 300000, m
+recs = [json.loads(l) for l in open(sys.argv[1] + "/requests.jsonl")]
+assert len(recs) == 300000 and sum(r["success"] for r in recs) == m["completed"]
+assert all(r["error"].startswith(("never sent (rank 0 received SIGTERM", "unfinished (rank 0 received SIGTERM"))
+           for r in recs if not r["success"]), [r for r in recs if not r["success"]][:1]
+PYEOF
+then ok "SIGTERM mid-burst (300 000 requests): one line, every request accounted for in the metrics"
+else bad "SIGTERM mid-burst" "rc=$rc $(grep -m2 -E 'eldr|Error' sigburst.log | cut -c1-300)"; fi
+
 # Expert-parallel decoders (decode.ep_size): a decoder that is an EP group of 2 ranks (its MoE layers dispatched
 # to the ranks holding the experts and combined in the single-rank order) decodes exactly the tokens one rank
 # does, with the contiguous placement and with a per-cluster placement that replicates hot experts, and the
