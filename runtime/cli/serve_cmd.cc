@@ -85,8 +85,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
         // and the job is aborted so that no rank waits forever on one that gave up.
         // An empty message: rank 0 reports this error (runtime/serve/serve.cc, AgreeOnSetup).
         if (!st.message().empty() && (rank == 0 || st.code() != StatusCode::kInvalidArgument)) {
-          std::fprintf(stderr, "eldr: error: %s: %s\n", role.c_str(), st.message().c_str());
-          std::fflush(stderr);
+          PrintRankError(role, st.message());
         }
         if (size > 1) {
           // Leave without MPI_Finalize and with a failure status: mpirun (and srun) then end every other rank,

@@ -152,6 +152,7 @@ void Frontend::AbandonUnfinished(const std::string& never_sent, const std::strin
     if (sent && r.token_times.size() >= static_cast<size_t>(requests_->output_len[i])) continue;
     r.success = false;
     r.error = sent ? unfinished : never_sent;
+    if (!sent) r.arrival = arrivals_[i];  // its scheduled arrival: when it was (or would have been) due
     r.output_len = static_cast<int64_t>(r.token_times.size());
   }
 }

@@ -88,7 +88,7 @@ class Frontend {
   // A failure before the first token also ends the request's outstanding prefill.
   void Finish(int64_t request, double t, bool ok, const std::string& error = "");
   // The job ends early (watchdog): every request not finished is marked failed, with `never_sent` or
-  // `unfinished` as its error.
+  // `unfinished` as its error; one never sent is stamped with its scheduled arrival.
   void AbandonUnfinished(const std::string& never_sent, const std::string& unfinished);
 
   int64_t num_requests() const { return static_cast<int64_t>(records_.size()); }

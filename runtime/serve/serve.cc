@@ -636,15 +636,12 @@ class RouterRank {
     last_tick_ = last_ping_ = start_;
     const Status served = Serve(bar);
     bar.Finish();
-    if (!served.ok()) {
-      ShutdownWorkers(true);
-      return served;
-    }
+    if (!served.ok()) return FailJob(served, true);
     std::string failure;
     if (frontend_->done()) {
       const Status written = WriteOutputs("");
-      ShutdownWorkers(!written.ok());
-      ELDR_RETURN_IF_ERROR(written);
+      if (!written.ok()) return FailJob(written, true);
+      ShutdownWorkers(false);
       if (WaitBye()) return Status::Ok();
       failure = StopReport("shutdown: ");
     } else {
@@ -653,15 +650,14 @@ class RouterRank {
       const std::string cause = StopCause() + "; metrics.json's reason says more";
       frontend_->AbandonUnfinished("never sent (" + cause + ")", "unfinished (" + cause + ")");
     }
-    const Status written = WriteOutputs(failure);
-    // On a signal the launcher is ending every rank already, and a worker that exited now could have rank 0
-    // SIGKILLed before its line is out (see g_signal).
-    if (!g_signal) ShutdownWorkers(true);
-    ELDR_RETURN_IF_ERROR(written);
+    Status result = WriteOutputs(failure);
+    if (result.ok()) result = Status::FailedPrecondition(failure + "; metrics written to " + c_.output_dir);
     // Stopped so long that the workers have given up on rank 0 and rank 1 has said so: one line per job.
     if (stop_ == Stop::kRouterStalled && router_gap_ > c_.watchdog_s + kRouterGraceS - HeartbeatInterval(c_.watchdog_s))
-      return Status(StatusCode::kFailedPrecondition, "");
-    return Status::FailedPrecondition(failure + "; metrics written to " + c_.output_dir);
+      result = Status(StatusCode::kFailedPrecondition, "");
+    // On a signal the launcher is ending every rank already, and a worker that exited now could have rank 0
+    // SIGKILLed before its line is out (see g_signal).
+    return FailJob(result, !g_signal);
   }
 
  private:
@@ -768,12 +764,14 @@ class RouterRank {
         for (int r = 1; r < tr_.size(); ++r) {
           if (!ready[r]) missing += (missing.empty() ? "" : ", ") + c_.RoleOf(r) + " (rank " + std::to_string(r) + ")";
         }
-        for (int r = 1; r < tr_.size(); ++r) SendMsg(tr_, r, ShutdownMsg{true});
         if (g_signal)
-          return Status::FailedPrecondition(std::string("rank 0 received ") + SignalName(g_signal) +
-                                            " while the ranks loaded their weights; not ready: " + missing);
-        return Status::FailedPrecondition("not ready after " + Fmt(Now() - wait_start, 0) +
-                                          " s (loading weights; raise watchdog_s for a large model): " + missing);
+          return FailJob(Status::FailedPrecondition(std::string("rank 0 received ") + SignalName(g_signal) +
+                                                    " while the ranks loaded their weights; not ready: " + missing),
+                         true);
+        return FailJob(
+            Status::FailedPrecondition("not ready after " + Fmt(Now() - wait_start, 0) +
+                                       " s (loading weights; raise watchdog_s for a large model): " + missing),
+            true);
       }
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
@@ -974,6 +972,16 @@ class RouterRank {
     return Status::Ok();
   }
 
+  // Ends a failed job: its line first, printed here (PrintRankError) before any worker is told to exit, since once
+  // one has exited the launcher may SIGKILL rank 0 at any moment (a job with a stopped decoder was killed 66 ms
+  // after rank 0's summary, before its line); then, with `shutdown`, every worker is told to exit. Returns the
+  // status with its message taken (printed: serve_cmd prints nothing more).
+  Status FailJob(const Status& st, bool shutdown) {
+    if (!st.message().empty()) PrintRankError(RankName(0), st.message());
+    if (shutdown) ShutdownWorkers(true);
+    return Status(st.ok() ? StatusCode::kFailedPrecondition : st.code(), "");
+  }
+
   // Prefill ranks and decoder leaders that have not said goodbye; a leader stops its EP members. job_failed: every
   // worker, EP members too (their leader may be the failed rank), exits 1 without MPI_Finalize, as rank 0 does (a
   // stopped one does so when the launcher continues it).
@@ -1069,6 +1077,11 @@ void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* k
 }
 
 }  // namespace
+
+void PrintRankError(const std::string& rank_name, const std::string& message) {
+  std::fprintf(stderr, "eldr: error: %s: %s\n", rank_name.c_str(), message.c_str());
+  std::fflush(stderr);
+}
 
 Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   ELDR_RETURN_IF_ERROR(CheckWorldSize(c, tr.size()));

@@ -57,6 +57,11 @@ namespace eldr {
 // Runs this rank's role to completion. Rank 0 writes <output.dir>/metrics.json, requests.jsonl and prints a
 // summary. Errors on any rank are returned as Status on that rank; rank 0's watchdog ends a job that stops
 // making progress, naming the silent ranks.
+// A Status with an empty message is one that rank 0 has already printed (PrintRankError): print nothing more.
 Status RunServeJob(const JobConfig& config, Transport& transport, bool progress);
+
+// A serve job's error line, "eldr: error: ROLE (rank R): MESSAGE" on stderr, flushed. `rank_name` is "ROLE
+// (rank R)" (JobConfig::RoleOf).
+void PrintRankError(const std::string& rank_name, const std::string& message);
 
 }  // namespace eldr

@@ -272,6 +272,32 @@ PYEOF
 then ok "SIGTERM mid-burst (300 000 requests): one line, every request accounted for in the metrics"
 else bad "SIGTERM mid-burst" "rc=$rc $(grep -m2 -E 'eldr|Error' sigburst.log | cut -c1-300)"; fi
 
+# A decoder stopped (SIGSTOP) in the middle of a 300 000-request burst, 2 prefill ranks and 3 decoders: rank 0's
+# watchdog names it in one line and the metrics count every request. The line used to come after the workers
+# were told to exit, and under this load mpirun SIGKILLed rank 0 first (no line in 5 of 7 runs, 66 ms after its
+# summary); it is printed before now.
+job stopburst 2 3 jsq "" inf
+sed -i 's/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
+        s/seed: 3}/seed: 3, num_requests: 300000, output_len: 2}/; s/watchdog_s: 60/watchdog_s: 2/' stopburst.yaml
+"${MPIRUN[@]}" -np 6 "$ELDR" serve -c stopburst.yaml --quiet >stopburst.out 2>stopburst.log &
+wrapper=$!
+sleep 3
+stopped=""
+for p in $(pgrep -P "$(pgrep -P "$wrapper" -x mpirun)"); do
+  tr '\0' '\n' <"/proc/$p/environ" 2>/dev/null | grep -qx OMPI_COMM_WORLD_RANK=4 && stopped=$p
+done
+[ -n "$stopped" ] && kill -STOP "$stopped"
+wait "$wrapper"
+rc=$?
+[ -n "$stopped" ] && { kill -CONT "$stopped"; kill -9 "$stopped"; } 2>/dev/null
+if [ -n "$stopped" ] && [ "$rc" -ne 0 ] && [ "$(grep -c 'eldr: error' stopburst.log)" = 1 ] &&
+   grep -q "watchdog: decode 1 (rank 4) silent" stopburst.log && $PY -c "
+import json
+m = json.load(open('$WORK/out-stopburst/metrics.json'))
+assert m['incomplete'] is True and m['completed'] + m['failed'] == 300000, m
+"; then ok "decoder stopped mid-burst (2 prefill, 3 decoders): rank 0's one line names it, every request counted"
+else bad "decoder stopped mid-burst" "rc=$rc pid=$stopped $(grep -m2 -E 'eldr|Error' stopburst.log | cut -c1-300)"; fi
+
 # Expert-parallel decoders (decode.ep_size): a decoder that is an EP group of 2 ranks (its MoE layers dispatched
 # to the ranks holding the experts and combined in the single-rank order) decodes exactly the tokens one rank
 # does, with the contiguous placement and with a per-cluster placement that replicates hot experts, and the

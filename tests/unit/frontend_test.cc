@@ -213,6 +213,7 @@ TEST(Frontend, FinishAccounting) {
 TEST(Frontend, AbandonUnfinishedMarksWhatIsLeft) {
   JobConfig c = Job(RoutingPolicy::kRoundRobin, 1, 1, 0);
   c.max_concurrency = 2;
+  c.request_rate = 10;  // request 2's scheduled arrival is after 0
   const JobRequests in = Requests(3, {2, 2, 2});
   Sent sent;
   auto f = Frontend::Create(c, in, in.trace.shape, nullptr, sent.Actions());
@@ -226,6 +227,9 @@ TEST(Frontend, AbandonUnfinishedMarksWhatIsLeft) {
   EXPECT_EQ(f->records()[1].error, "unfinished");
   EXPECT_EQ(f->records()[2].error, "never sent");
   EXPECT_FALSE(f->records()[2].success);
+  // Never sent, it still arrived when it was scheduled, not at a default 0.
+  EXPECT_GT(f->arrivals()[2], 0.0);
+  EXPECT_DOUBLE_EQ(f->records()[2].arrival, f->arrivals()[2]);
 }
 
 TEST(Frontend, DecoderStatisticsWithEpGroups) {
