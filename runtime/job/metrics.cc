@@ -15,6 +15,7 @@
 #include <memory>
 #include <optional>
 #include <string_view>
+#include <type_traits>
 #include <utility>
 
 #include "runtime/common/atomic_file.h"
@@ -247,32 +248,35 @@ void AppendString(std::string& out, const std::string& s) {
   out += '"';
 }
 
+// `key` (with its punctuation: ",\"id\":") and the value.
+template <typename T>
+void AppendField(std::string& out, std::string_view key, const T& value) {
+  out += key;
+  if constexpr (std::is_same_v<T, std::string>) {
+    AppendString(out, value);
+  } else {
+    AppendNumber(out, value);
+  }
+}
+
 }  // namespace
 
 void AppendRequestLine(std::string& out, const RequestRecord& r, bool with_tokens) {
   // The keys in nlohmann's (std::map) order: arrival_s decoder domain e2el_ms error id output_len prompt_len
   // success tokens tpot_ms ttft_ms.
   const bool timed = !r.token_times.empty();
-  out += "{\"arrival_s\":"sv;
-  AppendNumber(out, r.arrival);
-  out += ",\"decoder\":"sv;
-  AppendNumber(out, static_cast<int64_t>(r.decoder));
-  out += ",\"domain\":"sv;
-  AppendString(out, r.domain);
+  AppendField(out, "{\"arrival_s\":"sv, r.arrival);
+  AppendField(out, ",\"decoder\":"sv, static_cast<int64_t>(r.decoder));
+  AppendField(out, ",\"domain\":"sv, r.domain);
   if (timed) {
-    out += ",\"e2el_ms\":"sv;
-    AppendNumber(out, r.latency() * 1000.0);
+    AppendField(out, ",\"e2el_ms\":"sv, r.latency() * 1000.0);
   }
   if (!r.success) {
-    out += ",\"error\":"sv;
-    AppendString(out, r.error);
+    AppendField(out, ",\"error\":"sv, r.error);
   }
-  out += ",\"id\":"sv;
-  AppendString(out, r.id);
-  out += ",\"output_len\":"sv;
-  AppendNumber(out, r.output_len);
-  out += ",\"prompt_len\":"sv;
-  AppendNumber(out, r.prompt_len);
+  AppendField(out, ",\"id\":"sv, r.id);
+  AppendField(out, ",\"output_len\":"sv, r.output_len);
+  AppendField(out, ",\"prompt_len\":"sv, r.prompt_len);
   out += r.success ? ",\"success\":true"sv : ",\"success\":false"sv;
   if (with_tokens) {
     out += ",\"tokens\":["sv;
@@ -283,12 +287,10 @@ void AppendRequestLine(std::string& out, const RequestRecord& r, bool with_token
     out += ']';
   }
   if (timed && r.output_len > 1) {
-    out += ",\"tpot_ms\":"sv;
-    AppendNumber(out, (r.latency() - r.ttft()) / static_cast<double>(r.output_len - 1) * 1000.0);
+    AppendField(out, ",\"tpot_ms\":"sv, (r.latency() - r.ttft()) / static_cast<double>(r.output_len - 1) * 1000.0);
   }
   if (timed) {
-    out += ",\"ttft_ms\":"sv;
-    AppendNumber(out, r.ttft() * 1000.0);
+    AppendField(out, ",\"ttft_ms\":"sv, r.ttft() * 1000.0);
   }
   out += "}\n"sv;
 }
@@ -297,34 +299,25 @@ void AppendStepLine(std::string& out, const StepRecord& s) {
   const bool decode = s.kind == "decode";
   out += '{';
   if (decode) {
-    out += "\"batch\":"sv;
-    AppendNumber(out, s.batch);
-    out += ",\"context_tokens\":"sv;
-    AppendNumber(out, s.tokens);
+    AppendField(out, "\"batch\":"sv, s.batch);
+    AppendField(out, ",\"context_tokens\":"sv, s.tokens);
     out += ',';
   }
   if (s.cpu_seconds >= 0) {
-    out += "\"cpu_seconds\":"sv;
-    AppendNumber(out, s.cpu_seconds);
+    AppendField(out, "\"cpu_seconds\":"sv, s.cpu_seconds);
     out += ',';
   }
   if (decode) {
-    out += "\"distinct_experts\":"sv;
-    AppendNumber(out, s.distinct_experts);
+    AppendField(out, "\"distinct_experts\":"sv, s.distinct_experts);
     out += ',';
   }
-  out += "\"kind\":"sv;
-  AppendString(out, s.kind);
+  AppendField(out, "\"kind\":"sv, s.kind);
   if (!decode) {
-    out += ",\"prompt_tokens\":"sv;
-    AppendNumber(out, s.tokens);
+    AppendField(out, ",\"prompt_tokens\":"sv, s.tokens);
   }
-  out += ",\"seconds\":"sv;
-  AppendNumber(out, s.seconds);
-  out += ",\"time\":"sv;
-  AppendNumber(out, s.time);
-  out += ",\"worker\":"sv;
-  AppendNumber(out, static_cast<int64_t>(s.worker));
+  AppendField(out, ",\"seconds\":"sv, s.seconds);
+  AppendField(out, ",\"time\":"sv, s.time);
+  AppendField(out, ",\"worker\":"sv, static_cast<int64_t>(s.worker));
   out += "}\n"sv;
 }
 

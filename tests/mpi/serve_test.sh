@@ -225,13 +225,18 @@ PYEOF
 then ok "reffull: a decoder full when KV is routed to it: every request completes with the reference's tokens"
 else bad "reffull: full decoder" "$(tail -3 reffull.log)"; fi
 
+# A burst job: NAME PREFILL DECODE REQUESTS [watchdog_s]: rate inf, 2 output tokens each, room for 8 sequences.
+burst_job() {
+  job "$1" "$2" "$3" jsq "" inf
+  sed -i "s/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
+          s/seed: 3}/seed: 3, num_requests: $4, output_len: 2}/; s/watchdog_s: 60/watchdog_s: ${5:-60}/" "$1.yaml"
+}
+
 # A burst larger than rank 0 sends in one pass of its loop (at most 256 requests: a million in one call kept it
 # from its heartbeats until the workers' watch gave up): 600 requests at request_rate inf all complete once, and
 # each keeps its due time, 0, as its arrival (a request sent in a later pass does not lose its wait at rank 0
 # from its TTFT; before, each was stamped when it was sent).
-job burst 1 2 jsq "" inf
-sed -i 's/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
-        s/seed: 3}/seed: 3, num_requests: 600, output_len: 2}/' burst.yaml
+burst_job burst 1 2 600
 if "${MPIRUN[@]}" -np 4 "$ELDR" serve -c burst.yaml --quiet >burst.log 2>&1 && $PY - "$WORK/out-burst" >>burst.log 2>&1 <<'PYEOF'
 import json, sys
 recs = [json.loads(l) for l in open(sys.argv[1] + "/requests.jsonl")]
@@ -250,9 +255,7 @@ else bad "burst of 600 at rate inf" "$(tail -3 burst.log)"; fi
 # that time. It could not: the prompts queued at the prefill rank slowed the job a thousandfold and each of the
 # 300 000 records carried the whole stop report (it wrote after ~12 s). The signal goes to mpirun itself (the
 # timeout wrapper does not pass it on).
-job sigburst 1 2 jsq "" inf
-sed -i 's/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
-        s/seed: 3}/seed: 3, num_requests: 300000, output_len: 2}/' sigburst.yaml
+burst_job sigburst 1 2 300000
 "${MPIRUN[@]}" --mca odls_base_sigkill_timeout 5 -np 4 "$ELDR" serve -c sigburst.yaml --quiet >sigburst.out 2>sigburst.log &
 wrapper=$!
 sleep 4
@@ -276,9 +279,7 @@ else bad "SIGTERM mid-burst" "rc=$rc $(grep -m2 -E 'eldr|Error' sigburst.log | c
 # watchdog names it in one line and the metrics count every request. The line used to come after the workers
 # were told to exit, and under this load mpirun SIGKILLed rank 0 first (no line in 5 of 7 runs, 66 ms after its
 # summary); it is printed before now.
-job stopburst 2 3 jsq "" inf
-sed -i 's/max_batch: 4/max_batch: 8/; s/prefill_blocks: 64, decode_blocks: 24/prefill_blocks: 512, decode_blocks: 256/
-        s/seed: 3}/seed: 3, num_requests: 300000, output_len: 2}/; s/watchdog_s: 60/watchdog_s: 2/' stopburst.yaml
+burst_job stopburst 2 3 300000 2
 "${MPIRUN[@]}" -np 6 "$ELDR" serve -c stopburst.yaml --quiet >stopburst.out 2>stopburst.log &
 wrapper=$!
 sleep 3
