@@ -221,8 +221,11 @@ Result<SignatureFeatures> ParseSignatureFeatures(const std::string& name) {
 Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(h5::File f, h5::File::OpenReadOnly(path));
   Calibration c;
-  auto fmt = f.ReadStringAttribute("/", "format");
-  if (!fmt.ok() || fmt.value() != kCalibrationFormat) {
+  std::string fmt;
+  if (f.HasAttribute("/", "format")) {
+    ELDR_ASSIGN_OR_RETURN(fmt, f.ReadStringAttribute("/", "format"));
+  }
+  if (fmt != kCalibrationFormat) {
     return Status::InvalidArgument(path + ": not a calibration file (root attribute format != '" +
                                    std::string(kCalibrationFormat) + "'); create one with 'eldr calibrate'");
   }

@@ -49,23 +49,25 @@ Status WriteRoot(h5::File& f, const ClusterPlacements& p) {
   return WriteGroup(f, kGlobal, p.global, p.balancedness[K]);
 }
 
-// An optional integer attribute of /placement: `fallback` when absent.
-int64_t OptionalInt(const h5::File& f, const char* name, int64_t fallback) {
-  auto v = f.ReadIntAttribute(kRoot, name);
-  return v.ok() ? v.value() : fallback;
+// An optional integer attribute of /placement: `fallback` when absent, an error when present but unreadable.
+Result<int64_t> OptionalInt(const h5::File& f, const char* name, int64_t fallback) {
+  if (!f.HasAttribute(kRoot, name)) return fallback;
+  return f.ReadIntAttribute(kRoot, name);
 }
 
 // Reads the header attributes into `out`.
 Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, StoredPlacements* out) {
-  auto algorithm = f.ReadStringAttribute(kRoot, "algorithm");
-  out->algorithm = algorithm.ok() ? algorithm.value() : std::string();
-  auto ranks = f.ReadIntAttribute(kRoot, "num_ranks");
-  auto slots = f.ReadIntAttribute(kRoot, "num_slots");
-  if (!ranks.ok() || !slots.ok()) {
+  out->algorithm.clear();
+  if (f.HasAttribute(kRoot, "algorithm")) {
+    ELDR_ASSIGN_OR_RETURN(out->algorithm, f.ReadStringAttribute(kRoot, "algorithm"));
+  }
+  if (!f.HasAttribute(kRoot, "num_ranks") || !f.HasAttribute(kRoot, "num_slots")) {
     return Status::Corrupt(path + ": /placement lacks its num_ranks or num_slots attribute; re-run eldr place calib");
   }
-  const int64_t nodes = OptionalInt(f, "num_nodes", 1), groups = OptionalInt(f, "num_groups", 1);
-  const int64_t R = ranks.value(), P = slots.value();
+  ELDR_ASSIGN_OR_RETURN(const int64_t R, f.ReadIntAttribute(kRoot, "num_ranks"));
+  ELDR_ASSIGN_OR_RETURN(const int64_t P, f.ReadIntAttribute(kRoot, "num_slots"));
+  ELDR_ASSIGN_OR_RETURN(const int64_t nodes, OptionalInt(f, "num_nodes", 1));
+  ELDR_ASSIGN_OR_RETURN(const int64_t groups, OptionalInt(f, "num_groups", 1));
   constexpr int64_t kMaxRanks = 1 << 20, kMaxSlots = 1 << 24;
   if (R < 1 || R > kMaxRanks || P < num_experts || P > kMaxSlots || nodes < 1 || nodes > kMaxRanks || groups < 1 ||
       groups > kMaxRanks) {

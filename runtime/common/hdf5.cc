@@ -10,6 +10,7 @@
 #include <memory>
 
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/hdf5_heap.h"
 #include "runtime/common/memory_budget.h"
 #include "runtime/common/parallel.h"
 #include "runtime/common/signals.h"
@@ -263,36 +264,91 @@ Status File::WriteAttribute(const std::string& obj, const std::string& attr, dou
   return WriteAttrRaw(file_.get(), name_, obj, attr, H5T_NATIVE_DOUBLE, &value);
 }
 
-Result<std::string> File::ReadStringAttribute(const std::string& obj, const std::string& attr) const {
-  if (!Exists(obj) || H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) {
-    return Fail("missing attribute " + obj + "@" + attr);
+namespace {
+
+// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
+bool IsUtf8(const std::string& s) {
+  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
+  const size_t n = s.size();
+  for (size_t i = 0; i < n;) {
+    const unsigned c = p[i];
+    size_t len;
+    uint32_t cp;
+    if (c < 0x80) {
+      ++i;
+      continue;
+    } else if (c >= 0xC2 && c <= 0xDF) {
+      len = 2, cp = c & 0x1F;
+    } else if (c >= 0xE0 && c <= 0xEF) {
+      len = 3, cp = c & 0x0F;
+    } else if (c >= 0xF0 && c <= 0xF4) {
+      len = 4, cp = c & 0x07;
+    } else {
+      return false;
+    }
+    if (i + len > n) return false;
+    for (size_t k = 1; k < len; ++k) {
+      if ((p[i + k] & 0xC0) != 0x80) return false;
+      cp = (cp << 6) | (p[i + k] & 0x3F);
+    }
+    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) {
+      return false;
+    }
+    i += len;
   }
+  return true;
+}
+
+}  // namespace
+
+// The attribute `attr` of `obj`, opened if it exists and holds exactly one value (a scalar or a one-element array):
+// H5Aread writes every element of an attribute, so a larger one would overrun the reader's single value.
+bool File::HasAttribute(const std::string& obj, const std::string& attr) const {
+  return Exists(obj) && H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) > 0;
+}
+
+Result<Handle> File::OpenSingleAttribute(const std::string& obj, const std::string& attr) const {
+  if (!HasAttribute(obj, attr)) return Fail("missing attribute " + obj + "@" + attr);
   Handle a(H5Aopen_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  if (!a.valid()) return Fail("cannot open attribute " + obj + "@" + attr + " (corrupt file)");
+  Handle space(H5Aget_space(a.get()), H5Sclose);
+  const hssize_t n = space.valid() ? H5Sget_simple_extent_npoints(space.get()) : -1;
+  if (n != 1) {
+    return Fail("attribute " + obj + "@" + attr + " must hold one value, not " +
+                (n < 0 ? std::string("an unreadable dataspace") : std::to_string(n)));
+  }
+  return a;
+}
+
+Result<std::string> File::ReadStringAttribute(const std::string& obj, const std::string& attr) const {
+  ELDR_ASSIGN_OR_RETURN(Handle a, OpenSingleAttribute(obj, attr));
   Handle ftype(H5Aget_type(a.get()), H5Tclose);
-  if (!a.valid() || H5Tget_class(ftype.get()) != H5T_STRING)
+  if (!ftype.valid() || H5Tget_class(ftype.get()) != H5T_STRING)
     return Fail("attribute " + obj + "@" + attr + " is not a string");
+  std::string s;
   if (H5Tis_variable_str(ftype.get()) > 0) {
+    if (CheckAttributeStrings(file_.get(), obj, attr, name_, 1) == HeapCheck::kCorrupt) {
+      return Fail("the string of attribute " + obj + "@" + attr + " points outside its heap (corrupt file)");
+    }
     Handle t(VarStringType(), H5Tclose);
     char* p = nullptr;
     if (H5Aread(a.get(), t.get(), &p) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
-    std::string s = p ? p : "";
+    s = p ? p : "";
     H5free_memory(p);
-    return s;
+  } else {
+    const size_t n = H5Tget_size(ftype.get());
+    s.assign(n, '\0');
+    if (H5Aread(a.get(), ftype.get(), s.data()) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
+    s.resize(strnlen(s.c_str(), n));
   }
-  size_t n = H5Tget_size(ftype.get());
-  std::string s(n, '\0');
-  if (H5Aread(a.get(), ftype.get(), s.data()) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
-  s.resize(std::strlen(s.c_str()));
+  if (!IsUtf8(s)) return Fail("attribute " + obj + "@" + attr + " is not valid UTF-8");
   return s;
 }
 
 Result<int64_t> File::ReadIntAttribute(const std::string& obj, const std::string& attr) const {
-  if (!Exists(obj) || H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) {
-    return Fail("missing attribute " + obj + "@" + attr);
-  }
-  Handle a(H5Aopen_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  ELDR_ASSIGN_OR_RETURN(Handle a, OpenSingleAttribute(obj, attr));
   Handle ftype(H5Aget_type(a.get()), H5Tclose);
-  if (!a.valid() || H5Tget_class(ftype.get()) != H5T_INTEGER) {
+  if (!ftype.valid() || H5Tget_class(ftype.get()) != H5T_INTEGER) {
     return Fail("attribute " + obj + "@" + attr + " is not an integer");
   }
   int64_t v = 0;
@@ -301,15 +357,10 @@ Result<int64_t> File::ReadIntAttribute(const std::string& obj, const std::string
 }
 
 Result<double> File::ReadDoubleAttribute(const std::string& obj, const std::string& attr) const {
-  if (!Exists(obj) || H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) <= 0) {
-    return Fail("missing attribute " + obj + "@" + attr);
-  }
-  Handle a(H5Aopen_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT, H5P_DEFAULT), H5Aclose);
+  ELDR_ASSIGN_OR_RETURN(Handle a, OpenSingleAttribute(obj, attr));
   Handle ftype(H5Aget_type(a.get()), H5Tclose);
-  auto cls = H5Tget_class(ftype.get());
-  if (!a.valid() || (cls != H5T_FLOAT && cls != H5T_INTEGER)) {
-    return Fail("attribute " + obj + "@" + attr + " is not a number");
-  }
+  const auto cls = ftype.valid() ? H5Tget_class(ftype.get()) : H5T_NO_CLASS;
+  if (cls != H5T_FLOAT && cls != H5T_INTEGER) return Fail("attribute " + obj + "@" + attr + " is not a number");
   double v = 0;
   if (H5Aread(a.get(), H5T_NATIVE_DOUBLE, &v) < 0) return Fail("cannot read attribute " + obj + "@" + attr);
   return v;
@@ -839,123 +890,6 @@ Status File::ReadRowBlocks(const std::string& path, int expected_rank, int num_t
   return Status::Ok();
 }
 
-namespace {
-
-// Little-endian unsigned integer of `n` bytes (HDF5 stores the file-format fields little-endian).
-uint64_t LittleEndian(const unsigned char* p, size_t n) {
-  uint64_t v = 0;
-  for (size_t i = 0; i < n; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
-}
-
-bool ReadAt(std::ifstream& in, uint64_t offset, size_t n, std::vector<unsigned char>* out) {
-  out->resize(n);
-  in.clear();
-  in.seekg(static_cast<std::streamoff>(offset));
-  return static_cast<bool>(in.read(reinterpret_cast<char*>(out->data()), static_cast<std::streamsize>(n)));
-}
-
-// libhdf5 1.10 copies a global heap object by the size its header claims without checking it against the heap
-// (H5HG_read), so one corrupted size field crashes the process (h5dump too). Before the library converts a
-// contiguous variable-length string dataset, every element's heap reference is checked against the file
-// itself: the collection is a "GCOL" inside the file, its object headers stay inside it, and the object the
-// element names exists and holds at least the element's length (HDF5 File Format Specification, "Global Heap"
-// and the variable-length descriptor: a 4-byte length, then the collection address and a 4-byte index).
-// Chunked and compact string datasets (not what eldr writes) go to the library unchecked.
-bool VarStringHeapIsSound(hid_t file, hid_t ds, const std::string& file_name, size_t n) {
-  Handle dcpl(H5Dget_create_plist(ds), H5Pclose);
-  const haddr_t offset = H5Dget_offset(ds);
-  if (!dcpl.valid() || H5Pget_layout(dcpl.get()) != H5D_CONTIGUOUS || offset == HADDR_UNDEF) return true;
-  Handle fcpl(H5Fget_create_plist(file), H5Pclose);
-  size_t sizeof_addr = 0, sizeof_size = 0;
-  hsize_t userblock = 0;
-  if (!fcpl.valid() || H5Pget_sizes(fcpl.get(), &sizeof_addr, &sizeof_size) < 0 ||
-      H5Pget_userblock(fcpl.get(), &userblock) < 0 || sizeof_addr == 0 || sizeof_addr > 8 || sizeof_size == 0 ||
-      sizeof_size > 8) {
-    return false;
-  }
-  std::ifstream in(file_name, std::ios::binary);
-  if (!in) return false;
-  in.seekg(0, std::ios::end);
-  const uint64_t file_size = static_cast<uint64_t>(in.tellg());
-  const size_t desc = 4 + sizeof_addr + 4;
-  std::vector<unsigned char> descs;
-  if (userblock + offset + n * desc > file_size || !ReadAt(in, userblock + offset, n * desc, &descs)) return false;
-  std::map<uint64_t, std::map<uint64_t, uint64_t>> collections;  // address -> (object index -> object size)
-  std::vector<unsigned char> bytes;
-  const size_t header = 8 + sizeof_size, object_header = 8 + sizeof_size;
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char* d = descs.data() + i * desc;
-    const uint64_t length = LittleEndian(d, 4), address = LittleEndian(d + 4, sizeof_addr);
-    const uint64_t index = LittleEndian(d + 4 + sizeof_addr, 4);
-    if (length == 0) continue;  // an empty or null string: no heap object is read
-    auto it = collections.find(address);
-    if (it == collections.end()) {
-      const uint64_t at = userblock + address;
-      if (address >= file_size || at + header > file_size || !ReadAt(in, at, header, &bytes) ||
-          std::memcmp(bytes.data(), "GCOL", 4) != 0 || bytes[4] != 1) {
-        return false;
-      }
-      const uint64_t size = LittleEndian(bytes.data() + 8, sizeof_size);
-      if (size < header || size > file_size - at || !ReadAt(in, at, size, &bytes)) return false;
-      std::map<uint64_t, uint64_t> objects;
-      for (uint64_t pos = header; pos + object_header <= size;) {
-        const uint64_t id = LittleEndian(bytes.data() + pos, 2);
-        const uint64_t object_size = LittleEndian(bytes.data() + pos + 8, sizeof_size);
-        if (id == 0) {  // free space: its size counts its header (as the library walks it)
-          if (object_size < object_header || object_size > size - pos) return false;
-          pos += object_size;
-          continue;
-        }
-        if (object_size > size) return false;
-        const uint64_t padded = (object_size + 7) / 8 * 8;
-        if (padded > size - pos - object_header) return false;
-        objects[id] = object_size;
-        pos += object_header + padded;
-      }
-      it = collections.emplace(address, std::move(objects)).first;
-    }
-    const auto object = it->second.find(index);
-    if (object == it->second.end() || object->second < length) return false;
-  }
-  return true;
-}
-
-// Whether `s` is well-formed UTF-8 (no overlong forms, surrogates or code points past U+10FFFF).
-bool IsUtf8(const std::string& s) {
-  const auto* p = reinterpret_cast<const unsigned char*>(s.data());
-  const size_t n = s.size();
-  for (size_t i = 0; i < n;) {
-    const unsigned c = p[i];
-    size_t len;
-    uint32_t cp;
-    if (c < 0x80) {
-      ++i;
-      continue;
-    } else if (c >= 0xC2 && c <= 0xDF) {
-      len = 2, cp = c & 0x1F;
-    } else if (c >= 0xE0 && c <= 0xEF) {
-      len = 3, cp = c & 0x0F;
-    } else if (c >= 0xF0 && c <= 0xF4) {
-      len = 4, cp = c & 0x07;
-    } else {
-      return false;
-    }
-    if (i + len > n) return false;
-    for (size_t k = 1; k < len; ++k) {
-      if ((p[i + k] & 0xC0) != 0x80) return false;
-      cp = (cp << 6) | (p[i + k] & 0x3F);
-    }
-    if ((len == 3 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) || (len == 4 && (cp < 0x10000 || cp > 0x10FFFF))) {
-      return false;
-    }
-    i += len;
-  }
-  return true;
-}
-
-}  // namespace
-
 Result<std::vector<std::string>> File::ReadStrings(const std::string& path) const {
   ELDR_ASSIGN_OR_RETURN(Dims shape, Shape(path));
   if (shape.size() != 1) return Fail(path + " must be a 1-D string dataset");
@@ -965,7 +899,7 @@ Result<std::vector<std::string>> File::ReadStrings(const std::string& path) cons
   std::vector<std::string> out(shape[0]);
   if (shape[0] == 0) return out;
   if (H5Tis_variable_str(ftype.get()) > 0) {
-    if (!VarStringHeapIsSound(file_.get(), ds.get(), name_, shape[0])) {
+    if (CheckDatasetStrings(file_.get(), ds.get(), name_, shape[0]) == HeapCheck::kCorrupt) {
       return Fail("the strings of " + path + " point outside their heap (corrupt file)");
     }
     Handle t(VarStringType(), H5Tclose);

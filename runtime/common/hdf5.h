@@ -80,6 +80,8 @@ class File {
   Status Close();
 
   bool Exists(const std::string& object_path) const;
+  // Whether the object exists and has the attribute (a damaged one too: reading it then says what is wrong).
+  bool HasAttribute(const std::string& object_path, const std::string& attr) const;
   Status CreateGroup(const std::string& group_path);
 
   Status WriteAttribute(const std::string& object_path, const std::string& attr, const std::string& value);
@@ -142,6 +144,8 @@ class File {
   Status ReadRaw(const std::string& path, hid_t type, size_t elem_size, std::vector<char>* out, Dims* dims,
                  int expected_rank) const;
   Status Fail(const std::string& what) const;
+  // The attribute, opened if it exists and holds exactly one value.
+  Result<Handle> OpenSingleAttribute(const std::string& obj, const std::string& attr) const;
 
   Handle file_;
   std::string name_;

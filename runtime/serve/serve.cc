@@ -881,8 +881,7 @@ class RouterRank {
   Status OnFailed(const Message& msg, double t) {
     ELDR_ASSIGN_OR_RETURN(FailedMsg m, DecodeMsg<FailedMsg>(msg));
     ELDR_RETURN_IF_ERROR(CheckRequest(m.request, msg.source));
-    frontend_->Finish(m.request, t, false,
-                      c_.RoleOf(msg.source) + " (rank " + std::to_string(msg.source) + "): " + m.reason);
+    frontend_->Finish(m.request, t, false, RankName(msg.source) + ": " + m.reason);
     return Status::Ok();
   }
 

@@ -144,21 +144,19 @@ namespace {
 // The root attributes of a trace file: its format and model shape.
 Status ReadTraceShape(const h5::File& f, const std::string& path, TraceShape* shape) {
   // Both root attributes are required (DESIGN.md §5): a file without them is not known to follow this layout.
-  auto fmt = f.ReadStringAttribute("/", "format");
-  if (!fmt.ok()) {
+  if (!f.HasAttribute("/", "format")) {
     return Status::InvalidArgument(path + ": not an eldr routing trace (no root attribute format = 'eldr-trace'); " +
                                    "write one with 'eldr trace import' or 'eldr trace synth'");
   }
-  if (fmt.value() != "eldr-trace") {
-    return Status::InvalidArgument(path + ": is a '" + fmt.value() + "' file, not a routing trace");
-  }
-  auto version = f.ReadIntAttribute("/", "format_version");
-  if (!version.ok()) {
+  ELDR_ASSIGN_OR_RETURN(const std::string fmt, f.ReadStringAttribute("/", "format"));
+  if (fmt != "eldr-trace") return Status::InvalidArgument(path + ": is a '" + fmt + "' file, not a routing trace");
+  if (!f.HasAttribute("/", "format_version")) {
     return Status::InvalidArgument(path + ": trace without the root attribute format_version (this eldr reads " +
                                    std::to_string(kTraceFormatVersion) + ")");
   }
-  if (version.value() != kTraceFormatVersion) {
-    return Status::InvalidArgument(path + ": trace format_version " + std::to_string(version.value()) +
+  ELDR_ASSIGN_OR_RETURN(const int64_t version, f.ReadIntAttribute("/", "format_version"));
+  if (version != kTraceFormatVersion) {
+    return Status::InvalidArgument(path + ": trace format_version " + std::to_string(version) +
                                    " is not supported (this eldr reads " + std::to_string(kTraceFormatVersion) + ")");
   }
   if (f.Exists("/tokens/topk_ids") == false) {
