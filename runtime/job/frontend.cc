@@ -67,6 +67,7 @@ void Frontend::Admit(int64_t due, double now) {
   while (next_ < std::min(due, num_requests()) && (cap == 0 || active_ < cap)) {
     const int p = static_cast<int>(std::min_element(prefill_outstanding_.begin(), prefill_outstanding_.end()) -
                                    prefill_outstanding_.begin());
+    if (prefill_outstanding_[p] >= kPrefillQueue) break;
     double due_at = arrivals_[next_];
     if (cap > 0) {  // the oldest free slot: the request could go once it was free and the request had arrived
       due_at = std::max(due_at, free_slots_.front());

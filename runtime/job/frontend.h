@@ -69,10 +69,16 @@ class Frontend {
   const std::vector<double>& arrivals() const { return arrivals_; }
   // How many requests have arrived by time t (arrival <= t).
   int64_t DueBy(double t) const;
-  // Sends requests [sent(), due) while max_concurrency allows. Each is stamped with the time it was due at the
-  // frontend, which its TTFT counts from: its scheduled arrival or, when max_concurrency held it, the time the
-  // slot it takes was freed (a closed-loop client sends it then), whichever is later; never later than `now`.
-  // A caller that sends in portions (serve's rank 0 bounds one pass) so leaves no wait out of the latencies.
+  // At most this many requests are outstanding (sent, first token not back) per prefill rank; the rest wait at
+  // the frontend, in order. A prefill rank polls for routing decisions by tag, and MPI searches its unexpected
+  // messages one by one: 300 000 prompts queued at one slowed a serve job about a thousandfold.
+  static constexpr int64_t kPrefillQueue = 64;
+  // Sends requests [sent(), due) while max_concurrency and kPrefillQueue allow, each to the prefill rank with the
+  // fewest outstanding. Each is stamped with the time it was due at the frontend, which its TTFT counts from: its
+  // scheduled arrival or, when max_concurrency held it, the time the slot it takes was freed (a closed-loop client
+  // sends it then), whichever is later; never later than `now`. A request held back (by either bound, or because
+  // the caller sends in portions: serve's rank 0 bounds one pass) so leaves no wait out of the latencies. Call it
+  // again whenever a bound may have freed: an arrival, a first token, a finish.
   void Admit(int64_t due, double now);
 
   // Prefill's result reached the frontend at t: the first token (recorded when given) and the counts [L, E]

@@ -783,18 +783,13 @@ class RouterRank {
   Status Serve(ProgressBar& bar) {
     while (!frontend_->done()) {
       if (!Tick(true)) return Status::Ok();
-      // Send what has arrived (within max_concurrency) to the prefill rank with the least outstanding work, at
-      // most kAdmitPerTick per pass (a million requests sent in one call kept rank 0 in blocking sends for over
-      // a minute, with no heartbeat, until the workers' watch gave up on it) and at most kPrefillQueue
-      // outstanding per prefill rank: the rest wait here, in order, each stamped when it was due (so its TTFT
-      // holds the wait). A prefill rank polls for routing decisions by tag, and MPI searches its unexpected
-      // messages one by one: 300 000 prompts queued there slowed a job about a thousandfold.
-      constexpr int64_t kAdmitPerTick = 256, kPrefillQueue = 64;
-      int64_t room = 0;
-      for (int p = 0; p < c_.prefill_ranks; ++p)
-        room += std::max<int64_t>(0, kPrefillQueue - frontend_->prefill_outstanding(p));
+      // Send what has arrived (within max_concurrency and Frontend::kPrefillQueue) to the prefill rank with the
+      // least outstanding work, at most kAdmitPerTick per pass: a million requests sent in one call kept rank 0 in
+      // blocking sends for over a minute, with no heartbeat, until the workers' watch gave up on it. The rest
+      // wait here, in order, each stamped when it was due (so its TTFT holds the wait).
+      constexpr int64_t kAdmitPerTick = 256;
       const double now = Now() - start_;
-      frontend_->Admit(std::min(frontend_->DueBy(now), frontend_->sent() + std::min(kAdmitPerTick, room)), now);
+      frontend_->Admit(std::min(frontend_->DueBy(now), frontend_->sent() + kAdmitPerTick), now);
       if (!tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;

@@ -252,6 +252,7 @@ class Simulation {
         return PrefillDone(e.a, e.b);
       case EventKind::kCountsAtRouter:
         frontend_->OnFirstToken(e.b, now_, std::nullopt, std::move(counts_[e.b]));
+        frontend_->Admit(arrival_due_, now_);  // its prefill rank has room for one more (Frontend::kPrefillQueue)
         return Status::Ok();
       case EventKind::kFailedAtRouter:
         Finish(e.b, false);

@@ -176,6 +176,33 @@ TEST(Frontend, ArrivalIsWhenTheRequestWasDueNotWhenItWasSent) {
   EXPECT_DOUBLE_EQ(g->records()[2].arrival, 2.0);
 }
 
+TEST(Frontend, KeepsAtMostKPrefillQueueOutstandingPerPrefillRank) {
+  // 2 prefill ranks, 200 requests all due at 0: 64 go to each (alternating, fewest outstanding first); the rest
+  // wait, and each first token (or a failure before it) lets exactly one more go, to the rank that freed. Every
+  // request keeps its scheduled arrival (0), however late it is sent.
+  static_assert(Frontend::kPrefillQueue == 64);
+  const JobConfig c = Job(RoutingPolicy::kRoundRobin, 2, 1, 0);
+  const JobRequests in = Requests(200, std::vector<int64_t>(200, 1));
+  Sent sent;
+  auto f = Frontend::Create(c, in, in.trace.shape, nullptr, sent.Actions());
+  ASSERT_TRUE(f.ok());
+  f->Admit(200, 0.0);
+  ASSERT_EQ(f->sent(), 128);
+  EXPECT_EQ(f->prefill_outstanding(0), 64);
+  EXPECT_EQ(f->prefill_outstanding(1), 64);
+  f->Admit(200, 1.0);  // nothing freed: nothing more goes
+  EXPECT_EQ(f->sent(), 128);
+  f->OnFirstToken(1, 2.0, 7, kNoCounts);  // request 1 went to rank 1
+  f->Admit(200, 2.0);
+  EXPECT_EQ(f->sent(), 129);
+  EXPECT_EQ(sent.prefill.back(), (std::pair<int64_t, int>{128, 1}));
+  f->Finish(0, 3.0, false, "prefill 0 (rank 1): failed");  // before its first token: rank 0 frees one
+  f->Admit(200, 3.0);
+  EXPECT_EQ(f->sent(), 130);
+  EXPECT_EQ(sent.prefill.back(), (std::pair<int64_t, int>{129, 0}));
+  for (int64_t i = 0; i < f->sent(); ++i) EXPECT_DOUBLE_EQ(f->records()[i].arrival, 0.0) << i;
+}
+
 TEST(Frontend, FinishAccounting) {
   // Request 0: 3 output tokens; a 4th report is ignored. Request 1 fails at its decoder after its first token:
   // its decoder's slot frees and its prefill is not counted twice.
