@@ -170,14 +170,14 @@ Result<File> File::OpenReadOnly(const std::string& path) {
   }
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDONLY, H5P_DEFAULT);
   if (id < 0) return Status::Corrupt(path + ": cannot open as HDF5 (truncated or corrupt)");
-  return File(Handle(id, H5Fclose), path);
+  return File(Handle(id, H5Fclose), path, path, false);
 }
 
 Result<File> File::Create(const std::string& path, const std::string& display_name) {
   SilenceHdf5();
   hid_t id = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
   if (id < 0) return Status::IoError(display_name + ": cannot create HDF5 file: " + LastErrorReason());
-  return File(Handle(id, H5Fclose), display_name);
+  return File(Handle(id, H5Fclose), path, display_name, true);
 }
 
 Result<File> File::OpenReadWrite(const std::string& path, const std::string& display_name) {
@@ -185,7 +185,7 @@ Result<File> File::OpenReadWrite(const std::string& path, const std::string& dis
   if (H5Fis_hdf5(path.c_str()) <= 0) return Status::Corrupt(display_name + ": not an HDF5 file");
   hid_t id = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   if (id < 0) return Status::IoError(display_name + ": cannot open for writing");
-  return File(Handle(id, H5Fclose), display_name);
+  return File(Handle(id, H5Fclose), path, display_name, true);
 }
 
 Status File::Remove(const std::string& object_path) {
@@ -303,6 +303,8 @@ bool IsUtf8(const std::string& s) {
 
 // The attribute `attr` of `obj`, opened if it exists and holds exactly one value (a scalar or a one-element array):
 // H5Aread writes every element of an attribute, so a larger one would overrun the reader's single value.
+bool File::FlushForRawRead() const { return !writable_ || H5Fflush(file_.get(), H5F_SCOPE_LOCAL) >= 0; }
+
 bool File::HasAttribute(const std::string& obj, const std::string& attr) const {
   return Exists(obj) && H5Aexists_by_name(file_.get(), obj.c_str(), attr.c_str(), H5P_DEFAULT) > 0;
 }
@@ -327,7 +329,7 @@ Result<std::string> File::ReadStringAttribute(const std::string& obj, const std:
     return Fail("attribute " + obj + "@" + attr + " is not a string");
   std::string s;
   if (H5Tis_variable_str(ftype.get()) > 0) {
-    if (CheckAttributeStrings(file_.get(), obj, attr, name_, 1) == HeapCheck::kCorrupt) {
+    if (!FlushForRawRead() || CheckAttributeStrings(file_.get(), obj, attr, path_, 1) == HeapCheck::kCorrupt) {
       return Fail("the string of attribute " + obj + "@" + attr + " points outside its heap (corrupt file)");
     }
     Handle t(VarStringType(), H5Tclose);
@@ -899,7 +901,7 @@ Result<std::vector<std::string>> File::ReadStrings(const std::string& path) cons
   std::vector<std::string> out(shape[0]);
   if (shape[0] == 0) return out;
   if (H5Tis_variable_str(ftype.get()) > 0) {
-    if (CheckDatasetStrings(file_.get(), ds.get(), name_, shape[0]) == HeapCheck::kCorrupt) {
+    if (!FlushForRawRead() || CheckDatasetStrings(file_.get(), ds.get(), path_, shape[0]) == HeapCheck::kCorrupt) {
       return Fail("the strings of " + path + " point outside their heap (corrupt file)");
     }
     Handle t(VarStringType(), H5Tclose);

@@ -135,7 +135,10 @@ class File {
   Status ReadRows(const std::string& path, hsize_t row_begin, hsize_t num_rows, std::vector<T>* out) const;
 
  private:
-  File(Handle file, std::string name) : file_(std::move(file)), name_(std::move(name)) {}
+  File(Handle file, std::string path, std::string name, bool writable)
+      : file_(std::move(file)), path_(std::move(path)), name_(std::move(name)), writable_(writable) {}
+  // The file's bytes as the heap checks (hdf5_heap.h) read them: `path_`, flushed first when open for writing.
+  bool FlushForRawRead() const;
   Status WriteRaw(const std::string& path, hid_t type, const void* data, const Dims& dims, const Filters& filters,
                   int num_threads);
   // Compresses and stores every chunk of the new chunked dataset `ds` (WriteRaw's parallel path).
@@ -148,7 +151,9 @@ class File {
   Result<Handle> OpenSingleAttribute(const std::string& obj, const std::string& attr) const;
 
   Handle file_;
-  std::string name_;
+  std::string path_;  // where the file is (a temporary one while it is written)
+  std::string name_;  // what messages call it
+  bool writable_ = false;
 };
 
 // A dataset that grows along dimension 0, for streaming writers (trace import). Row shape fixed.

@@ -84,6 +84,25 @@ TEST(ReadStrings, RefusesAHeapObjectSizeOutsideItsCollection) {
   std::filesystem::remove(path);
 }
 
+// A file being written (a temporary path shown under its final name, as every eldr writer does) is read back
+// through the same handle: the heap checks read the temporary file, flushed, not the name in the messages.
+TEST(ReadStrings, ReadsBackAFileStillOpenForWritingUnderAnotherName) {
+  const std::string path = TempPath("open.h5.tmp");
+  auto f = h5::File::Create(path, "/nonexistent/shown-name.h5");
+  ASSERT_TRUE(f.ok()) << f.status().message();
+  const std::vector<std::string> values = {"a", "bb", "ccc"};
+  ASSERT_TRUE(f->WriteStrings("/s", values).ok());
+  ASSERT_TRUE(f->WriteAttribute("/", "model", std::string("tiny-model")).ok());
+  auto got = f->ReadStrings("/s");
+  ASSERT_TRUE(got.ok()) << got.status().message();
+  EXPECT_EQ(*got, values);
+  auto model = f->ReadStringAttribute("/", "model");
+  ASSERT_TRUE(model.ok()) << model.status().message();
+  EXPECT_EQ(*model, "tiny-model");
+  ASSERT_TRUE(f->Close().ok());
+  std::filesystem::remove(path);
+}
+
 TEST(ReadStrings, RefusesStringsThatAreNotUtf8NamingTheEntry) {
   const std::string path = TempPath("utf8.h5");
   // Each bad case: a lone continuation byte, an overlong '/', a UTF-16 surrogate, past U+10FFFF, a cut sequence.
