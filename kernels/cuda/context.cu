@@ -82,6 +82,9 @@ Context::Context(int device) : impl_(std::make_unique<Impl>()) {
   ELDR_CUDA_CHECK(cudaSetDevice(device));
   ELDR_CUBLAS_CHECK(cublasCreate(&impl_->cublas));
   impl_->grouped_gemm = GroupedGemmAvailable();
+  int major = 0;
+  ELDR_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  impl_->bf16_mma = major >= 8;
 }
 
 Context::~Context() {

@@ -189,14 +189,17 @@ void UploadExpertTable(const ExpertWeights& w, const void** device_table, cudaSt
 // intermediate activations (gate, up, SwiGLU output, expert output) are bf16.
 // Two ways to run the expert GEMMs:
 //  - device schedule (Context::device_schedule() and an `error` word; the default of the CUDA backend): a
-//    one-thread kernel turns the device's per-expert offsets into tiles of kMoeTileRows consecutive rows of one
-//    expert, and a tiled bf16 GEMM kernel (fp32 accumulation, one block per tile and 128 output columns) runs
-//    them; the grid is sized for the most tiles possible (num_tokens·top_k / kMoeTileRows + min(E, num_tokens·
-//    top_k)) and the blocks past the device's tile count return at once. Nothing waits for the host, so a layer
-//    can be captured in a CUDA graph. Each weight matrix of an active expert is read once per tile of its rows
-//    (once per expert at decode batches of up to kMoeTileRows tokens per expert). An id outside
-//    [0, num_experts) or an active expert without weights sets kErrorExpert in `error` (its pairs contribute
-//    nothing), reported at the caller's next synchronisation.
+//    one-block kernel turns the device's per-expert offsets into tiles of kMoeTileRows consecutive rows of one
+//    expert, and a bf16 GEMM kernel written for decode runs them (tensor-core MMAs, fp32 accumulation; a block
+//    per tile and 64 output columns, a warp per 16 rows × 8 columns streaming the weights in 16-byte loads;
+//    devices without bf16 MMA, or unaligned shapes, take a plain fp32 loop instead); the grid is sized for the most
+//    tiles possible (num_tokens·top_k / kMoeTileRows + min(E, num_tokens·top_k)) and the blocks past the device's tile
+//    count return at once. Nothing waits for the host, so a layer can be captured in a CUDA graph. Each weight matrix
+//    of an active expert is read once per tile of its rows (once per expert at decode batches of up to kMoeTileRows
+//    tokens per expert), so a prefill-sized call (hundreds of rows per expert) reads each expert's weights many times:
+//    the host schedule's cuBLAS GEMMs suit it better. An id outside [0, num_experts) or an active expert without
+//    weights sets kErrorExpert in `error` (its pairs contribute nothing), reported at the caller's next
+//    synchronisation.
 //  - host schedule (otherwise): synchronises `stream` once, to read the per-expert token counts that size the
 //    cuBLAS GEMMs (so it cannot be captured in a CUDA graph); throws eldr::Error when an id is outside
 //    [0, num_experts) or an active expert has no weights.
@@ -209,7 +212,7 @@ struct MoeParams {
   float* out = nullptr;                    // [num_tokens, hidden], accumulated into
   int* error = nullptr;                    // device-visible DeviceError word; null: the host schedule
 };
-inline constexpr int kMoeTileRows = 8;  // rows (token-expert pairs of one expert) per tile of the device schedule
+inline constexpr int kMoeTileRows = 16;  // rows (token-expert pairs of one expert) per tile of the device schedule
 void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream);
 
 // One dense SwiGLU MLP (dense layers, shared experts): out[t] += down(silu(gate x) * up x), with bf16 gate

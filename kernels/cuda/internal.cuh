@@ -19,6 +19,7 @@ struct Context::Impl {
   cublasHandle_t cublas = nullptr;
   bool grouped_gemm = true;
   bool device_schedule = true;  // MoeExperts: expert GEMMs scheduled on the device (no host synchronisation)
+  bool bf16_mma = false;        // the device has bf16 tensor-core MMA (compute capability 8.0 or later)
   void* scratch = nullptr;
   size_t scratch_bytes = 0;
   int64_t scratch_grows = 0;

@@ -103,11 +103,38 @@ __global__ void CountKernel(const int32_t* __restrict__ ids, int n, int num_expe
   }
 }
 
-// offsets[e + 1] holds expert e's count and offsets[0] == 0; turns the counts into running offsets. Serial:
-// num_experts is a few hundred at most.
+// The inclusive prefix sum of v over the block (blockDim.x a multiple of 32, at most 1024); `warp_sums` is
+// shared [32]. Every thread of the block must call it.
+__device__ inline int BlockInclusiveSum(int v, int* warp_sums) {
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(kFullMask, v, offset);
+    if (lane >= offset) v += other;
+  }
+  __syncthreads();  // an earlier call's reads of warp_sums are done
+  if (lane == 31) warp_sums[warp] = v;
+  __syncthreads();
+  for (int w = 0; w < warp; ++w) v += warp_sums[w];
+  return v;
+}
+
+constexpr int kScanThreads = 256;
+
+// offsets[e + 1] holds expert e's count and offsets[0] == 0; turns the counts into running offsets. One block
+// of kScanThreads, a chunk of experts per pass (a serial loop paid a dependent global load per expert).
 __global__ void ScanKernel(int32_t* offsets, int num_experts) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  for (int e = 0; e < num_experts; ++e) offsets[e + 1] += offsets[e];
+  __shared__ int warp_sums[32];
+  __shared__ int carry;
+  if (threadIdx.x == 0) carry = 0;
+  for (int base = 0; base < num_experts; base += blockDim.x) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    const int count = e < num_experts ? offsets[e + 1] : 0;
+    const int sum = BlockInclusiveSum(count, warp_sums);  // its barriers also publish `carry`
+    const int before = carry;
+    if (e < num_experts) offsets[e + 1] = before + sum;
+    __syncthreads();  // every thread has read carry
+    if (threadIdx.x == blockDim.x - 1) carry = before + sum;
+  }
 }
 
 // One block per expert walks all pairs in order, tile by tile; a ballot + warp-count prefix gives each
@@ -151,7 +178,7 @@ void LaunchGroupByExpert(const int32_t* ids, int num_tokens, int top_k, int num_
         ids, n, num_experts, offsets);
     ELDR_CUDA_CHECK_LAUNCH();
   }
-  ScanKernel<<<1, 32, 0, stream>>>(offsets, num_experts);
+  ScanKernel<<<1, kScanThreads, 0, stream>>>(offsets, num_experts);
   ELDR_CUDA_CHECK_LAUNCH();
   if (n > 0) {
     ScatterKernel<<<num_experts, kThreads, 0, stream>>>(ids, n, offsets, pairs, pair_rows);
@@ -169,20 +196,22 @@ __global__ void PermuteKernel(const float* __restrict__ x, const int32_t* __rest
   for (int c = threadIdx.x; c < hidden; c += blockDim.x) x_permuted[r * stride + c] = __float2bfloat16(src[c]);
 }
 
+// A thread per (token blockIdx.x, column): the top_k rows' loads are independent, so a token's combine is one
+// round of memory latency, not one per column chunk (a block per token walked its columns serially).
 __global__ void CombineKernel(const __nv_bfloat16* __restrict__ y, int64_t stride,
                               const int32_t* __restrict__ pair_rows, const float* __restrict__ weights, int top_k,
                               int hidden, float* __restrict__ out) {
   const int64_t t = blockIdx.x;
-  for (int c = threadIdx.x; c < hidden; c += blockDim.x) {
-    float acc = 0.f;
-    for (int j = 0; j < top_k; ++j) {
-      const int64_t pair = t * top_k + j;
-      const int32_t row = pair_rows[pair];
-      if (row < 0) continue;  // an invalid id under the device schedule: contributes nothing (kErrorExpert)
-      acc += weights[pair] * __bfloat162float(y[static_cast<int64_t>(row) * stride + c]);
-    }
-    out[t * hidden + c] += acc;
+  const int c = static_cast<int>(blockIdx.y * blockDim.x + threadIdx.x);
+  if (c >= hidden) return;
+  float acc = 0.f;
+  for (int j = 0; j < top_k; ++j) {
+    const int64_t pair = t * top_k + j;
+    const int32_t row = pair_rows[pair];
+    if (row < 0) continue;  // an invalid id under the device schedule: contributes nothing (kErrorExpert)
+    acc += weights[pair] * __bfloat162float(y[static_cast<int64_t>(row) * stride + c]);
   }
+  out[t * hidden + c] += acc;
 }
 
 // ---- expert GEMM plans ----
@@ -261,42 +290,81 @@ void RunExpertGemms(Context::Impl& impl, const std::vector<ExpertGemm>& problems
 
 // ---- expert GEMMs scheduled on the device ----
 
-constexpr int kTileCols = 128;  // output columns per block: one per thread
-constexpr int kTileK = 32;      // the reduction dimension staged in shared memory per step
+// The expert GEMMs of a decode step read far more weight bytes than activations (a tile has at most
+// kMoeTileRows rows, an expert's weights are megabytes), so the kernel streams the weights once, in 16-byte loads
+// that bypass L1, into bf16 tensor-core MMAs (m16n8k16, fp32 accumulation): a warp computes one tile's 16 rows
+// × 8 output columns, a block kTileWarps warps of consecutive columns; gridDim.x walks the tiles (no 65535
+// limit), gridDim.y the columns.
+constexpr int kTileWarps = 8;
+constexpr int kTileWarpCols = 8;  // the n of one m16n8k16 MMA
+constexpr int kTileCols = kTileWarps * kTileWarpCols;
+constexpr int kTileChunk = 32;  // k per pair of MMAs: 4 lanes × 8 bf16 of each row
+constexpr int kTileUnroll = 4;  // chunks per pipeline step: loads in flight per warp
+static_assert(kMoeTileRows == 16, "one m16n8k16 MMA covers a tile's rows");
 
 __device__ inline void ReportError(int* error, int bit) {
   if (error != nullptr) atomicOr(error, bit);
 }
 
-// One thread: expert e's rows [offsets[e], offsets[e + 1]) become ceil(count / kMoeTileRows) tiles, in expert order;
+// Expert e's rows [offsets[e], offsets[e + 1]) become ceil(count / kMoeTileRows) tiles, in expert order;
 // tile_expert / tile_row get each tile's expert and first row, *num_tiles their number. Ids outside the experts
-// (offsets[E] < n) set kErrorExpert. E is a few hundred at most, as for ScanKernel.
+// (offsets[E] < n) set kErrorExpert. One block of kScanThreads: a thread per expert of each chunk, placed by a
+// prefix sum of the tile counts.
 __global__ void BuildTilesKernel(const int32_t* __restrict__ offsets, int num_experts, int n,
                                  int32_t* __restrict__ tile_expert, int32_t* __restrict__ tile_row,
                                  int32_t* __restrict__ num_tiles, int* error) {
-  if (blockIdx.x != 0 || threadIdx.x != 0) return;
-  int t = 0;
-  for (int e = 0; e < num_experts; ++e) {
-    for (int r = offsets[e]; r < offsets[e + 1]; r += kMoeTileRows) {
+  __shared__ int warp_sums[32];
+  __shared__ int carry;
+  if (threadIdx.x == 0) carry = 0;
+  for (int base = 0; base < num_experts; base += blockDim.x) {
+    const int e = base + static_cast<int>(threadIdx.x);
+    const int begin = e < num_experts ? offsets[e] : 0, end = e < num_experts ? offsets[e + 1] : 0;
+    const int tiles = (end - begin + kMoeTileRows - 1) / kMoeTileRows;
+    const int sum = BlockInclusiveSum(tiles, warp_sums);  // its barriers also publish `carry`
+    const int before = carry;
+    for (int i = 0, t = before + sum - tiles; i < tiles; ++i, ++t) {
       tile_expert[t] = e;
-      tile_row[t] = r;
-      ++t;
+      tile_row[t] = begin + i * kMoeTileRows;
     }
+    __syncthreads();  // every thread has read carry
+    if (threadIdx.x == blockDim.x - 1) carry = before + sum;
   }
-  *num_tiles = t;
-  if (offsets[num_experts] != n) ReportError(error, kErrorExpert);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *num_tiles = carry;
+    if (offsets[num_experts] != n) ReportError(error, kErrorExpert);
+  }
+}
+
+__device__ inline void MmaBf16(float (&c)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                               uint32_t b1) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#else
+  __trap();  // the host takes this path only on a device with bf16 MMA (Context::Impl::bf16_mma)
+#endif
 }
 
 // C[r, c] = Σ_k B[r, k] · W[c, k] for the rows r of one tile (one expert's, up to kMoeTileRows) and the kTileCols
 // columns c of blockIdx.y, W = table[which · E + e] of shape [m, k] (row-major, leading dimension k), fp32
 // accumulation, bf16 out. Rows past the expert's count are neither read nor written; an expert without weights
-// sets kErrorExpert and writes nothing.
-__global__ void ExpertTileGemmKernel(const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
-                                     const int32_t* __restrict__ num_tiles, const int32_t* __restrict__ offsets,
-                                     const void* const* __restrict__ table, int which, int num_experts, int m, int k,
-                                     const __nv_bfloat16* __restrict__ b, int64_t ldb, __nv_bfloat16* __restrict__ c,
-                                     int64_t ldc, int* error) {
-  const int t = blockIdx.x;
+// sets kErrorExpert and writes nothing. kMma (the device has bf16 MMA, k and ldb are multiples of 8 and W, B
+// 16-byte aligned): tensor cores, lane (g, q) = (lane / 4, lane % 4) loading 8 consecutive k of W row g and of B
+// rows g and g + 8 per chunk. An MMA sums over its 16 k slots whatever k each slot holds, so the slots need only
+// agree between A and B: slot 2q + j (and 8 + 2q + j) of lane (·, q) is chunk element 8q + j (8q + 2 + j) in the
+// first MMA and 8q + 4 + j (8q + 6 + j) in the second, for A and B alike. Otherwise: each lane computes outputs
+// lane + 32 i of the warp's 16 × 8 one bf16 at a time.
+template <bool kMma>
+__global__ void __launch_bounds__(kTileWarps * 32)
+    ExpertTileGemmKernel(const int32_t* __restrict__ tile_expert, const int32_t* __restrict__ tile_row,
+                         const int32_t* __restrict__ num_tiles, const int32_t* __restrict__ offsets,
+                         const void* const* __restrict__ table, int which, int num_experts, int m, int k,
+                         const __nv_bfloat16* __restrict__ b, int64_t ldb, __nv_bfloat16* __restrict__ c, int64_t ldc,
+                         int* error) {
+  const int t = static_cast<int>(blockIdx.x);
   if (t >= *num_tiles) return;
   const int e = tile_expert[t], row0 = tile_row[t];
   const int rows = min(kMoeTileRows, offsets[e + 1] - row0);
@@ -305,32 +373,66 @@ __global__ void ExpertTileGemmKernel(const int32_t* __restrict__ tile_expert, co
     if (threadIdx.x == 0) ReportError(error, kErrorExpert);
     return;
   }
-  const int col0 = blockIdx.y * kTileCols;
-  __shared__ float bs[kMoeTileRows][kTileK];
-  __shared__ float ws[kTileCols][kTileK + 1];  // + 1: the compute loop reads a column per thread, conflict-free
-  float acc[kMoeTileRows];
-  for (int r = 0; r < kMoeTileRows; ++r) acc[r] = 0.f;
-  for (int k0 = 0; k0 < k; k0 += kTileK) {
-    for (int i = threadIdx.x; i < kMoeTileRows * kTileK; i += blockDim.x) {
-      const int r = i / kTileK, kk = i % kTileK;
-      bs[r][kk] = r < rows && k0 + kk < k ? __bfloat162float(b[static_cast<int64_t>(row0 + r) * ldb + k0 + kk]) : 0.f;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int col0 = static_cast<int>(blockIdx.y) * kTileCols + warp * kTileWarpCols;
+  if (col0 >= m) return;
+  const __nv_bfloat16* brow = b + static_cast<int64_t>(row0) * ldb;
+  if constexpr (kMma) {
+    const int g = lane >> 2, q = lane & 3;
+    const bool w_ok = col0 + g < m, a_lo = g < rows, a_hi = g + 8 < rows;
+    // Every load is unconditional, from an address inside the tensors (a row or vector past the end reads the
+    // first row or the last vector) and zeroed after, and the next step's loads are issued before this step's
+    // MMAs (a register double buffer): kTileUnroll chunks in flight per warp, which the MMAs' in-order issue
+    // would otherwise cut to one.
+    const auto* wp = reinterpret_cast<const uint4*>(w + static_cast<int64_t>(w_ok ? col0 + g : 0) * k);
+    const auto* ap_lo = reinterpret_cast<const uint4*>(brow + (a_lo ? g : 0) * ldb);
+    const auto* ap_hi = reinterpret_cast<const uint4*>(brow + (a_hi ? g + 8 : 0) * ldb);
+    const int num_vectors = k / 8, num_chunks = (k + kTileChunk - 1) / kTileChunk;
+    uint4 wv[kTileUnroll], lo[kTileUnroll], hi[kTileUnroll];
+    const auto load = [&](int c0) {
+#pragma unroll
+      for (int u = 0; u < kTileUnroll; ++u) {
+        const int vc = min((c0 + u) * (kTileChunk / 8) + q, num_vectors - 1);
+        wv[u] = __ldcs(wp + vc);
+        lo[u] = __ldg(ap_lo + vc);
+        hi[u] = __ldg(ap_hi + vc);
+      }
+    };
+    const uint4 zero = make_uint4(0, 0, 0, 0);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    load(0);
+    for (int c0 = 0; c0 < num_chunks; c0 += kTileUnroll) {
+      uint4 w_cur[kTileUnroll], lo_cur[kTileUnroll], hi_cur[kTileUnroll];
+#pragma unroll
+      for (int u = 0; u < kTileUnroll; ++u) {
+        const bool in_k = (c0 + u) * (kTileChunk / 8) + q < num_vectors;
+        w_cur[u] = in_k && w_ok ? wv[u] : zero;
+        lo_cur[u] = in_k && a_lo ? lo[u] : zero;
+        hi_cur[u] = in_k && a_hi ? hi[u] : zero;
+      }
+      if (c0 + kTileUnroll < num_chunks) load(c0 + kTileUnroll);
+#pragma unroll
+      for (int u = 0; u < kTileUnroll; ++u) {
+        MmaBf16(acc, lo_cur[u].x, hi_cur[u].x, lo_cur[u].y, hi_cur[u].y, w_cur[u].x, w_cur[u].y);
+        MmaBf16(acc, lo_cur[u].z, hi_cur[u].z, lo_cur[u].w, hi_cur[u].w, w_cur[u].z, w_cur[u].w);
+      }
     }
-    for (int i = threadIdx.x; i < kTileCols * kTileK; i += blockDim.x) {
-      const int cc = i / kTileK, kk = i % kTileK;  // consecutive threads read consecutive k of one weight row
-      ws[cc][kk] =
-          col0 + cc < m && k0 + kk < k ? __bfloat162float(w[static_cast<int64_t>(col0 + cc) * k + k0 + kk]) : 0.f;
+    // C fragment: acc[0..1] row g, columns 2q, 2q + 1; acc[2..3] row g + 8, the same columns.
+    for (int i = 0; i < 4; ++i) {
+      const int r = g + (i >= 2 ? 8 : 0), col = col0 + 2 * q + (i & 1);
+      if (r < rows && col < m) c[static_cast<int64_t>(row0 + r) * ldc + col] = __float2bfloat16(acc[i]);
     }
-    __syncthreads();
-    const int cc = threadIdx.x;
-    for (int kk = 0; kk < kTileK; ++kk) {
-      const float wv = ws[cc][kk];
-      for (int r = 0; r < kMoeTileRows; ++r) acc[r] = fmaf(bs[r][kk], wv, acc[r]);
+  } else {
+    for (int i = lane; i < kMoeTileRows * kTileWarpCols; i += 32) {
+      const int r = i / kTileWarpCols, col = col0 + i % kTileWarpCols;
+      if (r >= rows || col >= m) continue;
+      const __nv_bfloat16* wr = w + static_cast<int64_t>(col) * k;
+      const __nv_bfloat16* br = brow + r * ldb;
+      float acc = 0.f;
+      for (int kk = 0; kk < k; ++kk) acc = fmaf(__bfloat162float(br[kk]), __bfloat162float(wr[kk]), acc);
+      c[static_cast<int64_t>(row0 + r) * ldc + col] = __float2bfloat16(acc);
     }
-    __syncthreads();
   }
-  const int col = col0 + static_cast<int>(threadIdx.x);
-  if (col >= m) return;
-  for (int r = 0; r < rows; ++r) c[static_cast<int64_t>(row0 + r) * ldc + col] = __float2bfloat16(acc[r]);
 }
 
 // Tiles of the device schedule for n = num_tokens · top_k pairs over E experts: each active expert has
@@ -387,8 +489,9 @@ void Combine(const CombineParams& p, cudaStream_t stream) {
   if (p.num_tokens == 0) return;
   const int64_t stride = p.y_permuted_stride == 0 ? p.hidden : p.y_permuted_stride;
   ELDR_CHECK(stride >= p.hidden, "y_permuted_stride " << stride << " < hidden " << p.hidden);
-  CombineKernel<<<p.num_tokens, kThreads, 0, stream>>>(AsBf16(p.y_permuted), stride, p.pair_rows, p.topk_weights,
-                                                       p.top_k, p.hidden, p.out);
+  const dim3 grid(static_cast<unsigned>(p.num_tokens), static_cast<unsigned>(CeilDiv(p.hidden, kThreads)));
+  CombineKernel<<<grid, kThreads, 0, stream>>>(AsBf16(p.y_permuted), stride, p.pair_rows, p.topk_weights, p.top_k,
+                                               p.hidden, p.out);
   ELDR_CUDA_CHECK_LAUNCH();
 }
 
@@ -437,7 +540,7 @@ std::vector<const void*> HostTable(const ExpertWeights& w) {
 namespace {
 
 // The device schedule of MoeExperts (cuda_ops.h): nothing here waits for the host.
-void MoeExpertsOnDevice(const MoeParams& p, const MoeLayout& m, void* base, cudaStream_t stream) {
+void MoeExpertsOnDevice(const MoeParams& p, const MoeLayout& m, void* base, bool bf16_mma, cudaStream_t stream) {
   const ExpertWeights& w = *p.experts;
   const int T = p.num_tokens, K = p.top_k, E = w.num_experts, H = w.hidden, I = w.intermediate, n = T * K;
   int32_t* d_offsets = ScratchLayout::Get<int32_t>(base, m.o_offsets);
@@ -464,23 +567,34 @@ void MoeExpertsOnDevice(const MoeParams& p, const MoeLayout& m, void* base, cuda
         cudaMemcpyAsync(d_weights, host.data(), sizeof(void*) * host.size(), cudaMemcpyHostToDevice, stream));
     table = d_weights;
   }
-  BuildTilesKernel<<<1, 1, 0, stream>>>(d_offsets, E, n, tile_expert, tile_row, num_tiles, p.error);
+  BuildTilesKernel<<<1, kScanThreads, 0, stream>>>(d_offsets, E, n, tile_expert, tile_row, num_tiles, p.error);
   ELDR_CUDA_CHECK_LAUNCH();
   Permute({p.x, d_pairs, n, K, H, xp, m.hs}, stream);
 
   const unsigned tiles = static_cast<unsigned>(MaxTiles(n, E));
-  const dim3 gate_grid(tiles, static_cast<unsigned>(CeilDiv(I, kTileCols)));
-  for (int which = 0; which < 2; ++which) {  // gate, up
-    ExpertTileGemmKernel<<<gate_grid, kTileCols, 0, stream>>>(tile_expert, tile_row, num_tiles, d_offsets, table, which,
-                                                              E, I, H, AsBf16(xp), m.hs, AsBf16(which == 0 ? g : u),
-                                                              m.is, p.error);
-    ELDR_CUDA_CHECK_LAUNCH();
+  // The MMA path needs bf16 MMA (compute capability 8.0), k and the activation strides (hs, is: multiples of 8)
+  // in whole 16-byte vectors and every weight matrix 16-byte aligned (cudaMalloc'd tensors at 8-element offsets).
+  bool mma = bf16_mma;
+  for (const std::vector<const Bf16*>* proj : {&w.gate_proj, &w.up_proj, &w.down_proj}) {
+    for (const Bf16* ptr : *proj) mma = mma && reinterpret_cast<uintptr_t>(ptr) % 16 == 0;
   }
+  const auto gemm = [&](int which, int out_cols, int k, const Bf16* in, int64_t ld_in, Bf16* out, int64_t ld_out) {
+    const dim3 grid(tiles, static_cast<unsigned>(CeilDiv(out_cols, kTileCols)));
+    const auto* b = AsBf16(in);
+    auto* c = AsBf16(out);
+    if (mma && k % 8 == 0) {
+      ExpertTileGemmKernel<true><<<grid, kTileWarps * 32, 0, stream>>>(
+          tile_expert, tile_row, num_tiles, d_offsets, table, which, E, out_cols, k, b, ld_in, c, ld_out, p.error);
+    } else {
+      ExpertTileGemmKernel<false><<<grid, kTileWarps * 32, 0, stream>>>(
+          tile_expert, tile_row, num_tiles, d_offsets, table, which, E, out_cols, k, b, ld_in, c, ld_out, p.error);
+    }
+    ELDR_CUDA_CHECK_LAUNCH();
+  };
+  gemm(0, I, H, xp, m.hs, g, m.is);  // gate
+  gemm(1, I, H, xp, m.hs, u, m.is);  // up
   LaunchSwiGlu(g, u, h, n, I, m.is, stream);
-  const dim3 down_grid(tiles, static_cast<unsigned>(CeilDiv(H, kTileCols)));
-  ExpertTileGemmKernel<<<down_grid, kTileCols, 0, stream>>>(tile_expert, tile_row, num_tiles, d_offsets, table, 2, E, H,
-                                                            I, AsBf16(h), m.is, AsBf16(y), m.hs, p.error);
-  ELDR_CUDA_CHECK_LAUNCH();
+  gemm(2, H, I, h, m.is, y, m.hs);  // down
   Combine({y, m.hs, d_rows, p.topk_weights, T, K, H, p.out}, stream);
 }
 
@@ -530,7 +644,7 @@ void MoeExperts(Context& ctx, const MoeParams& p, cudaStream_t stream) {
   void** d_down = ScratchLayout::Get<void*>(base, o_down);
 
   if (impl.device_schedule && p.error != nullptr) {
-    MoeExpertsOnDevice(p, m, base, stream);
+    MoeExpertsOnDevice(p, m, base, impl.bf16_mma, stream);
     return;
   }
   LaunchGroupByExpert(p.topk_ids, T, K, E, d_offsets, d_pairs, d_rows, stream);

@@ -441,6 +441,20 @@ TEST_F(CudaOps, MoeExpertsQwen3LayerShape) {
   CheckMoe(64, E, K, H, I, rr, rng, "qwen3 moe 16 distinct experts, batch 64");
 }
 
+// The DeepSeek-V2-Lite layer (the simulator's H200 cost model): hidden 2048, moe_intermediate 1408 (44 column
+// blocks of the device schedule's GEMM), 64 routed experts, top-6; at batch 64 with 8 experts, 48 rows per
+// expert: three tiles each.
+TEST_F(CudaOps, MoeExpertsDeepSeekV2LiteLayerShape) {
+  std::mt19937_64 rng(13);
+  const int E = 64, K = 6, H = 2048, I = 1408;
+  for (int T : {1, 16, 64}) {
+    CheckMoe(T, E, K, H, I, RandomTopK(T, E, K, rng), rng, "dsv2-lite moe random routing, batch " + std::to_string(T));
+  }
+  std::vector<int32_t> rr(64 * K);
+  for (size_t i = 0; i < rr.size(); ++i) rr[i] = static_cast<int32_t>(i % 8);
+  CheckMoe(64, E, K, H, I, rr, rng, "dsv2-lite moe 8 distinct experts, batch 64");
+}
+
 TEST_F(CudaOps, MoeExpertsRejectsBadIdsAndMissingExperts) {
   const int T = 2, K = 2, E = 4, H = 16, I = 8;
   DeviceBuffer<uint16_t> wts(static_cast<size_t>(E) * I * H);

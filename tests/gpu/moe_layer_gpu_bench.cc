@@ -1,6 +1,9 @@
 // GPU figure of DESIGN.md §1: one MoE layer's decode latency against the number of distinct experts the
-// batch activates, at the Qwen3-30B-A3B layer shape in bf16 (hidden 2048, moe_intermediate 768, 128 experts,
-// top-8), at batch 16 and 64. Cases read BM_MoeLayerDecode/experts:N/batch:B/manual_time.
+// batch activates, in bf16, at batch 16 and 64, at two layer shapes: Qwen3-30B-A3B (hidden 2048,
+// moe_intermediate 768, 128 experts, top-8; cases BM_MoeLayerDecode/experts:N/batch:B/manual_time) and
+// DeepSeek-V2-Lite (hidden 2048, moe_intermediate 1408, 64 routed experts, top-6; cases BM_Dsv2LiteMoeLayer...),
+// the model of the simulator's H200 cost model (configs/costs/h200-deepseek-v2-lite.yaml), whose per-expert
+// term b assumes the expert weights stream at the full 4.8 TB/s: the slope of these cases measures it.
 //
 // A step is what a decode worker runs for one MoE layer: the router GEMV and top-k (computed, then replaced by
 // the forced routing below), and MoeExperts (grouping, permute, expert GEMMs, SwiGLU, combine). BM_MoeLayerDecode
@@ -29,77 +32,94 @@
 namespace eldr::kernels::cuda {
 namespace {
 
-constexpr int kHidden = 2048, kIntermediate = 768, kExperts = 128, kTopK = 8, kMaxBatch = 64;
+constexpr int kMaxBatch = 64;
 constexpr double kPeakBytesPerSecond = 4.8e12;
+
+// One MoE layer's shape (routed experts only: a shared expert is a fixed cost, not a distinct-expert one).
+struct Shape {
+  int hidden, intermediate, num_experts, top_k;
+};
+constexpr Shape kQwen3{2048, 768, 128, 8};
+constexpr Shape kDsv2Lite{2048, 1408, 64, 6};
 
 // The layer's weights and buffers, built on first use and kept for the process (never freed: the CUDA
 // runtime may be gone by the time static destructors run).
 struct Layer {
+  Shape shape;
   Context ctx{0};
   cudaStream_t stream = nullptr;
   cudaEvent_t start = nullptr, stop = nullptr;
   Bf16* router = nullptr;   // [num_experts, hidden]
   Bf16* experts = nullptr;  // [3, num_experts, intermediate * hidden]: gate, up, down
   ExpertWeights weights;
-  float* x = nullptr;             // [max_batch, hidden]
-  float* out = nullptr;           // [max_batch, hidden]
-  float* logits = nullptr;        // [max_batch, num_experts]
-  int32_t* gate_ids = nullptr;    // [max_batch, top_k]
-  float* gate_weights = nullptr;  // [max_batch, top_k]
-  int32_t* ids = nullptr;         // [max_batch, top_k] the forced routing
-  float* topk_weights = nullptr;  // [max_batch, top_k]
-  int* error = nullptr;           // the device schedule's error word; null: the host schedule
-  int* error_word = nullptr;      // device memory for it
+  float* x = nullptr;                   // [max_batch, hidden]
+  float* out = nullptr;                 // [max_batch, hidden]
+  float* logits = nullptr;              // [max_batch, num_experts]
+  int32_t* gate_ids = nullptr;          // [max_batch, top_k]
+  float* gate_weights = nullptr;        // [max_batch, top_k]
+  int32_t* ids = nullptr;               // [max_batch, top_k] the forced routing
+  float* topk_weights = nullptr;        // [max_batch, top_k]
+  int* error = nullptr;                 // the device schedule's error word; null: the host schedule
+  int* error_word = nullptr;            // device memory for it
+  const void** device_table = nullptr;  // [3, num_experts] the expert pointers (ExpertWeights::device_table)
 
-  Layer() {
+  explicit Layer(Shape s) : shape(s) {
+    const int hidden = s.hidden, intermediate = s.intermediate, num_experts = s.num_experts, top_k = s.top_k;
     ELDR_CUDA_CHECK(cudaStreamCreate(&stream));
     ELDR_CUDA_CHECK(cudaEventCreate(&start));
     ELDR_CUDA_CHECK(cudaEventCreate(&stop));
-    const int64_t per = static_cast<int64_t>(kIntermediate) * kHidden;
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&router), sizeof(Bf16) * kExperts * kHidden));
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&experts), sizeof(Bf16) * 3 * kExperts * per));
-    FillUniformBf16(router, static_cast<int64_t>(kExperts) * kHidden, 0.03f, 1, stream);
-    FillUniformBf16(experts, 2 * kExperts * per, 0.038f, 2, stream);                    // gate, up: ~sqrt(3 / hidden)
-    FillUniformBf16(experts + 2 * kExperts * per, kExperts * per, 0.0625f, 3, stream);  // down: ~sqrt(3 / inter)
-    weights.num_experts = kExperts;
-    weights.hidden = kHidden;
-    weights.intermediate = kIntermediate;
-    for (int e = 0; e < kExperts; ++e) {
+    const int64_t per = static_cast<int64_t>(intermediate) * hidden;
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&router), sizeof(Bf16) * num_experts * hidden));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&experts), sizeof(Bf16) * 3 * num_experts * per));
+    FillUniformBf16(router, static_cast<int64_t>(num_experts) * hidden, 0.03f, 1, stream);
+    FillUniformBf16(experts, 2 * num_experts * per, 0.038f, 2, stream);  // gate, up: ~sqrt(3 / hidden)
+    FillUniformBf16(experts + 2 * num_experts * per, num_experts * per, 0.0625f, 3, stream);  // down: ~sqrt(3 / inter)
+    weights.num_experts = num_experts;
+    weights.hidden = hidden;
+    weights.intermediate = intermediate;
+    for (int e = 0; e < num_experts; ++e) {
       weights.gate_proj.push_back(experts + e * per);
-      weights.up_proj.push_back(experts + (kExperts + e) * per);
-      weights.down_proj.push_back(experts + (2 * kExperts + e) * per);
+      weights.up_proj.push_back(experts + (num_experts + e) * per);
+      weights.down_proj.push_back(experts + (2 * num_experts + e) * per);
     }
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x), sizeof(float) * kMaxBatch * kHidden));
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), sizeof(float) * kMaxBatch * kHidden));
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&logits), sizeof(float) * kMaxBatch * kExperts));
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gate_ids), sizeof(int32_t) * kMaxBatch * kTopK));
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gate_weights), sizeof(float) * kMaxBatch * kTopK));
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ids), sizeof(int32_t) * kMaxBatch * kTopK));
-    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&topk_weights), sizeof(float) * kMaxBatch * kTopK));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&x), sizeof(float) * kMaxBatch * hidden));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&out), sizeof(float) * kMaxBatch * hidden));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&logits), sizeof(float) * kMaxBatch * num_experts));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gate_ids), sizeof(int32_t) * kMaxBatch * top_k));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&gate_weights), sizeof(float) * kMaxBatch * top_k));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&ids), sizeof(int32_t) * kMaxBatch * top_k));
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&topk_weights), sizeof(float) * kMaxBatch * top_k));
     ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&error_word), sizeof(int)));
     ELDR_CUDA_CHECK(cudaMemset(error_word, 0, sizeof(int)));
+    // The pointer table resident on the device, as a serving worker keeps it (no per-call table copy).
+    ELDR_CUDA_CHECK(cudaMalloc(reinterpret_cast<void**>(&device_table), sizeof(void*) * 3 * num_experts));
+    UploadExpertTable(weights, device_table, stream);
+    weights.device_table = device_table;
+    ctx.Reserve(MoeScratchBytes(kMaxBatch, top_k, num_experts, hidden, intermediate), stream);
     std::mt19937_64 rng(4);
     std::normal_distribution<float> g(0.f, 1.f);
-    std::vector<float> hx(static_cast<size_t>(kMaxBatch) * kHidden);
+    std::vector<float> hx(static_cast<size_t>(kMaxBatch) * hidden);
     for (float& v : hx) v = g(rng);
     ELDR_CUDA_CHECK(cudaMemcpy(x, hx.data(), sizeof(float) * hx.size(), cudaMemcpyHostToDevice));
-    ELDR_CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * kMaxBatch * kHidden));
+    ELDR_CUDA_CHECK(cudaMemset(out, 0, sizeof(float) * kMaxBatch * hidden));
     ELDR_CUDA_CHECK(cudaStreamSynchronize(stream));
   }
 
   // Round-robin routing over the first `num_distinct` experts, equal weights.
   void ForceRouting(int batch, int num_distinct) {
-    std::vector<int32_t> h_ids(static_cast<size_t>(batch) * kTopK);
+    const int top_k = shape.top_k;
+    std::vector<int32_t> h_ids(static_cast<size_t>(batch) * top_k);
     for (size_t i = 0; i < h_ids.size(); ++i) h_ids[i] = static_cast<int32_t>(i % num_distinct);
-    std::vector<float> h_w(h_ids.size(), 1.f / kTopK);
+    std::vector<float> h_w(h_ids.size(), 1.f / top_k);
     ELDR_CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), sizeof(int32_t) * h_ids.size(), cudaMemcpyHostToDevice));
     ELDR_CUDA_CHECK(cudaMemcpy(topk_weights, h_w.data(), sizeof(float) * h_w.size(), cudaMemcpyHostToDevice));
   }
 
   void Step(int batch) {
-    Linear(ctx, {x, router, logits, batch, kHidden, kExperts}, stream);
-    GateTopK({logits, batch, kExperts, kTopK, true, gate_ids, gate_weights}, stream);
-    MoeExperts(ctx, {x, ids, topk_weights, batch, kTopK, &weights, out, error}, stream);
+    const int hidden = shape.hidden, num_experts = shape.num_experts, top_k = shape.top_k;
+    Linear(ctx, {x, router, logits, batch, hidden, num_experts}, stream);
+    GateTopK({logits, batch, num_experts, top_k, true, gate_ids, gate_weights}, stream);
+    MoeExperts(ctx, {x, ids, topk_weights, batch, top_k, &weights, out, error}, stream);
   }
 
   // Seconds of one call of `run` on the stream, by CUDA events.
@@ -115,14 +135,18 @@ struct Layer {
   }
 };
 
-Layer& GetLayer() {
-  static Layer* layer = new Layer();
+// The layer of each shape, built on its first case (device memory holds both: 1.2 + 1.1 GB of experts).
+Layer& GetLayer(const Shape& shape) {
+  static Layer* qwen3 = nullptr;
+  static Layer* dsv2 = nullptr;
+  Layer*& layer = shape.num_experts == kQwen3.num_experts ? qwen3 : dsv2;
+  if (layer == nullptr) layer = new Layer(shape);
   return *layer;
 }
 
-void RunMoeLayer(benchmark::State& state, bool grouped, bool device_schedule = false) {
+void RunMoeLayer(benchmark::State& state, const Shape& shape, bool grouped, bool device_schedule = false) {
   const int num_distinct = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
-  Layer& layer = GetLayer();
+  Layer& layer = GetLayer(shape);
   if (grouped && !Context::GroupedGemmAvailable()) {
     state.SkipWithError("cuBLAS without cublasGemmGroupedBatchedEx");
     return;
@@ -145,7 +169,7 @@ void RunMoeLayer(benchmark::State& state, bool grouped, bool device_schedule = f
     return;
   }
   const double mean = total / static_cast<double>(state.iterations());
-  const double bytes = static_cast<double>(num_distinct) * 3 * kHidden * kIntermediate * sizeof(Bf16);
+  const double bytes = static_cast<double>(num_distinct) * 3 * shape.hidden * shape.intermediate * sizeof(Bf16);
   state.counters["distinct_experts"] = num_distinct;
   state.counters["grouped_gemm"] = layer.ctx.grouped_gemm() ? 1 : 0;  // 0 if cuBLAS refused the grouped call
   state.counters["latency_us"] = mean * 1e6;
@@ -154,9 +178,13 @@ void RunMoeLayer(benchmark::State& state, bool grouped, bool device_schedule = f
   state.counters["frac_of_4.8TBps"] = bytes / mean / kPeakBytesPerSecond;
 }
 
-void BM_MoeLayerDecode(benchmark::State& state) { RunMoeLayer(state, Context::GroupedGemmAvailable()); }
-void BM_MoeLayerDecodeGemmPerExpert(benchmark::State& state) { RunMoeLayer(state, false); }
-void BM_MoeLayerDecodeDeviceSchedule(benchmark::State& state) { RunMoeLayer(state, false, true); }
+void BM_MoeLayerDecode(benchmark::State& state) { RunMoeLayer(state, kQwen3, Context::GroupedGemmAvailable()); }
+void BM_MoeLayerDecodeGemmPerExpert(benchmark::State& state) { RunMoeLayer(state, kQwen3, false); }
+void BM_MoeLayerDecodeDeviceSchedule(benchmark::State& state) { RunMoeLayer(state, kQwen3, false, true); }
+void BM_Dsv2LiteMoeLayerDecode(benchmark::State& state) {
+  RunMoeLayer(state, kDsv2Lite, Context::GroupedGemmAvailable());
+}
+void BM_Dsv2LiteMoeLayerDecodeDeviceSchedule(benchmark::State& state) { RunMoeLayer(state, kDsv2Lite, false, true); }
 
 BENCHMARK(BM_MoeLayerDecode)
     ->ArgNames({"experts", "batch"})
@@ -173,10 +201,21 @@ BENCHMARK(BM_MoeLayerDecodeDeviceSchedule)
     ->ArgsProduct({{16, 32, 64, 128}, {16, 64}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
+// DeepSeek-V2-Lite: batch 16 x top-6 = 96 >= 64 rows, so every count up to all 64 experts can be forced.
+BENCHMARK(BM_Dsv2LiteMoeLayerDecode)
+    ->ArgNames({"experts", "batch"})
+    ->ArgsProduct({{8, 16, 32, 48, 64}, {16, 64}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Dsv2LiteMoeLayerDecodeDeviceSchedule)
+    ->ArgNames({"experts", "batch"})
+    ->ArgsProduct({{8, 16, 32, 48, 64}, {16, 64}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
 
 void BM_DeviceCopy(benchmark::State& state) {
   const size_t bytes = size_t{1} << 30;
-  Layer& layer = GetLayer();
+  Layer& layer = GetLayer(kQwen3);
   static void* src = nullptr;
   static void* dst = nullptr;
   if (src == nullptr) {

@@ -69,7 +69,7 @@ else
 fi
 
 step "MoE layer benchmark"
-timeout 120 "$PACK/bin/moe_layer_gpu_bench" --benchmark_out="$LOGS/moe_layer_gpu.json" --benchmark_out_format=json \
+timeout 180 "$PACK/bin/moe_layer_gpu_bench" --benchmark_out="$LOGS/moe_layer_gpu.json" --benchmark_out_format=json \
   >"$LOGS/moe_layer_gpu.log" 2>&1 || { note "moe_layer_gpu_bench: exit $?"; rc=1; }
 
 step "done: rc=$rc"
