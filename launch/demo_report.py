@@ -143,7 +143,8 @@ def main():
     print(f"  decode step = a {dec['a'] * 1e3:.3f} ms + b {dec['b'] * 1e6:.2f} us x distinct experts + "
           f"c {dec['c'] * 1e6:.1f} us x sequences + d {dec['d'] * 1e9:.0f} ns x context tokens;  "
           f"R^2 = {fit['decode_r2']:.3f} over {fit['decode_samples']} steps")
-    print(f"  at a fixed batch (steps grouped by batch size, context partialled out): b = {wb.get('b', 0) * 1e6:.2f} "
+    print(f"  at a fixed batch (steps grouped by run, decoder and batch size, context partialled out): "
+          f"b = {wb.get('b', 0) * 1e6:.2f} "
           f"+- {wb.get('b_se', 0) * 1e6:.2f} us (t = {wb.get('t', 0):.1f}), partial r = {wb.get('partial_r', 0):.2f}, "
           f"from {100 * wb.get('within_share', 0):.1f}% of the distinct experts' variance")
     identified = dec["b"] > 0 and fit["decode_r2"] >= 0.8 and wb.get("t", 0) >= 3 and wb.get("b", 0) > 0

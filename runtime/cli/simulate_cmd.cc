@@ -123,7 +123,7 @@ Status RunFit(const SimulateArgs& a) {
     j["decode_median_rel_error"] = r.decode_median_rel_error;
     const WithinBatchFit& w = r.within_batch;
     j["within_batch"] = {{"steps", w.steps},
-                         {"batch_sizes", w.batch_sizes},
+                         {"groups", w.groups},
                          {"b", w.b},
                          {"b_se", w.b_se},
                          {"t", w.t()},

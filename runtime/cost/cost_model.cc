@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/check.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/yaml.h"
 
@@ -214,6 +215,7 @@ double RSquared(const std::vector<double>& x, const std::vector<double>& y, int 
 // Samples for the fit.
 struct Samples {
   std::vector<double> decode_x, decode_y;    // [n, 4] (1, distinct, batch, context), seconds
+  std::vector<int64_t> decode_source;        // [n] (step log index) · 2^32 + worker: FitWithinBatch's sources
   std::vector<double> prefill_x, prefill_y;  // [n, 2] (1, tokens)
   // From moe_layer_bench: per-layer (1, distinct, batch) → seconds, and the read bandwidth.
   std::vector<double> layer_x, layer_y;
@@ -264,7 +266,8 @@ double CountField(const nlohmann::json& j, const char* key, const IntRange& rang
 constexpr int64_t kMaxStepCount = 1'000'000'000'000'000;
 
 // max_distinct: the distinct experts a decode step can touch, the model's MoE layers x routed experts.
-Status ReadStepLog(const std::string& path, Samples* s, double cores, int64_t max_distinct) {
+// `log_index`: this log's place among the fit's files (its decode steps' sources are log_index · 2^32 + worker).
+Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, double cores, int64_t max_distinct) {
   ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a steps.jsonl file"));
   std::ifstream in(path);
   if (!in) return Status::IoError(path + ": cannot open");
@@ -295,7 +298,9 @@ Status ReadStepLog(const std::string& path, Samples* s, double cores, int64_t ma
         const double distinct = CountField(j, "distinct_experts", IntRange::Between(0, max_distinct));
         const double batch = CountField(j, "batch", IntRange::Between(1, kMaxStepCount));
         const double context = CountField(j, "context_tokens", IntRange::Between(0, kMaxStepCount));
+        const double worker = CountField(j, "worker", IntRange::Between(0, (int64_t{1} << 32) - 1));
         s->decode_x.insert(s->decode_x.end(), {1.0, distinct, batch, context});
+        s->decode_source.push_back((log_index << 32) + static_cast<int64_t>(worker));
         s->decode_y.push_back(seconds);
         decode_spans.emplace_back(end - seconds, end);
       } else if (kind == "prefill") {
@@ -380,22 +385,25 @@ std::vector<double> NonNegativeLeastSquares(const std::vector<double>& x, const 
   return best;
 }
 
-WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<double>& y) {
+WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<double>& y,
+                              const std::vector<int64_t>& source) {
   WithinBatchFit w;
   const size_t n = y.size();
   if (n == 0) return w;
-  std::map<double, std::vector<size_t>> groups;  // batch size → rows
+  ELDR_CHECK(source.empty() || source.size() == n,
+             "FitWithinBatch: " << source.size() << " sources for " << n << " steps");
+  std::map<std::pair<int64_t, double>, std::vector<size_t>> groups;  // (source, batch size) → rows
   double mean_distinct = 0;
   for (size_t i = 0; i < n; ++i) {
-    groups[x[i * 4 + 2]].push_back(i);
+    groups[{source.empty() ? 0 : source[i], x[i * 4 + 2]}].push_back(i);
     mean_distinct += x[i * 4 + 1] / static_cast<double>(n);
   }
   double total_distinct = 0;
   for (size_t i = 0; i < n; ++i) total_distinct += (x[i * 4 + 1] - mean_distinct) * (x[i * 4 + 1] - mean_distinct);
-  std::vector<double> t, e, c;  // time, distinct experts, context, each minus its batch size's mean
-  for (const auto& [batch, rows] : groups) {
+  std::vector<double> t, e, c;  // time, distinct experts, context, each minus its group's mean
+  for (const auto& [key, rows] : groups) {
     if (rows.size() < 2) continue;
-    ++w.batch_sizes;
+    ++w.groups;
     double mt = 0, me = 0, mc = 0;
     for (size_t i : rows) {
       mt += y[i] / static_cast<double>(rows.size());
@@ -432,9 +440,9 @@ WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<do
     const double r = t[i] - w.b * e[i] - w.d * c[i];
     ssr += r * r;
   }
-  const int dof = w.steps - w.batch_sizes - params;
+  const int dof = w.steps - w.groups - params;
   if (dof > 0) w.b_se = std::sqrt(ssr / dof * (with_context ? scc / det : 1.0 / see));
-  // Partial correlation: the residuals of time and of distinct experts after context, both within batch sizes.
+  // Partial correlation: the residuals of time and of distinct experts after context, both within the groups.
   const double ee = with_context ? see - sec * sec / scc : see;
   const double tt = with_context ? stt - sct * sct / scc : stt;
   const double et = with_context ? set - sec * sct / scc : set;
@@ -558,7 +566,7 @@ std::string FitReport::Summary() const {
     << (prefill_given_by.empty() ? "" : " (given, not fitted: " + prefill_given_by + ")") << "\n";
   const WithinBatchFit& w = within_batch;
   if (w.steps > 0) {
-    o << "within batch sizes (" << w.steps << " steps in " << w.batch_sizes << " batch sizes; "
+    o << "within batch sizes (" << w.steps << " steps in " << w.groups << " groups of one worker's batch size; "
       << Fmt(100 * w.within_share, 1)
       << "% of the distinct experts' variance is at a fixed batch): " << Fmt(w.b * 1e6, 3) << " +- "
       << Fmt(w.b_se * 1e6, 3) << " us/distinct expert (t = " << Fmt(w.t(), 1) << "), " << Fmt(w.d * 1e9, 3)
@@ -596,7 +604,8 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     if (whole) {
       ELDR_RETURN_IF_ERROR(ReadBenchJson(f, j, &s));
     } else {
-      ELDR_RETURN_IF_ERROR(ReadStepLog(f, &s, cores, static_cast<int64_t>(mc.num_moe_layers()) * mc.num_experts));
+      ELDR_RETURN_IF_ERROR(ReadStepLog(f, static_cast<int64_t>(&f - files.data()), &s, cores,
+                                       static_cast<int64_t>(mc.num_moe_layers()) * mc.num_experts));
     }
   }
   FitReport r;
@@ -617,7 +626,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     m.decode_d = beta[3];
     r.decode_samples = static_cast<int>(s.decode_y.size());
     r.decode_r2 = RSquared(s.decode_x, s.decode_y, 4, beta);
-    r.within_batch = FitWithinBatch(s.decode_x, s.decode_y);
+    r.within_batch = FitWithinBatch(s.decode_x, s.decode_y, s.decode_source);
     std::vector<double> rel;
     for (size_t i = 0; i < s.decode_y.size(); ++i) {
       if (s.decode_y[i] <= 0) continue;

@@ -111,21 +111,27 @@ CostModel DeriveCostModel(const ModelConfig& model, const DeviceSpec& device);
 
 // Whether decode steps identify b apart from the batch (distinct experts grow with the batch, so a pooled fit can
 // credit the batch's cost to them or the reverse): the within-batch ("fixed effects") estimator. Steps are grouped
-// by batch size; time, distinct experts and context are demeaned within each group; the demeaned time is regressed
-// on the demeaned distinct experts and context (ordinary least squares, no intercept, no sign constraint). b then
-// comes only from steps whose distinct experts differ at the same batch (e.g. same-domain vs mixed batches).
+// by their source (one worker of one step log) and batch size; time, distinct experts and context are demeaned
+// within each group; the demeaned time is regressed on the demeaned distinct experts and context (ordinary least
+// squares, no intercept, no sign constraint). b then comes only from steps of one worker in one run whose distinct
+// experts differ at the same batch (e.g. same-domain vs mixed batches). Grouping by source keeps what differs
+// between runs or workers out of b: policies are run one after another on a shared machine, so a run that met a
+// slower machine and had fewer distinct experts at each batch (a locality policy) would otherwise read as a
+// negative b (seen in launch/demo: -0.16 +- 3.08 us by batch alone, 25.2 +- 3.7 us by run and batch).
 struct WithinBatchFit {
-  int steps = 0;            // decode steps in batch sizes with >= 2 steps (the others carry no within variation)
-  int batch_sizes = 0;      // such batch sizes
+  int steps = 0;            // decode steps in groups with >= 2 steps (the others carry no within variation)
+  int groups = 0;           // such (source, batch size) groups
   double b = 0;             // s per distinct expert at a fixed batch (not clamped: negative means none)
   double b_se = 0;          // its standard error (homoscedastic least squares); 0 when undefined
   double d = 0;             // s per context token at a fixed batch
   double partial_r = 0;     // correlation of time and distinct experts at a fixed batch, context partialled out
-  double within_share = 0;  // share of distinct experts' variance (about the mean of all steps) within batch sizes
+  double within_share = 0;  // share of distinct experts' variance (about the mean of all steps) within the groups
   double t() const { return b_se > 0 ? b / b_se : 0.0; }
 };
-// x: [n, 4] rows (1, distinct, batch, context), y: [n] seconds (the decode samples of a fit).
-WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<double>& y);
+// x: [n, 4] rows (1, distinct, batch, context), y: [n] seconds (the decode samples of a fit), source: [n] the
+// step's source (any id; steps of different sources are never compared), or empty: one source.
+WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<double>& y,
+                              const std::vector<int64_t>& source = {});
 
 struct FitReport {
   CostModel model;

@@ -29,7 +29,7 @@ for policy, (by_batch, median, p99) in runs.items():
                                     "batch": batch, "distinct_experts": distinct, "context_tokens": 100}) + "\n")
         f.write(json.dumps({"kind": "prefill", "worker": 0, "time": 0, "seconds": 0.1, "prompt_tokens": 9}) + "\n")
 json.dump({"decode": {"a": 1e-3, "b": 2e-5, "c": 1e-4, "d": 0.0}, "decode_r2": 0.9, "decode_samples": 45,
-           "within_batch": {"steps": 45, "batch_sizes": 3, "b": 2e-5, "b_se": 1e-6, "t": 20.0, "d": 0.0,
+           "within_batch": {"steps": 45, "groups": 3, "b": 2e-5, "b_se": 1e-6, "t": 20.0, "d": 0.0,
                             "partial_r": 0.5, "within_share": 0.01}}, open("fit.json", "w"))
 PY
 run_ok "report" $PY "$REPORT" --runs eldr jsq round_robin --fit fit.json --json report.json

@@ -104,12 +104,13 @@ grep -qE "decode: \{a: 0.001, b: 5e-05, c: 0.0002, d: 3e-07\}" fit.yaml && grep 
   ok "fit recovers the coefficients" || bad "fit recovers the coefficients" "$(cat fit.yaml)"
 run_ok "simulate with the fitted model" "$ELDR" simulate -c job.yaml --cost-model fit.yaml --no-output --quiet
 # --json carries b at a fixed batch: in this log distinct experts vary at every batch size, the time is exact, so
-# the within-batch slope is the generating 5e-05 s and the partial correlation 1; 60 steps over 7 batch sizes.
+# the within-batch slope is the generating 5e-05 s and the partial correlation 1; 60 steps over 7 batch sizes of
+# one worker: 7 groups.
 "$ELDR" simulate --fit steps.jsonl --model "$SRC/configs/models/tiny.yaml" --json -o fitw.json 2>err.txt &&
-  grep -q "within batch sizes (60 steps in 7 batch sizes" err.txt && $PY -c "
+  grep -q "within batch sizes (60 steps in 7 groups of one worker's batch size" err.txt && $PY -c "
 import json
 w = json.load(open('fitw.json'))['within_batch']
-assert w['steps'] == 60 and w['batch_sizes'] == 7, w
+assert w['steps'] == 60 and w['groups'] == 7, w
 assert abs(w['b'] - 5e-5) < 1e-12 and abs(w['d'] - 3e-7) < 1e-13 and abs(w['partial_r'] - 1) < 1e-9, w
 " && ok "fit --json: b at a fixed batch" || bad "fit --json: b at a fixed batch" "$(cat err.txt fitw.json)"
 

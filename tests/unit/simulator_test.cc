@@ -597,7 +597,7 @@ TEST(CostModel, WithinBatchFitSeparatesExpertsFromTheBatch) {
   }
   const WithinBatchFit w = FitWithinBatch(x, y);
   EXPECT_EQ(w.steps, 48);
-  EXPECT_EQ(w.batch_sizes, 8);
+  EXPECT_EQ(w.groups, 8);
   EXPECT_NEAR(w.b, 2e-5, 1e-12);
   EXPECT_NEAR(w.d, 1e-7, 1e-13);
   EXPECT_NEAR(w.partial_r, 1.0, 1e-9);
@@ -618,7 +618,7 @@ TEST(CostModel, WithinBatchFitFindsNoExpertTermWhereTimeFollowsTheBatchOnly) {
     }
   }
   const WithinBatchFit w = FitWithinBatch(x, y);
-  EXPECT_EQ(w.batch_sizes, 6);
+  EXPECT_EQ(w.groups, 6);
   EXPECT_NEAR(w.b, 0.0, 1e-15);
   EXPECT_NEAR(w.d, 0.0, 1e-15);  // context constant: the fit uses distinct experts alone
   EXPECT_EQ(w.partial_r, 0.0);
@@ -637,12 +637,41 @@ TEST(CostModel, WithinBatchFitByHand) {
   add(1, 10, 1), add(1, 12, 2), add(1, 14, 4), add(2, 20, 5), add(2, 22, 5), add(3, 40, 9);
   const WithinBatchFit w = FitWithinBatch(x, y);
   EXPECT_EQ(w.steps, 5);
-  EXPECT_EQ(w.batch_sizes, 2);
+  EXPECT_EQ(w.groups, 2);
   EXPECT_NEAR(w.b, 0.6, 1e-12);
   const double ssr = std::pow(-4.0 / 3 + 1.2, 2) + std::pow(-1.0 / 3, 2) + std::pow(5.0 / 3 - 1.2, 2) + 0.36 + 0.36;
   EXPECT_NEAR(w.b_se, std::sqrt(ssr / 2 / 10), 1e-12);
   // Σ t² = 16/9 + 1/9 + 25/9 = 42/9: r = 6 / sqrt(10 · 42/9).
   EXPECT_NEAR(w.partial_r, 6 / std::sqrt(10 * 42.0 / 9), 1e-12);
+}
+
+TEST(CostModel, WithinBatchFitComparesStepsOfOneSourceOnly) {
+  // Two runs (sources 7 and 9) at batches 1 and 2; time = 10 us per distinct expert exactly, plus 1 ms in run 9
+  // only (a slower machine while it ran). Run 9 has fewer distinct experts at each batch (a locality policy): at
+  // batch B, run 7 has 100B and 100B + 10, run 9 100B − 20 and 100B − 10. Within (source, batch) the deviations are
+  // ±5 and the time's ±50 us: b = 1e-5 exactly, partial r = 1.
+  std::vector<double> x, y;
+  std::vector<int64_t> source;
+  auto add = [&](int64_t src, double batch, double distinct, double extra) {
+    x.insert(x.end(), {1.0, distinct, batch, 0.0});
+    y.push_back(1e-5 * distinct + extra);
+    source.push_back(src);
+  };
+  for (double batch : {1.0, 2.0}) {
+    const double base = 100 * batch;
+    add(7, batch, base, 0), add(7, batch, base + 10, 0), add(9, batch, base - 20, 1e-3), add(9, batch, base - 10, 1e-3);
+  }
+  const WithinBatchFit w = FitWithinBatch(x, y, source);
+  EXPECT_EQ(w.steps, 8);
+  EXPECT_EQ(w.groups, 4);
+  EXPECT_NEAR(w.b, 1e-5, 1e-15);
+  EXPECT_NEAR(w.partial_r, 1.0, 1e-12);
+  // By batch alone, run 9's extra millisecond rides on its lower counts. Per batch the distinct deviations are
+  // (5, 15, −15, −5), Σ e² = 500; the time's are 1e-5·e + (−0.5, −0.5, 0.5, 0.5) ms, so Σ e·t = 5e-3 − 20e-3 =
+  // −15e-3. Over both batches b = −30e-3 / 1000 = −3e-5: a negative cost per expert.
+  const WithinBatchFit pooled = FitWithinBatch(x, y);
+  EXPECT_EQ(pooled.groups, 2);
+  EXPECT_NEAR(pooled.b, -3e-5, 1e-15);
 }
 
 TEST(Simulator, SharedCoresSlowConcurrentWork) {
