@@ -1,7 +1,8 @@
 // GPU figure of DESIGN.md §1: one MoE layer's decode latency against the number of distinct experts the
 // batch activates, in bf16, at batch 16 and 64, at two layer shapes: Qwen3-30B-A3B (hidden 2048,
 // moe_intermediate 768, 128 experts, top-8; cases BM_MoeLayerDecode/experts:N/batch:B/manual_time) and
-// DeepSeek-V2-Lite (hidden 2048, moe_intermediate 1408, 64 routed experts, top-6; cases BM_Dsv2LiteMoeLayer...),
+// DeepSeek-V2-Lite (hidden 2048, moe_intermediate 1408, 64 routed experts, top-6; cases BM_Dsv2LiteMoeLayer...,
+// and ...Graph: eight layers' steps as one CUDA graph against the same steps launched one by one),
 // the model of the simulator's H200 cost model (configs/costs/h200-deepseek-v2-lite.yaml), whose per-expert
 // term b assumes the expert weights stream at the full 4.8 TB/s: the slope of these cases measures it.
 //
@@ -22,6 +23,7 @@
 #include <benchmark/benchmark.h>
 
 #include <cstdio>
+#include <exception>
 #include <random>
 #include <string>
 #include <vector>
@@ -178,6 +180,58 @@ void RunMoeLayer(benchmark::State& state, const Shape& shape, bool grouped, bool
   state.counters["frac_of_4.8TBps"] = bytes / mean / kPeakBytesPerSecond;
 }
 
+// kGraphLayers layer steps on the device schedule (nothing waits for the host), captured as one CUDA graph as a
+// decode step's MoE layers would be, and the same steps launched one by one: latency_us is the graph's time per
+// layer, eager_us the launched steps' (both by CUDA events around all kGraphLayers steps). The difference is what
+// the launches of a layer's ~14 kernels cost.
+constexpr int kGraphLayers = 8;
+void RunMoeLayerGraph(benchmark::State& state, const Shape& shape) {
+  const int num_distinct = static_cast<int>(state.range(0)), batch = static_cast<int>(state.range(1));
+  Layer& layer = GetLayer(shape);
+  layer.ctx.set_grouped_gemm(false);
+  layer.error = layer.error_word;
+  layer.ForceRouting(batch, num_distinct);
+  const auto steps = [&] {
+    for (int i = 0; i < kGraphLayers; ++i) layer.Step(batch);
+  };
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  try {
+    steps();  // warm-up
+    ELDR_CUDA_CHECK(cudaStreamSynchronize(layer.stream));
+    ELDR_CUDA_CHECK(cudaStreamBeginCapture(layer.stream, cudaStreamCaptureModeThreadLocal));
+    steps();
+    ELDR_CUDA_CHECK(cudaStreamEndCapture(layer.stream, &graph));
+    ELDR_CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  } catch (const std::exception& e) {
+    state.SkipWithError((std::string("capture failed: ") + e.what()).c_str());
+    return;
+  }
+  double eager = 0, total = 0;
+  int64_t rounds = 0;
+  for (auto _ : state) {
+    eager += layer.Time(steps);
+    const double s = layer.Time([&] { ELDR_CUDA_CHECK(cudaGraphLaunch(exec, layer.stream)); });
+    state.SetIterationTime(s);
+    total += s;
+    ++rounds;
+  }
+  (void)cudaGraphExecDestroy(exec);
+  (void)cudaGraphDestroy(graph);
+  int error = 0;
+  ELDR_CUDA_CHECK(cudaMemcpy(&error, layer.error_word, sizeof(int), cudaMemcpyDeviceToHost));
+  if (error != 0) {
+    state.SkipWithError("the device schedule reported an error");
+    return;
+  }
+  const double per_layer = total / static_cast<double>(rounds * kGraphLayers);
+  const double bytes = static_cast<double>(num_distinct) * 3 * shape.hidden * shape.intermediate * sizeof(Bf16);
+  state.counters["distinct_experts"] = num_distinct;
+  state.counters["latency_us"] = per_layer * 1e6;
+  state.counters["eager_us"] = eager / static_cast<double>(rounds * kGraphLayers) * 1e6;
+  state.counters["frac_of_4.8TBps"] = bytes / per_layer / kPeakBytesPerSecond;
+}
+
 void BM_MoeLayerDecode(benchmark::State& state) { RunMoeLayer(state, kQwen3, Context::GroupedGemmAvailable()); }
 void BM_MoeLayerDecodeGemmPerExpert(benchmark::State& state) { RunMoeLayer(state, kQwen3, false); }
 void BM_MoeLayerDecodeDeviceSchedule(benchmark::State& state) { RunMoeLayer(state, kQwen3, false, true); }
@@ -185,6 +239,7 @@ void BM_Dsv2LiteMoeLayerDecode(benchmark::State& state) {
   RunMoeLayer(state, kDsv2Lite, Context::GroupedGemmAvailable());
 }
 void BM_Dsv2LiteMoeLayerDecodeDeviceSchedule(benchmark::State& state) { RunMoeLayer(state, kDsv2Lite, false, true); }
+void BM_Dsv2LiteMoeLayerDecodeGraph(benchmark::State& state) { RunMoeLayerGraph(state, kDsv2Lite); }
 
 BENCHMARK(BM_MoeLayerDecode)
     ->ArgNames({"experts", "batch"})
@@ -210,6 +265,11 @@ BENCHMARK(BM_Dsv2LiteMoeLayerDecode)
 BENCHMARK(BM_Dsv2LiteMoeLayerDecodeDeviceSchedule)
     ->ArgNames({"experts", "batch"})
     ->ArgsProduct({{8, 16, 32, 48, 64}, {16, 64}})
+    ->UseManualTime()
+    ->Unit(benchmark::kMicrosecond);
+BENCHMARK(BM_Dsv2LiteMoeLayerDecodeGraph)
+    ->ArgNames({"experts", "batch"})
+    ->ArgsProduct({{8, 16, 64}, {16}})
     ->UseManualTime()
     ->Unit(benchmark::kMicrosecond);
 
