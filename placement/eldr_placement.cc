@@ -35,6 +35,7 @@
 #include <cstring>
 #include <exception>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <numeric>
 #include <thread>
@@ -1441,14 +1442,22 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   constexpr int kLayersPerThread = 16;
   const int threads = std::max(1, std::min(DefaultThreads(), L / kLayersPerThread));
   std::atomic<int> next_layer{0};
+  // placed[l]: layer l's phy2log and logcnt are written (release); max_count: the largest logcnt placed so far.
+  std::unique_ptr<std::atomic<uint8_t>[]> placed(new std::atomic<uint8_t>[L]());
+  std::atomic<int> max_count{0};
   auto place_share = [&](int) {
     EldrLayerPlacer placer(p);
     for (int l = next_layer.fetch_add(1, std::memory_order_relaxed); l < L;
          l = next_layer.fetch_add(1, std::memory_order_relaxed)) {
+      int32_t* logcnt = out.logcnt.data() + static_cast<size_t>(l) * E;
       placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
                         previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
-                        out.phy2log.data() + static_cast<size_t>(l) * P,
-                        out.logcnt.data() + static_cast<size_t>(l) * E);
+                        out.phy2log.data() + static_cast<size_t>(l) * P, logcnt);
+      const int layer_max = *std::max_element(logcnt, logcnt + E);
+      int seen = max_count.load(std::memory_order_relaxed);
+      while (layer_max > seen && !max_count.compare_exchange_weak(seen, layer_max, std::memory_order_relaxed)) {
+      }
+      placed[l].store(1, std::memory_order_release);
     }
   };
   // The calling thread places share 0 itself (ParallelFor would start a thread for it and wait): one thread
@@ -1469,14 +1478,35 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
       }
     });
   }
+  // While the workers finish their last layers, the calling thread writes log2phy for the layers already placed,
+  // at the largest replica count seen so far; if a later layer raises it, log2phy is written again at the end.
+  std::vector<uint8_t> written(L, 0);
+  std::vector<int32_t> next(E);
   try {
     place_share(0);
+    if (!workers.empty()) {
+      out.max_replicas = std::max(1, max_count.load(std::memory_order_relaxed));
+      out.log2phy.assign(static_cast<size_t>(L) * E * out.max_replicas, -1);
+      for (int l = 0; l < L; ++l) {
+        if (!placed[l].load(std::memory_order_acquire)) continue;
+        const int32_t* logcnt = out.logcnt.data() + static_cast<size_t>(l) * E;
+        if (*std::max_element(logcnt, logcnt + E) > out.max_replicas) continue;  // placed after the guess
+        FillLog2PhyLayer(&out, l, nullptr, next.data());
+        written[l] = 1;
+      }
+    }
   } catch (...) {
     keep_error();
   }
   for (std::thread& w : workers) w.join();
   if (first_error) std::rethrow_exception(first_error);
-  FinishPlacement(&out, nullptr);
+  if (workers.empty() || MaxReplicas(out) != out.max_replicas) {
+    FinishPlacement(&out, nullptr);
+  } else {
+    for (int l = 0; l < L; ++l) {
+      if (!written[l]) FillLog2PhyLayer(&out, l, nullptr, next.data());
+    }
+  }
   return out;
 }
 

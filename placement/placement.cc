@@ -69,25 +69,35 @@ Placement NewPlacement(const PlacementProblem& p) {
   return out;
 }
 
+int MaxReplicas(const Placement& pl) {
+  int max_rep = 0;
+  for (int32_t c : pl.logcnt) max_rep = std::max<int>(max_rep, c);
+  return max_rep;
+}
+
+void FillLog2PhyLayer(Placement* pl, int l, const int32_t* replica_rank_row, int32_t* next) {
+  const int E = pl->num_experts, P = pl->num_slots, max_rep = pl->max_replicas;
+  std::fill(next, next + E, 0);
+  const int32_t* row = pl->phy2log.data() + static_cast<size_t>(l) * P;
+  const int32_t* cnt = pl->logcnt.data() + static_cast<size_t>(l) * E;
+  int32_t* out = pl->log2phy.data() + static_cast<size_t>(l) * E * max_rep;
+  for (int s = 0; s < P; ++s) {
+    const int e = row[s];
+    ELDR_CHECK(e >= 0 && e < E, "slot " << s << " of layer " << l << " holds expert " << e);
+    const int k = replica_rank_row ? replica_rank_row[s] : next[e]++;
+    ELDR_CHECK(k >= 0 && k < cnt[e] && k < max_rep && out[e * max_rep + k] < 0,
+               "replica " << k << " of expert " << e << " in layer " << l << " is inconsistent with logcnt");
+    out[e * max_rep + k] = s;
+  }
+}
+
 void FinishPlacement(Placement* pl, const std::vector<int32_t>* replica_rank) {
   const int L = pl->num_layers, E = pl->num_experts, P = pl->num_slots;
-  int max_rep = 0;
-  for (int32_t c : pl->logcnt) max_rep = std::max<int>(max_rep, c);
-  pl->max_replicas = max_rep;
-  pl->log2phy.assign(static_cast<size_t>(L) * E * max_rep, -1);
+  pl->max_replicas = MaxReplicas(*pl);
+  pl->log2phy.assign(static_cast<size_t>(L) * E * pl->max_replicas, -1);
   std::vector<int32_t> next(E);  // ascending mode: replicas of each expert written so far in this layer
   for (int l = 0; l < L; ++l) {
-    std::fill(next.begin(), next.end(), 0);
-    const int32_t* row = pl->phy2log.data() + static_cast<size_t>(l) * P;
-    int32_t* out = pl->log2phy.data() + static_cast<size_t>(l) * E * max_rep;
-    for (int s = 0; s < P; ++s) {
-      const int e = row[s];
-      ELDR_CHECK(e >= 0 && e < E, "slot " << s << " of layer " << l << " holds expert " << e);
-      const int k = replica_rank ? (*replica_rank)[static_cast<size_t>(l) * P + s] : next[e]++;
-      ELDR_CHECK(k >= 0 && k < pl->logcnt[static_cast<size_t>(l) * E + e] && out[e * max_rep + k] < 0,
-                 "replica " << k << " of expert " << e << " in layer " << l << " is inconsistent with logcnt");
-      out[e * max_rep + k] = s;
-    }
+    FillLog2PhyLayer(pl, l, replica_rank ? replica_rank->data() + static_cast<size_t>(l) * P : nullptr, next.data());
   }
 }
 

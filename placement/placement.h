@@ -107,7 +107,9 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // VM after three rounds of bit-identical speed-ups, 0.92-0.94x of that after a fifth, then about 0.75-0.85x of
 // that CPU time with the packing by rounds and the balancing passes (bench/README.md, "Expert placement", sixth
 // round), then about 0.75-0.8x of that with the bit-identical speed-ups of the seventh round: about 1.4-1.6 ms
-// projected, so the <= 1 ms target of issue 15 is not met on one thread.
+// projected, so the <= 1 ms target of issue 15 is not met on one thread. With the default two threads on a quiet
+// 2-core VM (stop 31) 0.97-1.00 ms, then ~0.95x of that with log2phy written by the calling thread while the
+// other finishes its last layers.
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr);
 

@@ -24,6 +24,12 @@ Placement NewPlacement(const PlacementProblem& problem);
 // REQUIRES: phy2log and logcnt consistent (ELDR_CHECK).
 void FinishPlacement(Placement* placement, const std::vector<int32_t>* replica_rank);
 
+// FinishPlacement's parts: the largest logcnt, and one layer's log2phy rows written into a log2phy already sized
+// [L, E, max_replicas] and -1 filled (placement->max_replicas set, at least the layer's largest logcnt; ELDR_CHECK
+// otherwise). replica_rank_row [P] or null as in FinishPlacement; next: [E] scratch.
+int MaxReplicas(const Placement& placement);
+void FillLog2PhyLayer(Placement* placement, int layer, const int32_t* replica_rank_row, int32_t* next);
+
 // eplb.py rebalance_experts_hierarchical with the given groups and nodes (1 and 1 for the global policy).
 // REQUIRES: ValidateProblem passed and num_groups % num_nodes == 0.
 Placement PlaceDeepSeek(const PlacementProblem& problem, int num_groups, int num_nodes);
