@@ -750,6 +750,39 @@ TEST(PlacementTest, EldrPlacementDoesNotDependOnTheThreadCount) {
   }
 }
 
+// On several threads the calling thread writes log2phy for the layers already placed at the widest replica count
+// seen so far, while the others place their last layers; a layer placed after that with more replicas makes the
+// end rewrite log2phy whole. Here only the last layer has a hot expert (many replicas), so which of the two
+// happens depends on which thread takes it: the result must be the single-threaded one either way, every time.
+TEST(PlacementTest, EldrLog2PhyIsRightWhenTheLastLayerIsTheWidest) {
+  const int L = 64, E = 64, P = 96, R = 16;
+  std::vector<double> load(static_cast<size_t>(L) * E, 1.0);
+  load[static_cast<size_t>(L - 1) * E + 5] = 500.0;  // layer 63, expert 5: the most replicas of the placement
+  const PlacementProblem p = Problem(L, E, P, R, 2, 4, load);
+  const char* saved = std::getenv("ELDR_NUM_THREADS");
+  const std::string saved_value = saved ? saved : "";
+  setenv("ELDR_NUM_THREADS", "1", 1);
+  const Placement one = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+  ExpectValid(p, one, "one thread");
+  const int widest = *std::max_element(one.logcnt.end() - E, one.logcnt.end());
+  ASSERT_EQ(one.max_replicas, widest);
+  ASSERT_GT(widest, *std::max_element(one.logcnt.begin(), one.logcnt.end() - E)) << "only the last layer is wide";
+  for (const char* threads : {"2", "4"}) {
+    setenv("ELDR_NUM_THREADS", threads, 1);
+    for (int round = 0; round < 20; ++round) {
+      const Placement many = PlaceOrDie(p, PlacementAlgorithm::kEldr);
+      ExpectValid(p, many, std::string(threads) + " threads");
+      EXPECT_EQ(many.max_replicas, one.max_replicas) << threads << " threads, round " << round;
+      EXPECT_EQ(many.log2phy, one.log2phy) << threads << " threads, round " << round;
+    }
+  }
+  if (saved) {
+    setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
+  } else {
+    unsetenv("ELDR_NUM_THREADS");
+  }
+}
+
 TEST(PlacementTest, EldrAcceptsAPreviousPlacementWithDuplicates) {
   // Re-planning from the public algorithm's placement, which may hold two replicas of one expert on a rank.
   const PlacementProblem p = ReadmeProblem();
