@@ -1,6 +1,5 @@
 #include "runtime/router/router.h"
 
-#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -306,7 +305,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
                                         std::to_string(calib->num_clusters) + ", " +
                                         std::to_string(calib->signature.dim()) + "]");
     }
-    r.centroids_ = calib->centroids;
+    r.centroids_ = CentroidMatrix(calib->centroids, calib->num_clusters, calib->signature.dim());
     r.prior_ = calib->mean_decode_len;
     if (config.policy == RoutingPolicy::kEldr) {
       if (!config.step_cost) {
@@ -404,13 +403,9 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
 
 RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain, double context) {
   if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);
-  const int K = config_.num_decoders, D = params_.dim();
-  // d = 1 − M s with M the [K, D] centroid matrix: one vectorised matrix-vector product.
-  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  Eigen::Map<const RowMatrix> M(centroids_.data(), K, D);
-  Eigen::Map<const Eigen::VectorXf> s(signature, D);
-  Eigen::Map<Eigen::VectorXf> dots(dots_.data(), K);
-  dots.noalias() = M * s;
+  const int K = config_.num_decoders;
+  // d_k = 1 − s·μ̂_k with μ̂ the centroids rounded to bfloat16 (CentroidMatrix: half the bytes, exact float sums).
+  centroids_.Dots(signature, dots_.data());
   for (int k = 0; k < K; ++k) distances_[k] = 1.0 - static_cast<double>(dots_[k]);
   return DecideNow(distances_.data(), domain, context);
 }

@@ -20,6 +20,7 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/common/status.h"
 #include "runtime/cost/cost_model.h"
+#include "runtime/router/centroid_matrix.h"
 #include "runtime/router/predicted_union.h"
 #include "runtime/signature/signature.h"
 
@@ -189,8 +190,8 @@ class Router {
 
   RouterConfig config_;
   SignatureParams params_;
-  std::vector<float> centroids_;  // [K, D]
-  std::vector<double> prior_;     // [K] mean decode tokens per cluster (empty: 1)
+  CentroidMatrix centroids_;   // [K, D], bfloat16
+  std::vector<double> prior_;  // [K] mean decode tokens per cluster (empty: 1)
   std::vector<DecoderState> decoders_;
   std::vector<double> distances_;
   std::vector<float> dots_;       // scratch [K]

@@ -1,11 +1,10 @@
 // The router's fast paths against plain recomputations (issue 15): the per-(cluster, decoder) growth cache of
 // PredictedUnion and the Router's decisions (every signature policy) on random route / dispatch / complete
-// sequences, compared with Decide() fed distances from the plain float product (the centroid matrix times the
-// signature, as DESIGN.md §3 defines d_k = 1 − s·μ_k) and prices from the uncached MarginalCost. The decisions
-// must agree exactly (the same decoder, band, nearest cluster and price bit for bit).
+// sequences, compared with Decide() fed distances from a plain recomputation of the product (the bfloat16-rounded
+// centroids times the signature, as DESIGN.md §3 defines d_k = 1 − s·μ̂_k) and prices from the uncached MarginalCost.
+// The decisions must agree exactly (the same decoder, band, nearest cluster and price bit for bit).
 #include <gtest/gtest.h>
 
-#include <Eigen/Dense>
 #include <algorithm>
 #include <cmath>
 #include <iomanip>
@@ -13,6 +12,7 @@
 
 #include "runtime/router/predicted_union.h"
 #include "runtime/router/router.h"
+#include "tests/unit/centroid_reference.h"
 
 namespace eldr {
 namespace {
@@ -102,13 +102,11 @@ Calibration RandomCalibration(int K, uint64_t seed) {
   return c;
 }
 
-// The plain distances: d_k = 1 − (M s)_k with the float matrix-vector product.
+// The plain distances: d_k = 1 − s·μ̂_k, the product recomputed by the test's own implementation of the centroid
+// matrix's definition (bfloat16 centroids, the header's summation order).
 std::vector<double> PlainDistances(const Calibration& c, const std::vector<float>& s) {
-  using RowMatrix = Eigen::Matrix<float, Eigen::Dynamic, Eigen::Dynamic, Eigen::RowMajor>;
-  const int D = c.signature.dim();
-  Eigen::Map<const RowMatrix> M(c.centroids.data(), c.num_clusters, D);
-  Eigen::Map<const Eigen::VectorXf> sv(s.data(), D);
-  Eigen::VectorXf dots = M * sv;
+  const std::vector<float> dots =
+      testing::CentroidDotsReference(c.centroids, c.num_clusters, c.signature.dim(), s.data());
   std::vector<double> d(c.num_clusters);
   for (int k = 0; k < c.num_clusters; ++k) d[k] = 1.0 - static_cast<double>(dots[k]);
   return d;
