@@ -254,7 +254,7 @@ BENCHMARK(BM_RouteDecisionEldr)
 
 // The machine's own tail, no eldr code: the clock read in a tight loop for 0.2 s per iteration, every gap over 5 us
 // counted as a stall (the hypervisor or the kernel took the core). A timed window of w us is hit by one with
-// probability ~ stalls_per_s · (w + stall duration) / 1e6; a hit adds about the stall's duration. On the shared
+// probability ~ stalls_per_s · w / 1e6; a hit adds about the stall's duration. On the shared
 // 2-core VMs of this project ~500 stalls/s of ~20-25 us put the p99 of any ~35 us operation at about its p50 + 25 us
 // (bench/README "Routing at any mask"): the p99 counters above carry that much of the machine.
 void BM_MachineStalls(benchmark::State& state) {
