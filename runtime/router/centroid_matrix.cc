@@ -9,6 +9,10 @@
 #include <immintrin.h>
 #endif
 
+#if defined(__FAST_MATH__)
+#error "centroid_matrix.cc promises a fixed summation order, which -ffast-math (reassociation) does not keep"
+#endif
+
 namespace eldr {
 namespace {
 

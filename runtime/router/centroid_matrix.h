@@ -8,7 +8,8 @@
 // which for the unit-norm, non-negative signatures and centroids of count·idf is 2^-8 · s·μ_k ≤ 0.004, against a
 // band width τ of 0.1
 // (bench/README "Routing at any mask" measures how many decisions of the real trace it changes).
-// The product itself is exact float arithmetic on the rounded values (a bfloat16 widens to float without error).
+// The product is float arithmetic on the rounded values (a bfloat16 widens to float without error), summed in the
+// order below.
 //
 // Summation order (fixed, the same on every build; tests/unit/centroid_matrix_test.cc re-derives it): entry
 // 32c + j of a row (j < 32, chunks c in ascending order) is fused-multiply-added into lane j of 32 float lanes that

@@ -11,6 +11,10 @@
 
 #include "tests/unit/centroid_reference.h"
 
+#if defined(ELDR_EXPECT_PORTABLE_CENTROID_PRODUCT) && defined(__AVX512F__)
+#error "centroid_matrix_portable_test must be built without AVX-512 (tests/CMakeLists.txt)"
+#endif
+
 namespace eldr {
 namespace {
 
@@ -54,12 +58,13 @@ std::vector<float> RandomCentroids(int K, int D, std::mt19937_64& rng) {
   return c;
 }
 
-// Rows 1..9 (groups of four and every remainder), dimensions with no full chunk, whole chunks only, and both.
+// Rows 1..17 (passes of eight, four and one row, and every remainder after them), dimensions with no full chunk,
+// whole chunks only, and both.
 TEST(CentroidMatrix, DotsEqualTheReferenceOrderBitForBit) {
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<float> u(0.f, 1.f);
   for (const int D : {1, 31, 32, 64, 100, 6144, 6145}) {
-    for (int K = 1; K <= 9; ++K) {
+    for (int K = 1; K <= 17; ++K) {
       const std::vector<float> centroids = RandomCentroids(K, D, rng);
       const CentroidMatrix m(centroids, K, D);
       ASSERT_EQ(m.bytes(), static_cast<size_t>(K) * D * 2);

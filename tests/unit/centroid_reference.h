@@ -19,7 +19,9 @@ inline float RoundToBf16Reference(float x) {
   float down, up;
   std::memcpy(&down, &down_bits, sizeof(down));
   std::memcpy(&up, &up_bits, sizeof(up));
-  const double to_down = std::fabs(static_cast<double>(x) - down), to_up = std::fabs(static_cast<double>(up) - x);
+  // Past the largest finite bfloat16 the next value up is infinity, which rounding treats as 2^128.
+  const double up_value = std::isinf(up) ? std::copysign(std::ldexp(1.0, 128), static_cast<double>(x)) : up;
+  const double to_down = std::fabs(static_cast<double>(x) - down), to_up = std::fabs(up_value - x);
   if (to_down != to_up) return to_down < to_up ? down : up;
   return ((down_bits >> 16) & 1u) == 0 ? down : up;
 }

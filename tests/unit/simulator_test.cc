@@ -16,9 +16,22 @@
 #include "runtime/job/workload.h"
 #include "runtime/signature/signature.h"
 #include "runtime/trace/synth.h"
+#include "tests/unit/centroid_reference.h"
 
 namespace eldr {
 namespace {
+
+// argmin_k d_k = 1 − s·μ̂_k for a signature (the first k on ties), with the router's bfloat16 centroids (DESIGN.md §3
+// "Band routing") recomputed by the test's own implementation of their product.
+int ArgminDistance(const Calibration& calib, const std::vector<float>& sig) {
+  const std::vector<float> dots =
+      testing::CentroidDotsReference(calib.centroids, calib.num_clusters, calib.signature.dim(), sig.data());
+  int best = 0;
+  for (int k = 1; k < calib.num_clusters; ++k) {
+    if (1.0 - static_cast<double>(dots[k]) < 1.0 - static_cast<double>(dots[best])) best = k;
+  }
+  return best;
+}
 
 ModelConfig Tiny() { return LoadModelConfig(std::string(ELDR_SOURCE_DIR) + "/configs/models/tiny.yaml").value(); }
 // The model the synthetic step logs below are fitted for: their distinct experts (up to ~60 a step) need more
@@ -260,37 +273,15 @@ TEST(Simulator, LocalityRoutingEqualsNearestCentroidOfTheFullPromptCounts) {
       }
     }
     ComputeSignature(sp, counts.data(), nullptr, sig.data());
-    int best = 0;
-    double best_d = 1e300;
-    for (int k = 0; k < 3; ++k) {
-      double dot = 0;
-      for (int x = 0; x < D; ++x)
-        dot += static_cast<double>(sig[x]) * s.calib.centroids[static_cast<size_t>(k) * D + x];
-      if (1 - dot < best_d - 1e-9) {
-        best_d = 1 - dot;
-        best = k;
-      }
-    }
-    ASSERT_EQ(r->records[i].decoder, best) << "request " << i;
+    ASSERT_EQ(r->records[i].decoder, ArgminDistance(s.calib, sig)) << "request " << i;
   }
 }
 
 // argmin_k (1 − s·μ_k) of the signature of `counts` [L, E] under `calib` (the first k on ties).
 int NearestCentroid(const Calibration& calib, const std::vector<float>& counts) {
-  const int D = calib.signature.dim();
-  std::vector<float> sig(D);
+  std::vector<float> sig(calib.signature.dim());
   ComputeSignature(calib.signature, counts.data(), nullptr, sig.data());
-  int best = 0;
-  double best_d = 1e300;
-  for (int k = 0; k < calib.num_clusters; ++k) {
-    double dot = 0;
-    for (int x = 0; x < D; ++x) dot += static_cast<double>(sig[x]) * calib.centroids[static_cast<size_t>(k) * D + x];
-    if (1 - dot < best_d - 1e-9) {
-      best_d = 1 - dot;
-      best = k;
-    }
-  }
-  return best;
+  return ArgminDistance(calib, sig);
 }
 
 // The [L, E] expert counts of rows [from, to) of trace request `tr` (tiny shape: L = 2, E = 8, k = 2).
