@@ -411,11 +411,17 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
 }
 
 RoutingDecision Router::Route(const float* counts, const float* gate_sums, const std::string& domain) {
-  // Prompt tokens: every token adds top_k to layer 0's counts.
+  // Prompt tokens: every token adds top_k to each layer's counts. The counts of the prefill path hold the masked
+  // layers only (SignatureCache::SumCounts with the signature's mask), so read the first masked layer: layer 0,
+  // which the mask may leave out, read as a context of 0 there.
+  int layer = 0;
+  const std::vector<uint8_t>& mask = params_.layer_mask;
+  while (layer < static_cast<int>(mask.size()) && !mask[layer]) ++layer;
+  if (layer == static_cast<int>(mask.size())) layer = 0;  // no mask (a load-only policy): every layer is counted
   double context = 0;
   const int E = config_.job_shape.num_experts, k = config_.job_shape.top_k;
   if (counts && E > 0 && k > 0) {
-    for (int e = 0; e < E; ++e) context += counts[e];
+    for (int e = 0; e < E; ++e) context += counts[static_cast<size_t>(layer) * E + e];
     context /= k;
   }
   if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);

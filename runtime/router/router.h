@@ -142,8 +142,10 @@ class Router {
   // for load-only policies (domain groups then come from the labels seen at routing time).
   static Result<Router> Create(const RouterConfig& config, const Calibration* calib);
 
-  // Routes a request with its prefill counts [L, E] (c_r(ℓ,e)); `gate_sums` [L, E] only for gate_prob
-  // signatures (may be null). `domain` is used by the domain policy only.
+  // Routes a request with its prefill counts [L, E] (c_r(ℓ,e); only the signature's masked layers need be filled,
+  // as SignatureCache::SumCounts leaves them); `gate_sums` [L, E] only for gate_prob signatures (may be null).
+  // `domain` is used by the domain policy only. The request's context (eldr) is its prompt tokens, read from the
+  // first masked layer's counts (Σ_e c_r(ℓ,e) = top_k · prompt tokens).
   RoutingDecision Route(const float* counts, const float* gate_sums, const std::string& domain);
   // Routes with a ready signature s_r ([signature_dim()]); `context`: the request's prompt tokens (eldr).
   RoutingDecision RouteSignature(const float* signature, const std::string& domain);

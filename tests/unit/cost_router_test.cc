@@ -151,6 +151,33 @@ TEST(MarginalCost, HandComputedPrices) {
   EXPECT_NEAR(r.MarginalCost(1, 0, 3, 4), 1e-3 + 1e-5 * 1.0 + 1e-4 + 1e-6 * 5, 1e-12);
 }
 
+// The prefill path hands the router counts of the masked layers only (SignatureCache::SumCounts with the mask). With
+// layer 0 outside the mask, the request's context must still be its prompt tokens (read from a masked layer), and
+// the price must charge it: by hand, 3 prompt tokens of top-2 routing on layer 1 of 2, d = 1e-3 per context token.
+TEST(MarginalCost, ContextComesFromAMaskedLayerWhenLayerZeroIsLeftOut) {
+  Calibration calib;
+  calib.shape = {"tiny", 2, 4, 2};
+  calib.signature = {SignatureVariant::kCount, 2, 4, {1, 1, 1, 1, 1, 1, 1, 1}, {0, 1}};  // layer 1 only
+  calib.num_clusters = 2;
+  calib.tau = 0.1;
+  calib.centroids = {1, 0, 0, 0, 0, 0, 1, 0};
+  calib.expert_load = {0, 0, 0, 0, 0.5f, 0.5f, 0, 0, 0, 0, 0, 0, 0, 0, 0.5f, 0.5f};
+  calib.mean_decode_len = {4, 4};
+  RouterConfig rc;
+  rc.policy = RoutingPolicy::kEldr;
+  rc.num_decoders = 2;
+  rc.job_shape = calib.shape;
+  rc.step_cost = CostModel{"test", "", 1e-3, 0, 0, 1e-3};
+  Router r = Router::Create(rc, &calib).value();
+  // 3 prompt tokens, each on experts {0, 1} at layer 1: layer 1's counts sum to 3 · 2; layer 0's are left 0.
+  const std::vector<float> counts = {0, 0, 0, 0, 3, 3, 0, 0};
+  const RoutingDecision d = r.Route(counts.data(), nullptr, "");
+  EXPECT_EQ(d.nearest, 0);
+  EXPECT_DOUBLE_EQ(d.context, 3);
+  // Empty decoders: a + d · (3 + 4 / 2) = 1e-3 + 5e-3.
+  EXPECT_NEAR(d.predicted_cost, 1e-3 + 1e-3 * 5, 1e-12);
+}
+
 TEST(MarginalCost, AFullDecoderIsTheSecondChoiceWhateverItsPrice) {
   // max_batch 2, experts dear. Decoder 0: two cluster-0 requests (full; U = 1.5, ΔU = 0.25 → a + 2.25·b);
   // decoder 1: one cluster-1 request (U = 1, ΔU = 1 → a + 3·b). A cluster-0 request goes to decoder 1.
