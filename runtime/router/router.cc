@@ -411,9 +411,9 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
 }
 
 RoutingDecision Router::Route(const float* counts, const float* gate_sums, const std::string& domain) {
-  // Prompt tokens: every token adds top_k to each layer's counts. The counts of the prefill path hold the masked
-  // layers only (SignatureCache::SumCounts with the signature's mask), so read the first masked layer: layer 0,
-  // which the mask may leave out, read as a context of 0 there.
+  // Prompt tokens: every token adds top_k to each layer's counts. Counts may hold the masked layers only (the
+  // simulator's prefill sums those alone, SignatureCache::SumCounts with the signature's mask), so read the first
+  // masked layer: layer 0, which the mask may leave out, read as a context of 0 there.
   int layer = 0;
   const std::vector<uint8_t>& mask = params_.layer_mask;
   while (layer < static_cast<int>(mask.size()) && !mask[layer]) ++layer;
