@@ -300,6 +300,11 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
                                         std::to_string(config.num_decoders) + "'");
     }
     r.params_ = calib->signature;
+    // Route's prompt length comes from the first masked layer's counts (the only ones the simulator's prefill
+    // sums); no masked layer: layer 0.
+    const std::vector<uint8_t>& mask = r.params_.layer_mask;
+    const auto first = std::find_if(mask.begin(), mask.end(), [](uint8_t m) { return m != 0; });
+    r.context_layer_ = first == mask.end() ? 0 : static_cast<int>(first - mask.begin());
     if (calib->centroids.size() != static_cast<size_t>(calib->num_clusters) * calib->signature.dim()) {
       return Status::FailedPrecondition("calibration centroids are not [K, D] = [" +
                                         std::to_string(calib->num_clusters) + ", " +
@@ -413,15 +418,11 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
 RoutingDecision Router::Route(const float* counts, const float* gate_sums, const std::string& domain) {
   // Prompt tokens: every token adds top_k to each layer's counts. Counts may hold the masked layers only (the
   // simulator's prefill sums those alone, SignatureCache::SumCounts with the signature's mask), so read the first
-  // masked layer: layer 0, which the mask may leave out, read as a context of 0 there.
-  int layer = 0;
-  const std::vector<uint8_t>& mask = params_.layer_mask;
-  while (layer < static_cast<int>(mask.size()) && !mask[layer]) ++layer;
-  if (layer == static_cast<int>(mask.size())) layer = 0;  // no mask (a load-only policy): every layer is counted
+  // masked layer (context_layer_): layer 0, which the mask may leave out, read as a context of 0 there.
   double context = 0;
   const int E = config_.job_shape.num_experts, k = config_.job_shape.top_k;
   if (counts && E > 0 && k > 0) {
-    for (int e = 0; e < E; ++e) context += counts[static_cast<size_t>(layer) * E + e];
+    for (int e = 0; e < E; ++e) context += counts[static_cast<size_t>(context_layer_) * E + e];
     context /= k;
   }
   if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);

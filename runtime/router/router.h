@@ -192,6 +192,7 @@ class Router {
 
   RouterConfig config_;
   SignatureParams params_;
+  int context_layer_ = 0;      // the first masked layer (Route reads the prompt length from its counts)
   CentroidMatrix centroids_;   // [K, D], bfloat16
   std::vector<double> prior_;  // [K] mean decode tokens per cluster (empty: 1)
   std::vector<DecoderState> decoders_;
