@@ -409,8 +409,8 @@ RoutingDecision Router::RouteSignature(const float* signature, const std::string
 RoutingDecision Router::RouteSignature(const float* signature, const std::string& domain, double context) {
   if (!UsesSignature(config_.policy)) return DecideNow(nullptr, domain, context);
   const int K = config_.num_decoders;
-  // d_k = 1 − s·μ̂_k with μ̂ the centroids rounded to bfloat16 (CentroidMatrix: half the bytes; float sums, fixed order).
-  centroids_.Dots(signature, dots_.data());
+  // d_k = 1 − ŝ·μ̂_k with ŝ, μ̂ in 16-bit fixed point (CentroidMatrix: half the bytes of float, exact integer sums).
+  centroids_.Dots(signature, dots_.data(), &quantised_signature_);
   for (int k = 0; k < K; ++k) distances_[k] = 1.0 - static_cast<double>(dots_[k]);
   return DecideNow(distances_.data(), domain, context);
 }

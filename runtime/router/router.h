@@ -193,11 +193,12 @@ class Router {
   RouterConfig config_;
   SignatureParams params_;
   int context_layer_ = 0;      // the first masked layer (Route reads the prompt length from its counts)
-  CentroidMatrix centroids_;   // [K, D], bfloat16
+  CentroidMatrix centroids_;   // [K, D], 16-bit fixed point
   std::vector<double> prior_;  // [K] mean decode tokens per cluster (empty: 1)
   std::vector<DecoderState> decoders_;
   std::vector<double> distances_;
   std::vector<float> dots_;       // scratch [K]
+  std::vector<int16_t> quantised_signature_;  // scratch [D] (CentroidMatrix::Dots)
   std::vector<float> signature_;  // scratch [D]
   std::map<std::string, std::vector<int>> domain_groups_;
   PredictedUnion union_;         // eldr: the predicted expert union of each decoder's in-flight requests

@@ -1,45 +1,53 @@
 // A second implementation of the router's centroid product (runtime/router/centroid_matrix.h), written from its
-// header's definitions only: the rounding to bfloat16 by comparing the two neighbouring bfloat16 values in double,
-// and the product in the header's summation order with plain scalar fused multiply-adds.
+// header's definition only, with scalar arithmetic: the rows and the signature quantised to 16-bit fixed point, the
+// integer products summed in int64 in plain order (integer sums do not depend on it), the header's last step.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
+#include <limits>
 #include <vector>
 
 namespace eldr {
 namespace testing {
 
-// The bfloat16 nearest to x (ties to the even one), as a float. REQUIRES: finite x.
-inline float RoundToBf16Reference(float x) {
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  const uint32_t down_bits = u & 0xFFFF0000u, up_bits = down_bits + 0x10000u;
-  float down, up;
-  std::memcpy(&down, &down_bits, sizeof(down));
-  std::memcpy(&up, &up_bits, sizeof(up));
-  // Past the largest finite bfloat16 the next value up is infinity, which rounding treats as 2^128.
-  const double up_value = std::isinf(up) ? std::copysign(std::ldexp(1.0, 128), static_cast<double>(x)) : up;
-  const double to_down = std::fabs(static_cast<double>(x) - down), to_up = std::fabs(up_value - x);
-  if (to_down != to_up) return to_down < to_up ? down : up;
-  return ((down_bits >> 16) & 1u) == 0 ? down : up;
+// w_k,x and r_k of the header for one row of D entries.
+inline std::vector<int> QuantiseRowReference(const float* mu, int D, double* step) {
+  double n2 = 0;
+  for (int x = 0; x < D; ++x) n2 += static_cast<double>(mu[x]) * mu[x];
+  const double n = std::sqrt(n2);
+  std::vector<int> w(D, 0);
+  *step = 0;
+  if (n == 0) return w;
+  for (int x = 0; x < D; ++x) w[x] = static_cast<int>(std::clamp(std::nearbyint(mu[x] * (32767 / n)), -32767.0, 32767.0));
+  *step = n / 32767;
+  return w;
 }
 
-// s·μ̂_k for every row k of centroids [K, D] in the header's order: 32 lanes, entry x < 32·⌊D/32⌋ into lane x mod 32,
-// lanes summed pairwise (i, 16 + i) in ascending i, then the tail.
+// ŝ·μ̂_k for every row k of centroids [K, D].
 inline std::vector<float> CentroidDotsReference(const std::vector<float>& centroids, int K, int D, const float* s) {
-  std::vector<float> out(K);
-  const int full = D / 32 * 32;
+  float lanes[64] = {};
+  const int full = D / 64 * 64;
+  for (int x = 0; x < full; ++x) lanes[x % 64] = std::fma(s[x], s[x], lanes[x % 64]);
+  float sigma = 0.f;
+  for (int i = 0; i < 64; ++i) sigma += lanes[i];
+  for (int x = full; x < D; ++x) sigma = std::fma(s[x], s[x], sigma);
+  std::vector<float> out(K, 0.f);
+  if (sigma == 0.f) return out;
+  if (!std::isfinite(sigma)) return std::vector<float>(K, std::numeric_limits<float>::quiet_NaN());
+  const float a = 32767 / std::sqrt(sigma);
+  std::vector<int> q(D);
+  for (int x = 0; x < D; ++x) {
+    const float p = s[x] * a;
+    q[x] = static_cast<int>(std::clamp(static_cast<double>(std::nearbyint(p)), -32767.0, 32767.0));
+  }
   for (int k = 0; k < K; ++k) {
-    const float* mu = centroids.data() + static_cast<size_t>(k) * D;
-    float lanes[32] = {};
-    for (int x = 0; x < full; ++x) lanes[x % 32] = std::fma(s[x], RoundToBf16Reference(mu[x]), lanes[x % 32]);
-    float total = 0.f;
-    for (int i = 0; i < 16; ++i) total += lanes[i] + lanes[16 + i];
-    float tail = 0.f;
-    for (int x = full; x < D; ++x) tail = std::fma(s[x], RoundToBf16Reference(mu[x]), tail);
-    out[k] = total + tail;
+    double step;
+    const std::vector<int> w = QuantiseRowReference(centroids.data() + static_cast<size_t>(k) * D, D, &step);
+    int64_t dot = 0;
+    for (int x = 0; x < D; ++x) dot += static_cast<int64_t>(q[x]) * w[x];
+    out[k] = static_cast<float>((static_cast<double>(dot) * step) / a);
   }
   return out;
 }

@@ -1,6 +1,6 @@
 // The router's fast paths against plain recomputations (issue 15): the per-(cluster, decoder) growth cache of
 // PredictedUnion and the Router's decisions (every signature policy) on random route / dispatch / complete
-// sequences, compared with Decide() fed distances from a plain recomputation of the product (the bfloat16-rounded
+// sequences, compared with Decide() fed distances from a plain recomputation of the product (the 16-bit fixed-point
 // centroids times the signature, as DESIGN.md §3 defines d_k = 1 − s·μ̂_k) and prices from the uncached MarginalCost.
 // The decisions must agree exactly (the same decoder, band, nearest cluster and price bit for bit).
 #include <gtest/gtest.h>
@@ -103,7 +103,7 @@ Calibration RandomCalibration(int K, uint64_t seed) {
 }
 
 // The plain distances: d_k = 1 − s·μ̂_k, the product recomputed by the test's own implementation of the centroid
-// matrix's definition (bfloat16 centroids, the header's summation order).
+// matrix's definition (16-bit fixed point, runtime/router/centroid_matrix.h).
 std::vector<double> PlainDistances(const Calibration& c, const std::vector<float>& s) {
   const std::vector<float> dots =
       testing::CentroidDotsReference(c.centroids, c.num_clusters, c.signature.dim(), s.data());

@@ -285,7 +285,10 @@ TEST(Router, SignatureRoutingFromCounts) {
   auto d = r->Route(counts.data(), nullptr, "");
   EXPECT_EQ(d.decoder, 1);
   EXPECT_EQ(d.band_size, 1);
-  EXPECT_NEAR(r->last_distances()[1], 1 - 5 / std::sqrt(26.0), 1e-6);
+  // In the router's 16-bit fixed point (runtime/router/centroid_matrix.h): μ_1 = e_1 → w = 32767, r = 1/32767; σ = 1,
+  // a = 32767, q = nearbyint(32767 · 5/√26 = 32130.7) = 32131 → s·μ̂_1 = 32131/32767 (5/√26 − 9.5e-6).
+  EXPECT_NEAR(r->last_distances()[1], 1 - 32131.0 / 32767, 1e-7);
+  EXPECT_NEAR(r->last_distances()[1], 1 - 5 / std::sqrt(26.0), 0.51 / 32767);  // the header's bound
   // Load decoder 1 to the cap-free point where a wider band would move the request: τ = 2 → jsq.
   r->Dispatch(1);
   c.tau = 2;
