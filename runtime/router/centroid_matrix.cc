@@ -56,7 +56,8 @@ void Quantise(const float* s, int dim, float a, int16_t* q) {
   for (; x + 16 <= dim; x += 16) {
     // cvtps2dq rounds as MXCSR says (to nearest even, as nearbyint under the default mode below).
     const __m512i v = _mm512_cvtps_epi32(_mm512_mul_ps(_mm512_loadu_ps(s + x), av));
-    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + x), _mm512_cvtepi32_epi16(_mm512_max_epi32(_mm512_min_epi32(v, hi), lo)));
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(q + x),
+                        _mm512_cvtepi32_epi16(_mm512_max_epi32(_mm512_min_epi32(v, hi), lo)));
   }
 #endif
   for (; x < dim; ++x) {
@@ -125,9 +126,7 @@ CentroidMatrix::CentroidMatrix(const std::vector<float>& centroids, int num_rows
   }
 }
 
-double CentroidMatrix::value(int k, int x) const {
-  return steps_[k] * rows_[static_cast<size_t>(k) * dim_ + x];
-}
+double CentroidMatrix::value(int k, int x) const { return steps_[k] * rows_[static_cast<size_t>(k) * dim_ + x]; }
 
 void CentroidMatrix::Dots(const float* s, float* out, std::vector<int16_t>* scratch) const {
   const float sigma = SquaredNorm(s, dim_);

@@ -197,9 +197,9 @@ class Router {
   std::vector<double> prior_;  // [K] mean decode tokens per cluster (empty: 1)
   std::vector<DecoderState> decoders_;
   std::vector<double> distances_;
-  std::vector<float> dots_;       // scratch [K]
+  std::vector<float> dots_;                   // scratch [K]
   std::vector<int16_t> quantised_signature_;  // scratch [D] (CentroidMatrix::Dots)
-  std::vector<float> signature_;  // scratch [D]
+  std::vector<float> signature_;              // scratch [D]
   std::map<std::string, std::vector<int>> domain_groups_;
   PredictedUnion union_;         // eldr: the predicted expert union of each decoder's in-flight requests
   std::vector<double> context_;  // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens

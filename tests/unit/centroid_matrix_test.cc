@@ -117,7 +117,8 @@ TEST(CentroidMatrix, GapToTheExactProductWithinTheHeadersBound) {
         mu_hat_l1 += std::fabs(m.value(k, x));
         s_l1 += std::fabs(s[x]);
       }
-      const double bound = 0.51 / a * mu_hat_l1 + 0.5 * (std::sqrt(mu_n2) / 32767) * s_l1 + std::ldexp(std::fabs(out[k]), -24);
+      const double bound =
+          0.51 / a * mu_hat_l1 + 0.5 * (std::sqrt(mu_n2) / 32767) * s_l1 + std::ldexp(std::fabs(out[k]), -24);
       const double gap = std::fabs(out[k] - exact);
       ASSERT_LE(gap, bound) << "trial " << trial << " k " << k;
       ASSERT_LE(bound, std::sqrt(static_cast<double>(D)) / 32767 * 1.02);  // the header's ≤ √D/32767 for unit norms

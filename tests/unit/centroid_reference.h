@@ -20,7 +20,8 @@ inline std::vector<int> QuantiseRowReference(const float* mu, int D, double* ste
   std::vector<int> w(D, 0);
   *step = 0;
   if (n == 0) return w;
-  for (int x = 0; x < D; ++x) w[x] = static_cast<int>(std::clamp(std::nearbyint(mu[x] * (32767 / n)), -32767.0, 32767.0));
+  for (int x = 0; x < D; ++x)
+    w[x] = static_cast<int>(std::clamp(std::nearbyint(mu[x] * (32767 / n)), -32767.0, 32767.0));
   *step = n / 32767;
   return w;
 }

@@ -21,8 +21,8 @@
 namespace eldr {
 namespace {
 
-// argmin_k d_k = 1 − s·μ̂_k for a signature (the first k on ties), with the router's 16-bit fixed-point product (DESIGN.md §3
-// "Band routing") recomputed by the test's own implementation of their product.
+// argmin_k d_k = 1 − s·μ̂_k for a signature (the first k on ties), with the router's 16-bit fixed-point product
+// (DESIGN.md §3 "Band routing") recomputed by the test's own implementation of their product.
 int ArgminDistance(const Calibration& calib, const std::vector<float>& sig) {
   const std::vector<float> dots =
       testing::CentroidDotsReference(calib.centroids, calib.num_clusters, calib.signature.dim(), sig.data());
