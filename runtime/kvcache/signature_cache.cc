@@ -95,7 +95,10 @@ void AddSpanGroup(const uint8_t* const* rows, int n, size_t first, size_t last, 
     if (n == 16) {
       __m512i sum = _mm512_setzero_si512();
       auto leaf = [&](int j) {
-        const __m512i x = _mm512_loadu_si512(rows[j] + at);
+        // The row pointer is read from memory each time (a load port), not kept in a vector register: 16 of them
+        // do not fit the general registers, and moving one back out of a vector register takes a vector ALU port.
+        const uint8_t* row = __atomic_load_n(rows + j, __ATOMIC_RELAXED);
+        const __m512i x = _mm512_loadu_si512(row + at);
         sum = _mm512_add_epi8(sum, x);
         return _mm512_and_si512(x, high);
       };
@@ -207,17 +210,20 @@ void SignatureCache::SumCounts(const std::vector<BlockId>& blocks, const std::ve
     }
     tokens_in16 += tokens_per_group;
   }
-  std::fill(counts, counts + row_size_, 0.f);
   if (!acc32.empty()) flush16();
   const uint16_t* a16 = acc16.data();
   const uint32_t* a32 = acc32.empty() ? nullptr : acc32.data();
+  size_t written = 0;  // counts[0, written) are set: the runs are in order, the entries between them are zeroed
   for (const auto& [b, e] : runs) {
+    std::fill(counts + written, counts + b, 0.f);
+    written = e;
     if (a32) {
       for (size_t x = b; x < e; ++x) counts[x] = static_cast<float>(a32[x]);
     } else {
       for (size_t x = b; x < e; ++x) counts[x] = static_cast<float>(a16[x]);
     }
   }
+  std::fill(counts + written, counts + row_size_, 0.f);
 }
 
 SignatureCacheFootprint ComputeSignatureCacheFootprint(int num_moe_layers, int num_experts, int num_attention_layers,
