@@ -16,6 +16,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/common/huge_pages.h"
 #include "runtime/kvcache/block_manager.h"
 
 namespace eldr {
@@ -47,7 +48,7 @@ class SignatureCache {
   size_t row_size_;                            // L·E
   size_t spans_;                               // ceil(L·E / 128)
   size_t row_bytes_;                           // spans_ · 64
-  std::vector<uint8_t> packed_;                // [num_blocks, row_bytes_]
+  HugePageVector<uint8_t> packed_;             // [num_blocks, row_bytes_]
   std::vector<std::vector<uint32_t>> escape_;  // [num_blocks] entry << 3 | count / 16, for counts >= 16
   std::vector<uint8_t> valid_;                 // [num_blocks]
 };

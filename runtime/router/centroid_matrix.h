@@ -27,6 +27,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/common/huge_pages.h"
+
 namespace eldr {
 
 class CentroidMatrix {
@@ -48,8 +50,8 @@ class CentroidMatrix {
 
  private:
   int num_rows_ = 0, dim_ = 0;
-  std::vector<int16_t> rows_;  // [num_rows, dim] w_k,x, row-major
-  std::vector<double> steps_;  // [num_rows] r_k
+  HugePageVector<int16_t> rows_;  // [num_rows, dim] w_k,x, row-major
+  std::vector<double> steps_;     // [num_rows] r_k
 };
 
 }  // namespace eldr

@@ -28,6 +28,8 @@
 #include <cstdint>
 #include <vector>
 
+#include "runtime/common/huge_pages.h"
+
 namespace eldr {
 
 class PredictedUnion {
@@ -61,14 +63,14 @@ class PredictedUnion {
 
   int num_profiles_ = 0, row_ = 0;  // row_ = |S| · E
   double scale_ = 1;
-  std::vector<float> q_;              // [P, row_]
-  std::vector<double> inverse_keep_;  // [P, row_] 1 / (1 − q_): a removal multiplies by it
-  std::vector<double> keep_exact_;    // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}): × (1 − q) in, × 1 / (1 − q) out
-  std::vector<float> keep_;           // [K, row_] keep_exact_ in float (Growth's dot product)
-  std::vector<double> union_;         // [K] U_k
-  std::vector<int64_t> count_;        // [K] |R_k|
-  std::vector<uint64_t> version_;     // [K] bumped by every Add / Remove of the decoder
-  std::vector<double> growth_;        // [P, K] ΔU_k(p) as of growth_version_
+  HugePageVector<float> q_;              // [P, row_]
+  HugePageVector<double> inverse_keep_;  // [P, row_] 1 / (1 − q_): a removal multiplies by it
+  HugePageVector<double> keep_exact_;  // [K, row_] Π_{r ∈ R_k} (1 − q_{p_r}): × (1 − q) in, × 1 / (1 − q) out
+  HugePageVector<float> keep_;         // [K, row_] keep_exact_ in float (Growth's dot product)
+  std::vector<double> union_;          // [K] U_k
+  std::vector<int64_t> count_;         // [K] |R_k|
+  std::vector<uint64_t> version_;      // [K] bumped by every Add / Remove of the decoder
+  std::vector<double> growth_;         // [P, K] ΔU_k(p) as of growth_version_
   std::vector<uint64_t> growth_version_;  // [P, K] version_[k] when growth_ was computed; kStale = never
   int64_t growth_evaluations_ = 0;
 };
