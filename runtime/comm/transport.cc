@@ -52,7 +52,13 @@ void MpiTransport::SendPolling(int dest, int tag, const void* data, size_t bytes
   }
 }
 
-Message MpiTransport::Recv(int source, int tag) {
+Message MpiTransport::Recv(int source, int tag) { return Receive(source, tag, nullptr); }
+
+Message MpiTransport::RecvPolling(int source, int tag, const std::function<void()>& on_wait) {
+  return Receive(source, tag, &on_wait);
+}
+
+Message MpiTransport::Receive(int source, int tag, const std::function<void()>* on_wait) {
   MPI_Status st;
   uint64_t total = 0;
   ELDR_MPI_CHECK(MPI_Recv(&total, 1, MPI_UINT64_T, source == kAnySource ? MPI_ANY_SOURCE : source,
@@ -61,11 +67,28 @@ Message MpiTransport::Recv(int source, int tag) {
   m.source = st.MPI_SOURCE;
   m.tag = st.MPI_TAG;
   m.payload.resize(total);
+  if (!on_wait) {
+    for (size_t off = 0; off < total; off += kMaxChunk) {
+      const int n = static_cast<int>(std::min<size_t>(kMaxChunk, total - off));
+      ELDR_MPI_CHECK(MPI_Recv(m.payload.data() + off, n, MPI_BYTE, m.source, m.tag, comm_, MPI_STATUS_IGNORE));
+    }
+    return m;
+  }
+  // The chunks posted at once (MPI matches them in order, as the sender posted them), then polled.
+  std::vector<MPI_Request> requests;
   for (size_t off = 0; off < total; off += kMaxChunk) {
     const int n = static_cast<int>(std::min<size_t>(kMaxChunk, total - off));
-    ELDR_MPI_CHECK(MPI_Recv(m.payload.data() + off, n, MPI_BYTE, m.source, m.tag, comm_, MPI_STATUS_IGNORE));
+    requests.emplace_back();
+    ELDR_MPI_CHECK(MPI_Irecv(m.payload.data() + off, n, MPI_BYTE, m.source, m.tag, comm_, &requests.back()));
   }
-  return m;
+  int done = 0, idle = 0;
+  while (true) {
+    ELDR_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    if (done) return m;
+    if (*on_wait) (*on_wait)();
+    std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
+    ++idle;
+  }
 }
 
 bool MpiTransport::Poll(int source, int tag) {

@@ -54,6 +54,14 @@ class Transport {
   }
   // Blocking receive from `source` (kAnySource) with `tag` (kAnyTag).
   virtual Message Recv(int source, int tag) = 0;
+  // As Recv, but calls on_wait() between polls while the message's payload is on its way: a sender that stops
+  // or dies between a message's header and the end of its payload (a large KvMsg) would keep Recv waiting
+  // forever, and the serving job answers rank 0's heartbeats meanwhile, so the sender is the rank named.
+  // Default: Recv (on_wait never called).
+  virtual Message RecvPolling(int source, int tag, const std::function<void()>& on_wait) {
+    (void)on_wait;
+    return Recv(source, tag);
+  }
   // Non-blocking: whether a matching message is waiting.
   virtual bool Poll(int source, int tag) = 0;
 
@@ -73,10 +81,14 @@ class MpiTransport : public Transport {
   // MPI_Isend of the header and chunks, MPI_Testall with short sleeps (20 µs, then 200 µs after 100 polls).
   void SendPolling(int dest, int tag, const void* data, size_t bytes, const std::function<void()>& on_wait) override;
   Message Recv(int source, int tag) override;
+  // The header by a blocking MPI_Recv, then MPI_Irecv of the chunks and MPI_Testall with short sleeps (as
+  // SendPolling).
+  Message RecvPolling(int source, int tag, const std::function<void()>& on_wait) override;
   bool Poll(int source, int tag) override;
   MPI_Comm comm() const { return comm_; }
 
  private:
+  Message Receive(int source, int tag, const std::function<void()>* on_wait);
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
 };

@@ -40,14 +40,16 @@ namespace eldr {
 namespace {
 
 // Blocking receive that sleeps between polls: Open MPI's blocking receive spins a core, and on a node
-// where ranks outnumber cores (this demo: 6 ranks, 2 cores) the spinning steals the workers' time.
-Message WaitMessage(Transport& tr) {
+// where ranks outnumber cores (this demo: 6 ranks, 2 cores) the spinning steals the workers' time. With
+// `on_wait`, the payload is received by Transport::RecvPolling, calling it while the payload is on its way.
+Message WaitMessage(Transport& tr, const std::function<void()>& on_wait = nullptr) {
   int idle = 0;
   while (!tr.Poll(Transport::kAnySource, Transport::kAnyTag)) {
     std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
     ++idle;
   }
-  return tr.Recv(Transport::kAnySource, Transport::kAnyTag);
+  return on_wait ? tr.RecvPolling(Transport::kAnySource, Transport::kAnyTag, on_wait)
+                 : tr.Recv(Transport::kAnySource, Transport::kAnyTag);
 }
 
 template <typename Msg>
@@ -204,7 +206,8 @@ void SayBye(Transport& tr, RouterWatch* watch, const ShutdownMsg& m) {
 }
 
 // A worker's link to rank 0 while its main thread waits on another worker: inside a collective of its EP group
-// (GroupComm::SetWaitHook) or a prefill rank's KV send to a decoder (Transport::SendPolling). It answers rank 0's
+// (GroupComm::SetWaitHook), a prefill rank's KV send to a decoder (Transport::SendPolling) or a decoder's
+// receive of a message whose payload is still on its way (Transport::RecvPolling). It answers rank 0's
 // heartbeats there, so a rank blocked on a stopped or dead peer is still heard from and rank 0's watchdog names
 // the peer, not the rank waiting on it; and it leaves at once on a failed job's ShutdownMsg. A ShutdownMsg of a
 // finished job (never sent while a worker has work; an EP member never gets one) is kept for the worker's loop.
@@ -446,6 +449,8 @@ class PrefillRank {
 // Receives prefilled requests, batches them and reports every step's tokens to rank 0. With an EP group
 // (ep_size > 1) this is the group's leader: its MoE layers go through EpExpertBackend, and it stops the members
 // when rank 0 shuts it down. `kv_data`: the KV data plane (NCCL), or null when the KV comes inside the KvMsg.
+// `link` answers rank 0's heartbeats while this rank waits: in its group's collectives and while a message's
+// payload is on its way (a prefill rank that dies in the middle of a KvMsg leaves it waiting for ever).
 class DecodeRank {
  public:
   DecodeRank(const JobConfig& c, Transport& tr, const ModelWeights& w, const Placement& placement, GroupComm* group,
@@ -465,20 +470,22 @@ class DecodeRank {
     // step itself and sending the previous step's tokens — everything but waiting idle for work.
     ResetIteration();
     while (!stop) {
+      // A ShutdownMsg that arrived while this rank waited (an EP collective, a message's payload) first.
+      if (std::optional<ShutdownMsg> m = link_->TakeShutdown()) {
+        OnShutdown(*m, &stop);
+        break;
+      }
       while (!stop && tr_.Poll(Transport::kAnySource, Transport::kAnyTag)) {
-        ELDR_RETURN_IF_ERROR(Handle(tr_.Recv(Transport::kAnySource, Transport::kAnyTag), &stop));
+        ELDR_RETURN_IF_ERROR(Handle(WaitMessage(tr_, on_wait_), &stop));
       }
       if (stop) break;
       if (!worker_.has_step_work()) {  // offers wait for blocks only while sequences run: nothing to do
-        Message msg = WaitMessage(tr_);
+        Message msg = WaitMessage(tr_, on_wait_);
         ResetIteration();
         ELDR_RETURN_IF_ERROR(Handle(std::move(msg), &stop));
         continue;
       }
       ELDR_RETURN_IF_ERROR(StepAndReport());
-      if (link_) {
-        if (std::optional<ShutdownMsg> m = link_->TakeShutdown()) OnShutdown(*m, &stop);
-      }
     }
     if (ep_) ep_->StopMembers();
     return Status::Ok();
@@ -594,7 +601,8 @@ class DecodeRank {
 
   Transport& tr_;
   RouterWatch* watch_;
-  RouterLink* link_;  // null without an EP group
+  RouterLink* link_;
+  const std::function<void()> on_wait_ = [this] { link_->OnWait(); };  // while a message's payload is on its way
   KvTransport* kv_data_;
   const int64_t kv_floats_per_token_;  // Executor::KvFloatsPerToken
   std::map<int64_t, int> offers_;      // request → the prefill rank that offered it, until its KV arrives
@@ -1140,8 +1148,8 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
                                 rank == 1);  // never deleted: see RouterWatch
   if (rank <= c.prefill_ranks) return PrefillRank(c, tr, in, w, kv_data, watch).Run();
   const Placement& placement = placements[c.DecoderOfRank(rank)];
-  if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data, watch, nullptr).Run();
   RouterLink link(tr, watch);
+  if (!group.valid()) return DecodeRank(c, tr, w, placement, nullptr, kv_data, watch, &link).Run();
   group.SetWaitHook([&link] { link.OnWait(); });
   if (group.rank() == 0) return DecodeRank(c, tr, w, placement, &group, kv_data, watch, &link).Run();
   const Status st = RunEpMember(w, placement, group);

@@ -1,20 +1,56 @@
 // KvTransport under mpirun -np 2 (label mpi): 3 MiB of KV from rank 0 arrive intact on rank 1 over MPI; asking
 // for NCCL fails cleanly where it is compiled out or no GPU is present, with the same message on every rank
 // and no rank left in a collective; the job-level choice (auto, mpi, nccl) agrees on every rank; where NCCL
-// can be used (a GPU per rank), host buffers staged through the device arrive intact. GoogleTest with a main
+// can be used (a GPU per rank), host buffers staged through the device arrive intact; a message whose payload
+// comes late (its sender stalled after the header) keeps Transport::RecvPolling calling its hook, and arrives
+// intact. GoogleTest with a main
 // that silences ranks other than 0 and fails if any rank fails (STYLE.md).
 #include "runtime/comm/kv_transport.h"
 
 #include <gtest/gtest.h>
 #include <mpi.h>
 
+#include <chrono>
+#include <cstdint>
 #include <functional>
 #include <numeric>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "runtime/comm/transport.h"
 
 namespace eldr {
 namespace {
+
+// The sender's side written out by hand, in MpiTransport's wire format (a uint64 byte count, then the bytes,
+// both with the message's tag), stalling 300 ms between the two as a stopped or dying sender would: until the
+// payload is posted no poll can complete, so the receiver's hook must have run.
+TEST(Transport, RecvPollingAnswersWhileThePayloadIsLate) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int kTag = 41;
+  std::vector<uint8_t> payload(1 << 20);
+  for (size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+  if (rank == 0) {
+    const uint64_t total = payload.size();
+    ASSERT_EQ(MPI_Send(&total, 1, MPI_UINT64_T, 1, kTag, MPI_COMM_WORLD), MPI_SUCCESS);
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    ASSERT_EQ(MPI_Send(payload.data(), static_cast<int>(payload.size()), MPI_BYTE, 1, kTag, MPI_COMM_WORLD),
+              MPI_SUCCESS);
+  } else if (rank == 1) {
+    MpiTransport tr;
+    int waits = 0;
+    const Message m = tr.RecvPolling(0, Transport::kAnyTag, [&waits] { ++waits; });
+    EXPECT_EQ(m.source, 0);
+    EXPECT_EQ(m.tag, kTag);
+    EXPECT_EQ(m.payload, payload);
+    EXPECT_GT(waits, 0) << "the hook never ran while the payload was 300 ms late";
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 TEST(KvTransport, MpiBlocksArriveIntact) {
   int rank = 0, size = 1;
