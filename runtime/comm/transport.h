@@ -134,7 +134,7 @@ class GroupComm {
                  void* recv, const std::vector<int64_t>& recv_bytes, const std::vector<int64_t>& recv_offsets);
 
  private:
-  void Wait(MPI_Request* request);
+  void Wait(MPI_Request request);
   MPI_Comm comm_ = MPI_COMM_NULL;
   int rank_ = 0, size_ = 0;
   std::function<void()> wait_hook_;
