@@ -15,10 +15,10 @@ constexpr size_t kMaxChunk = size_t{1} << 30;  // stay well inside MPI's int cou
 
 // Polls until every request completes, calling on_wait (when set) between polls; sleeps 20 µs, then 200 µs after
 // 100 polls, so a long wait costs little CPU.
-void WaitAllPolling(std::vector<MPI_Request>& requests, const std::function<void()>& on_wait) {
+void WaitAllPolling(int count, MPI_Request* requests, const std::function<void()>& on_wait) {
   int done = 0;
   for (int idle = 0;; ++idle) {
-    ELDR_MPI_CHECK(MPI_Testall(static_cast<int>(requests.size()), requests.data(), &done, MPI_STATUSES_IGNORE));
+    ELDR_MPI_CHECK(MPI_Testall(count, requests, &done, MPI_STATUSES_IGNORE));
     if (done) return;
     if (on_wait) on_wait();
     std::this_thread::sleep_for(std::chrono::microseconds(idle < 100 ? 20 : 200));
@@ -54,7 +54,7 @@ void MpiTransport::SendPolling(int dest, int tag, const void* data, size_t bytes
     requests.emplace_back();
     ELDR_MPI_CHECK(MPI_Isend(p + off, n, MPI_BYTE, dest, tag, comm_, &requests.back()));
   }
-  WaitAllPolling(requests, on_wait);
+  WaitAllPolling(static_cast<int>(requests.size()), requests.data(), on_wait);
 }
 
 Message MpiTransport::Recv(int source, int tag) { return Receive(source, tag, nullptr); }
@@ -86,7 +86,7 @@ Message MpiTransport::Receive(int source, int tag, const std::function<void()>* 
     requests.emplace_back();
     ELDR_MPI_CHECK(MPI_Irecv(m.payload.data() + off, n, MPI_BYTE, m.source, m.tag, comm_, &requests.back()));
   }
-  WaitAllPolling(requests, *on_wait);
+  WaitAllPolling(static_cast<int>(requests.size()), requests.data(), *on_wait);
   return m;
 }
 
@@ -128,10 +128,7 @@ GroupComm& GroupComm::operator=(GroupComm&& o) noexcept {
   return *this;
 }
 
-void GroupComm::Wait(MPI_Request request) {
-  std::vector<MPI_Request> requests{request};
-  WaitAllPolling(requests, wait_hook_);
-}
+void GroupComm::Wait(MPI_Request request) { WaitAllPolling(1, &request, wait_hook_); }
 
 void GroupComm::Bcast(void* data, size_t bytes, int root) {
   ELDR_CHECK(valid(), "Bcast on a rank outside the group");
