@@ -13,6 +13,10 @@ import random
 import statistics
 
 BALANCERS = ["jsq", "p2c", "round_robin"]
+# The calibration each calibrated policy runs on by default: `eldr calibrate`'s default, balanced by decode work,
+# except the published band, which the paper fitted balanced by request count (`--balance count`).
+HOME_CALIBRATION = {"eldr": "work", "eldr_tail": "work", "eldr_paper": "count"}
+OTHER_BALANCE = {"work": "count", "count": "work"}
 
 
 def stratified_split(domains, seed):
@@ -143,18 +147,21 @@ def clairvoyant_fraction(policy_ratio, clairvoyant_ratio):
 def ablation_variants(paper_taus=(0, 0.05, 0.2, 0.4), paper_eps=(0.1, 0.25, 0.5), tail_eps=(0.1, 0.5),
                       tail_taus=(0.2, 0.4), lambdas=(0, 0.25, 0.5, 1)):
     """The rows of bench/eval's ablation part: [{name, policy, calib, args}], calib one of None (a load policy),
-    "count" (balanced k-means, the default), "work" (`calibrate --work-balanced`) or "decode" (the clairvoyant's
-    calibration, simulated with --route-on decode); args: the `eldr simulate` overrides. The defaults keep their
-    policy's name (eldr: λ 0.75; eldr_paper: the calibration's τ, 0.1, ε 0; eldr_tail: τ 0.1, ε 0 → 0.25); every
-    other row changes exactly one setting of its default and is named by it."""
+    "work" (balanced by decode work, `eldr calibrate`'s default), "count" (`--balance count`) or "decode" (the
+    clairvoyant's calibration, simulated with --route-on decode); args: the `eldr simulate` overrides. The defaults
+    keep their policy's name (eldr: λ 0.75; eldr_paper: the calibration's τ, 0.1, ε 0; eldr_tail: τ 0.1, ε 0 →
+    0.25), each on its HOME_CALIBRATION; every other row changes exactly one setting of its default and is named by
+    it (the other balance: "count-balanced" or "work-balanced")."""
     v = [dict(name=p, policy=p, calib=None, args=[]) for p in BALANCERS + ["domain"]]
 
     def family(policy, sweeps):
-        v.append(dict(name=policy, policy=policy, calib="count", args=[]))
+        home = HOME_CALIBRATION[policy]
+        v.append(dict(name=policy, policy=policy, calib=home, args=[]))
         for opt, label, values in sweeps:
-            v.extend(dict(name=f"{policy} {label}={x:g}", policy=policy, calib="count", args=[opt, repr(float(x))])
+            v.extend(dict(name=f"{policy} {label}={x:g}", policy=policy, calib=home, args=[opt, repr(float(x))])
                      for x in values)
-        v.append(dict(name=f"{policy} work-balanced", policy=policy, calib="work", args=[]))
+        other = OTHER_BALANCE[home]
+        v.append(dict(name=f"{policy} {other}-balanced", policy=policy, calib=other, args=[]))
 
     family("eldr", [("--harm-weight", "λ", lambdas)])
     family("eldr_paper", [("--tau", "τ", paper_taus), ("--load-bound", "ε", paper_eps)])

@@ -67,12 +67,14 @@ std::vector<uint8_t> MaskFromOrder(const std::vector<int32_t>& order, int num_se
   return mask;
 }
 
-Status ClusterInto(Calibration* c, int K, uint64_t seed, int restarts, int max_iterations, bool balanced, bool progress,
-                   CalibrateReport* report, bool work_balanced) {
+Status ClusterInto(Calibration* c, int K, uint64_t seed, int restarts, int max_iterations, ClusterBalance balance,
+                   bool progress, CalibrateReport* report) {
   const int N = c->num_signatures(), D = c->dim();
-  if (work_balanced && !balanced) return Status::InvalidArgument("work-balanced clustering needs balanced clusters");
+  const bool work_balanced = balance == ClusterBalance::kWork;
   if (work_balanced && c->decode_lens.empty()) {
-    return Status::FailedPrecondition("the calibration has no /calibration/decode_lens; re-run 'eldr calibrate'");
+    return Status::FailedPrecondition(
+        "the calibration has no /calibration/decode_lens for work-balanced clusters; re-run 'eldr calibrate' on "
+        "its trace, or refit with --balance count");
   }
   // A request's decode work is at least one step (a zero-length decode still takes its slot).
   std::vector<int64_t> weights;
@@ -83,19 +85,18 @@ Status ClusterInto(Calibration* c, int K, uint64_t seed, int restarts, int max_i
   ko.restarts = restarts;
   ko.max_iterations = max_iterations;
   ko.seed = seed;
-  ko.balanced = balanced;
+  ko.balanced = balance != ClusterBalance::kNone;
   ko.progress = progress;
   ELDR_ASSIGN_OR_RETURN(BalancedKMeansResult km, BalancedKMeans(c->signatures, N, D, ko));
   c->num_clusters = K;
   c->seed = seed;
-  c->balanced = balanced;
+  c->balance = balance;
   c->centroids = std::move(km.centroids);
   c->assignment = std::move(km.assignment);
   c->sizes = km.sizes;
   c->expert_load = ClusterExpertLoad(c->decode_profiles, c->assignment, K,
                                      static_cast<size_t>(c->shape.num_layers) * c->shape.num_experts);
   c->mean_decode_len = ClusterMeanDecodeLen(c->decode_lens, c->assignment, K);
-  c->work_balanced = work_balanced;
   if (report) {
     report->sizes = km.sizes;
     report->objective = km.objective;
@@ -238,8 +239,8 @@ Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions&
   }
   c.decode_profiles = fc.decode_profile;
   c.tau = o.tau;
-  ELDR_RETURN_IF_ERROR(ClusterInto(&c, o.num_decoders, o.seed, o.restarts, o.max_iterations, o.balanced, o.progress,
-                                   &rep, o.work_balanced));
+  ELDR_RETURN_IF_ERROR(
+      ClusterInto(&c, o.num_decoders, o.seed, o.restarts, o.max_iterations, o.balance, o.progress, &rep));
   const auto t3 = Clock::now();
   rep.seconds_kmeans = Seconds(t2, t3);
 
@@ -255,8 +256,8 @@ Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions&
   return c;
 }
 
-Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t seed, int restarts, bool balanced,
-                          bool progress, CalibrateReport* report, bool work_balanced) {
+Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t seed, int restarts,
+                          ClusterBalance balance, bool progress, CalibrateReport* report) {
   if (calib.decode_profiles.empty()) {
     return Status::FailedPrecondition("the calibration has no /calibration/decode_profiles; re-run 'eldr calibrate'");
   }
@@ -277,7 +278,7 @@ Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t s
   rep.n_star = calib.n_star;
   rep.num_selected_layers = calib.signature.num_selected_layers();
   rep.rho_all_layers = rep.rho_selected = rep.rho_holdout = kNaN;
-  ELDR_RETURN_IF_ERROR(ClusterInto(&c, num_decoders, seed, restarts, 100, balanced, progress, &rep, work_balanced));
+  ELDR_RETURN_IF_ERROR(ClusterInto(&c, num_decoders, seed, restarts, 100, balance, progress, &rep));
   rep.seconds_kmeans = rep.seconds_total = Seconds(t0, Clock::now());
   return c;
 }
@@ -430,7 +431,7 @@ nlohmann::json CalibrationSummaryJson(const Calibration& c) {
   j["K"] = c.num_clusters;
   j["tau"] = c.tau;
   j["seed"] = c.seed;
-  j["balanced"] = c.balanced;
+  j["balance"] = ClusterBalanceName(c.balance);
   j["cluster_sizes"] = c.sizes;
   // Domain composition of each cluster.
   nlohmann::json comp = nlohmann::json::array();
@@ -470,10 +471,9 @@ std::string DescribeCalibration(const Calibration& c) {
   if (!c.rho_curve.empty() && c.n_star >= 1) {
     os << "rho: all layers " << Fmt(c.rho_curve.back(), 4) << ", at N* " << Fmt(c.rho_curve[c.n_star - 1], 4) << "\n";
   }
-  os << "clusters: K = " << c.num_clusters << ", tau = " << c.tau << ", seed = " << c.seed
-     << (c.balanced ? ", balanced" : ", unbalanced") << ", " << c.num_signatures()
-     << " signatures, mean within-cluster distance " << Fmt(j["mean_within_cluster_distance"].get<double>(), 4)
-     << "\n\n";
+  os << "clusters: K = " << c.num_clusters << ", tau = " << c.tau << ", seed = " << c.seed << ", balanced by "
+     << ClusterBalanceName(c.balance) << ", " << c.num_signatures() << " signatures, mean within-cluster distance "
+     << Fmt(j["mean_within_cluster_distance"].get<double>(), 4) << "\n\n";
   std::vector<std::vector<std::string>> rows;
   for (int k = 0; k < c.num_clusters; ++k) {
     std::string comp;

@@ -23,10 +23,9 @@ struct CalibrateOptions {
   int max_iterations = 100;
   double holdout = 0;         // fraction of requests kept out of calibration
   int64_t max_pairs = 20000;  // ρ pair sample; <= 0 = all pairs
-  bool balanced = true;       // false: plain spherical k-means (ablation)
-  // Balance clusters by expected decode work (Σ decode tokens, WeightedCapacitatedAssignment) instead of by
-  // request count. REQUIRES: balanced.
-  bool work_balanced = false;
+  // The clusters' capacity (Calibration::balance): by expected decode work, Σ decode tokens (the default), by
+  // request count (the published calibration) or none (plain spherical k-means, ablation).
+  ClusterBalance balance = ClusterBalance::kWork;
   // kDecode: IDF, ρ, layer selection, signatures and clusters from each request's decode-token counts instead of
   // its prompt's (the clairvoyant ceiling of evaluation, Calibration::features). Not with gate_prob.
   SignatureFeatures features = SignatureFeatures::kPrefill;
@@ -72,10 +71,10 @@ Result<Calibration> Calibrate(const Trace& trace, const CalibrateOptions& option
 Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions& options, CalibrateReport* report);
 
 // Offline reconfiguration: re-clusters the stored signatures for K' decoders (centroids, assignment,
-// sizes, expert load, mean decode length), keeping IDF, mask and signatures. work_balanced needs the stored
-// /calibration/decode_lens (FailedPrecondition without them).
-Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t seed, int restarts, bool balanced,
-                          bool progress, CalibrateReport* report, bool work_balanced = false);
+// sizes, expert load, mean decode length), keeping IDF, mask and signatures. ClusterBalance::kWork needs the
+// stored /calibration/decode_lens (FailedPrecondition without them).
+Result<Calibration> Refit(const Calibration& calib, int num_decoders, uint64_t seed, int restarts,
+                          ClusterBalance balance, bool progress, CalibrateReport* report);
 
 // How a calibration describes a (new) trace: ρ of its signatures on the trace's requests, and where
 // the nearest centroid would put them. FailedPrecondition when the model shapes differ.

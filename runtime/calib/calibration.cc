@@ -196,13 +196,14 @@ Status WriteCalibration(const Calibration& c, const AtomicOutput& out, const Cal
     if (!c.decode_lens.empty()) {
       ELDR_RETURN_IF_ERROR(f.Write("/calibration/decode_lens", c.decode_lens, {N}));
       ELDR_RETURN_IF_ERROR(f.Write("/clusters/mean_decode_len", c.mean_decode_len, {K}));
-      ELDR_RETURN_IF_ERROR(
-          f.WriteAttribute("/clusters", "work_balanced", static_cast<int64_t>(c.work_balanced ? 1 : 0)));
+      ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "work_balanced",
+                                            static_cast<int64_t>(c.balance == ClusterBalance::kWork ? 1 : 0)));
     }
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "K", static_cast<int64_t>(K)));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "tau", c.tau));
     ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "seed", static_cast<int64_t>(c.seed)));
-    ELDR_RETURN_IF_ERROR(f.WriteAttribute("/clusters", "balanced", static_cast<int64_t>(c.balanced ? 1 : 0)));
+    ELDR_RETURN_IF_ERROR(
+        f.WriteAttribute("/clusters", "balanced", static_cast<int64_t>(c.balance == ClusterBalance::kNone ? 0 : 1)));
     ELDR_RETURN_IF_ERROR(f.Close());
   }
   return Status::Ok();
@@ -216,6 +217,25 @@ Result<SignatureFeatures> ParseSignatureFeatures(const std::string& name) {
   if (name == "prefill") return SignatureFeatures::kPrefill;
   if (name == "decode") return SignatureFeatures::kDecode;
   return Status::InvalidArgument("signature features '" + name + "' must be prefill or decode");
+}
+
+const char* ClusterBalanceName(ClusterBalance b) {
+  switch (b) {
+    case ClusterBalance::kNone:
+      return "none";
+    case ClusterBalance::kCount:
+      return "count";
+    case ClusterBalance::kWork:
+      return "work";
+  }
+  return "unknown";
+}
+
+Result<ClusterBalance> ParseClusterBalance(const std::string& name) {
+  for (ClusterBalance b : {ClusterBalance::kWork, ClusterBalance::kCount, ClusterBalance::kNone}) {
+    if (name == ClusterBalanceName(b)) return b;
+  }
+  return Status::InvalidArgument("cluster balance '" + name + "' must be work, count or none");
 }
 
 Result<Calibration> ReadCalibration(const std::string& path) {
@@ -284,9 +304,9 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   if (f.Exists("/clusters/mean_decode_len")) {
     ELDR_ASSIGN_OR_RETURN(c.mean_decode_len, f.Read<double>("/clusters/mean_decode_len", &dims, 1));
   }
+  int64_t work_balanced = 0;
   if (!c.decode_lens.empty()) {  // written with the decode lengths (and only then)
-    ELDR_ASSIGN_OR_RETURN(int64_t work_balanced, f.ReadIntAttribute("/clusters", "work_balanced"));
-    c.work_balanced = work_balanced != 0;
+    ELDR_ASSIGN_OR_RETURN(work_balanced, f.ReadIntAttribute("/clusters", "work_balanced"));
   }
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/clusters", "K"));
   if (K < 1 || K > static_cast<int64_t>(c.request_ids.size())) {
@@ -297,7 +317,9 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(int64_t seed, f.ReadIntAttribute("/clusters", "seed"));
   c.seed = static_cast<uint64_t>(seed);
   ELDR_ASSIGN_OR_RETURN(int64_t balanced, f.ReadIntAttribute("/clusters", "balanced"));
-  c.balanced = balanced != 0;
+  c.balance = balanced == 0        ? ClusterBalance::kNone
+              : work_balanced != 0 ? ClusterBalance::kWork
+                                   : ClusterBalance::kCount;
   ELDR_RETURN_IF_ERROR(ValidateCalibration(c, path));
   return c;
 }

@@ -25,6 +25,14 @@ enum class SignatureFeatures { kPrefill, kDecode };
 const char* SignatureFeaturesName(SignatureFeatures f);  // "prefill", "decode"
 Result<SignatureFeatures> ParseSignatureFeatures(const std::string& name);
 
+// What the clusters' capacity counts (DESIGN.md §2; attributes /clusters/balanced and /clusters/work_balanced):
+// kWork, the default, balances each cluster's expected decode work (Σ of its members' decode tokens, the
+// min-cost-flow relaxation of WeightedCapacitatedAssignment); kCount balances request counts (Hungarian, the
+// published calibration); kNone is plain spherical k-means (an ablation).
+enum class ClusterBalance { kNone, kCount, kWork };
+const char* ClusterBalanceName(ClusterBalance b);  // "none", "count", "work"
+Result<ClusterBalance> ParseClusterBalance(const std::string& name);
+
 struct Calibration {
   TraceShape shape;
   std::string created;  // ISO 8601 UTC
@@ -49,7 +57,8 @@ struct Calibration {
   int num_clusters = 0;  // K
   double tau = 0.1;
   uint64_t seed = 0;
-  bool balanced = true;
+  // attributes balanced and work_balanced (the latter written with decode_lens, and only then: kCount without it)
+  ClusterBalance balance = ClusterBalance::kCount;
   std::vector<float> centroids;     // [K, D]
   std::vector<int32_t> assignment;  // [N]
   std::vector<int64_t> sizes;       // [K]
@@ -57,7 +66,6 @@ struct Calibration {
   // [K] mean decode tokens of the cluster's members (optional dataset /clusters/mean_decode_len, written when
   // decode_lens is known; empty otherwise): eldr_tail's prior of a request's decode length (router.h).
   std::vector<double> mean_decode_len;
-  bool work_balanced = false;  // attribute /clusters/work_balanced: clusters balanced by Σ decode_lens
 
   int num_signatures() const { return static_cast<int>(request_ids.size()); }
   int dim() const { return signature.dim(); }

@@ -27,7 +27,7 @@ struct CalibrateArgs {
   std::string report;
   std::string features = "prefill";
   CalibrateOptions options;
-  bool unbalanced = false;
+  std::string balance;  // empty: work for a fit, the stored balance for --refit
   bool tau_given = false;
   bool as_json = false;
   bool quiet = false;
@@ -36,7 +36,9 @@ struct CalibrateArgs {
 
 Status RunCalibrate(const CalibrateArgs& a) {
   CalibrateOptions o = a.options;
-  o.balanced = !a.unbalanced;
+  if (!a.balance.empty()) {
+    ELDR_ASSIGN_OR_RETURN(o.balance, ParseClusterBalance(a.balance));
+  }
   CalibrateReport report;
   Calibration calib;
   if (a.trace.empty() == a.refit.empty()) {
@@ -63,7 +65,8 @@ Status RunCalibrate(const CalibrateArgs& a) {
     const auto t0 = Clock::now();
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
     seconds_read = seconds_since(t0);
-    auto r = Refit(old, o.num_decoders, o.seed, o.restarts, o.balanced, o.progress, &report, o.work_balanced);
+    const ClusterBalance balance = a.balance.empty() ? old.balance : o.balance;  // keep the stored one by default
+    auto r = Refit(old, o.num_decoders, o.seed, o.restarts, balance, o.progress, &report);
     if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.refit);
     calib = std::move(r).value();
     if (a.tau_given) calib.tau = o.tau;  // otherwise keep the stored τ
@@ -104,9 +107,14 @@ Status RunCalibrate(const CalibrateArgs& a) {
   j["tau"] = calib.tau;
   j["variant"] = SignatureVariantName(calib.signature.variant);
   j["features"] = SignatureFeaturesName(calib.features);
+  j["balance"] = ClusterBalanceName(calib.balance);
   if (report_out) ELDR_RETURN_IF_ERROR(report_out->Write(DumpJson(j) + "\n"));
   ELDR_RETURN_IF_ERROR(outputs.CommitAll());
-  if (!a.quiet) PrintResult(a.as_json, report.ToText() + "wrote " + a.out + "\n", DumpJson(j));
+  if (!a.quiet)
+    PrintResult(
+        a.as_json,
+        report.ToText() + "clusters balanced by " + ClusterBalanceName(calib.balance) + "\nwrote " + a.out + "\n",
+        DumpJson(j));
   return Status::Ok();
 }
 
@@ -116,7 +124,8 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   auto a = std::make_shared<CalibrateArgs>();
   auto* cmd = app.add_subcommand(
       "calibrate",
-      "Fit signatures (IDF, greedy layer mask) and Hungarian-balanced clusters into calibration.h5, or "
+      "Fit signatures (IDF, greedy layer mask) and balanced k-means clusters (by decode work, the default, or "
+      "by request count) into calibration.h5, or "
       "--refit stored signatures for a new decoder count");
   cmd->add_option("--trace", a->trace, "HDF5 routing trace to calibrate on")->check(NonEmptyPath());
   cmd->add_option("--refit", a->refit, "existing calibration.h5 to re-cluster (no trace needed)")
@@ -152,9 +161,10 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_option("--max-pairs", a->options.max_pairs, "request pairs sampled for rho (0 = all pairs)")
       ->capture_default_str()
       ->check(InRange(IntRange::AtLeast(0)));
-  cmd->add_flag("--unbalanced", a->unbalanced, "plain spherical k-means without the capacity (ablation)");
-  cmd->add_flag("--work-balanced", a->options.work_balanced,
-                "balance clusters by expected decode work (Σ decode tokens) instead of request count");
+  cmd->add_option("--balance", a->balance,
+                  "cluster capacity: work (default: each cluster's expected decode work, Σ of its requests' decode "
+                  "tokens), count (requests per cluster, the published calibration) or none (plain spherical "
+                  "k-means, ablation); --refit keeps the stored one unless given");
   cmd->add_option("--report", a->report, "also write the report as JSON to this file")->check(NonEmptyPath());
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");

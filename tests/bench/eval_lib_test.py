@@ -73,15 +73,20 @@ class AblationVariants(unittest.TestCase):
         self.assertEqual(len(by), len(v))  # names are unique
         self.assertEqual([r["name"] for r in v],
                          ["jsq", "p2c", "round_robin", "domain",
-                          "eldr", "eldr λ=0", "eldr λ=1", "eldr work-balanced",
+                          "eldr", "eldr λ=0", "eldr λ=1", "eldr count-balanced",
                           "eldr_paper", "eldr_paper τ=0", "eldr_paper τ=0.2", "eldr_paper ε=0.25",
                           "eldr_paper work-balanced",
-                          "eldr_tail", "eldr_tail ε=0.5", "eldr_tail work-balanced", "clairvoyant"])
+                          "eldr_tail", "eldr_tail ε=0.5", "eldr_tail count-balanced", "clairvoyant"])
         for p in ("jsq", "p2c", "round_robin", "domain"):
             self.assertEqual((by[p]["policy"], by[p]["calib"], by[p]["args"]), (p, None, []))
-        for p in ("eldr", "eldr_paper", "eldr_tail"):
-            self.assertEqual((by[p]["policy"], by[p]["calib"], by[p]["args"]), (p, "count", []))
-            self.assertEqual((by[p + " work-balanced"]["calib"], by[p + " work-balanced"]["args"]), ("work", []))
+        # eldr and eldr_tail on `eldr calibrate`'s default (balanced by work), the published band on count balance;
+        # each beside the other balance.
+        for p, home, other in (("eldr", "work", "count"), ("eldr_tail", "work", "count"),
+                               ("eldr_paper", "count", "work")):
+            self.assertEqual((by[p]["policy"], by[p]["calib"], by[p]["args"]), (p, home, []))
+            row = by[f"{p} {other}-balanced"]
+            self.assertEqual((row["policy"], row["calib"], row["args"]), (p, other, []))
+        self.assertEqual(by["eldr λ=1"]["calib"], "work")
         self.assertEqual(by["eldr λ=1"]["args"], ["--harm-weight", "1.0"])
         self.assertEqual(by["eldr_paper τ=0"]["args"], ["--tau", "0.0"])
         self.assertEqual((by["eldr_tail ε=0.5"]["policy"], by["eldr_tail ε=0.5"]["args"]),

@@ -33,7 +33,7 @@ run_ok "inspect --json" "$ELDR" inspect calib.h5 --json
 run_ok "inspect --trace" "$ELDR" inspect calib.h5 --trace real.h5
 run_ok "refit K=2" "$ELDR" calibrate --refit calib.h5 --decoders 2 --out calib2.h5
 run_ok "synth" "$ELDR" trace synth --domains 3 --requests 60 --layers 4 --experts 16 --top-k 2 --prompt-len 8:16 --output-len 8 --mix wildchat --seed 1 --out syn.h5
-run_ok "calibrate synthetic, unbalanced, fixed layers" "$ELDR" calibrate --trace syn.h5 -K 3 --layers 2 --unbalanced --signature binary --out syn_calib.h5
+run_ok "calibrate synthetic, unbalanced, fixed layers" "$ELDR" calibrate --trace syn.h5 -K 3 --layers 2 --balance none --signature binary --out syn_calib.h5
 
 run_ok "route, every policy" "$ELDR" route --calib calib.h5 --trace real.h5
 for p in random round_robin jsq p2c domain locality_top1 eldr; do grep -q "^$p " "$WORK/out.txt" || bad "route lists $p"; done
@@ -120,7 +120,11 @@ K = c["/clusters"].attrs["K"]
 assert K == 4 and abs(c["/clusters"].attrs["tau"] - 0.1) < 1e-12
 assert c["/clusters/centroids"].shape == (K, D) and c["/clusters/assignment"].shape == (N,)
 assert c["/clusters/sizes"].shape == (K,) and c["/clusters/expert_load"].shape == (K, L, E)
-assert c["/clusters/sizes"][:].sum() == N and c["/clusters/sizes"][:].max() <= -(-N // K)
+# Balanced by decode work (the default): each cluster's Σ max(decode_len, 1) within ⌈Σ/K⌉ + the largest one.
+assert c["/clusters"].attrs["balanced"] == 1 and c["/clusters"].attrs["work_balanced"] == 1
+assert c["/clusters/sizes"][:].sum() == N and (np.bincount(c["/clusters/assignment"][:], minlength=K) == c["/clusters/sizes"][:]).all()
+wl = np.maximum(c["/calibration/decode_lens"][:], 1)
+assert all(wl[c["/clusters/assignment"][:] == q].sum() <= -(-wl.sum() // K) + wl.max() for q in range(K))
 sig = c["/calibration/signatures"][:]
 assert np.allclose(np.linalg.norm(sig, axis=1), 1, atol=1e-4)
 # IDF by the definition, recomputed independently from the trace for the calibration requests.
@@ -312,6 +316,26 @@ run_ok "calibrate with tau 0.3" "$ELDR" calibrate --trace real.h5 -K 4 --tau 0.3
 run_ok "refit keeps the stored tau" "$ELDR" calibrate --refit tau.h5 -K 2 --out tau2.h5
 $PY -c "import h5py; assert abs(h5py.File('tau2.h5','r')['/clusters'].attrs['tau'] - 0.3) < 1e-12" \
   && ok "refit kept tau = 0.3" || bad "refit kept tau = 0.3"
+# Cluster balance: work by default (Σ decode tokens per cluster), count on request, and --refit keeps the stored
+# one. h5py reads the attributes; the work bound (⌈Σw/K⌉ + max w) is recomputed from the stored decode_lens.
+run_ok "calibrate --balance count" "$ELDR" calibrate --trace real.h5 -K 4 --balance count --out count.h5
+run_ok "refit keeps the stored balance (count)" "$ELDR" calibrate --refit count.h5 -K 2 --out count2.h5
+run_ok "refit --balance work" "$ELDR" calibrate --refit count.h5 -K 2 --balance work --out work2.h5
+$PY -c "
+import h5py, numpy as np
+def balance(p):
+    a = h5py.File(p, 'r')['/clusters'].attrs
+    return 'none' if not a['balanced'] else 'work' if a.get('work_balanced', 0) else 'count'
+assert [balance(p) for p in ('calib.h5', 'count.h5', 'count2.h5', 'work2.h5', 'syn_calib.h5')] == \
+    ['work', 'count', 'count', 'work', 'none'], [balance(p) for p in ('calib.h5', 'count.h5', 'count2.h5', 'work2.h5')]
+assert sorted(h5py.File('count.h5', 'r')['/clusters/sizes'][:]) == [27, 27, 27, 27]
+for p in ('calib.h5', 'work2.h5'):
+    f = h5py.File(p, 'r'); w = np.maximum(f['/calibration/decode_lens'][:], 1); a = f['/clusters/assignment'][:]
+    K = int(f['/clusters'].attrs['K']); bound = -(-w.sum() // K) + w.max()
+    assert all(w[a == k].sum() <= bound for k in range(K)), (p, [w[a == k].sum() for k in range(K)], bound)
+" && ok "balance attributes and the work bound" || bad "balance attributes and the work bound"
+expect_error "unknown --balance" "cluster balance 'tokens' must be work, count or none" b.h5 \
+  "$ELDR" calibrate --trace real.h5 -K 2 --balance tokens --out b.h5
 run_ok "route with a tight admission cap (requests wait at the router)" "$ELDR" route --calib calib.h5 --trace real.h5 --cap 2 --rate 0 --json
 $PY -c "
 import json; j = json.load(open('$WORK/out.txt'))
@@ -383,6 +407,9 @@ for kk in range(K):
     if len(steps) > 1 and len(steps[-1]) < B: steps.pop()
     got = j["clusters"][kk]
     assert got["cluster"] == kk and got["requests"] == len(reqs) and got["steps"] == len(steps), (kk, got)
+    if not steps:  # a cluster no held-out request is nearest to: no steps, no figures
+        assert all(got[name]["mean_balancedness"] is None for name in pooled), (kk, got)
+        continue
     for name, plc in (("contiguous", contiguous), ("global", glob), ("per_cluster", placement(f"/placement/cluster_{kk}"))):
         v = [step_stats(np.array(s), plc) for s in steps]
         pooled[name] += v

@@ -55,13 +55,35 @@ CalibrateOptions Quiet(int k) {
   return o;
 }
 
+// The guarantee of work-balanced clusters (WeightedCapacitatedAssignment's rounding): each cluster's decode work
+// (Σ max(decode_len, 1) of its members) is at most ⌈Σ w / K⌉ plus the largest single weight.
+void ExpectWorkBalanced(const Calibration& c) {
+  EXPECT_EQ(c.balance, ClusterBalance::kWork);
+  int64_t total = 0, wmax = 0;
+  std::vector<int64_t> work(c.num_clusters, 0);
+  for (size_t i = 0; i < c.assignment.size(); ++i) {
+    const int64_t x = std::max<int64_t>(c.decode_lens[i], 1);
+    total += x;
+    wmax = std::max(wmax, x);
+    work[c.assignment[i]] += x;
+  }
+  for (int64_t x : work) EXPECT_LE(x, (total + c.num_clusters - 1) / c.num_clusters + wmax);
+}
+
 TEST_F(CalibrationTest, RecoversSyntheticDomainsWithBalancedClusters) {
   Trace t = SmallSynth(4, 120, 1);
   CalibrateReport rep;
-  auto c = Calibrate(t, Quiet(4), &rep);
+  CalibrateOptions count = Quiet(4);
+  count.balance = ClusterBalance::kCount;
+  auto c = Calibrate(t, count, &rep);
   ASSERT_TRUE(c.ok()) << c.status().message();
   EXPECT_EQ(c->num_signatures(), 120);
+  EXPECT_EQ(c->balance, ClusterBalance::kCount);
   for (auto s : c->sizes) EXPECT_LE(s, ClusterCapacity(120, 4));
+  // The default balances decode work instead.
+  auto w = Calibrate(t, Quiet(4), nullptr);
+  ASSERT_TRUE(w.ok()) << w.status().message();
+  ExpectWorkBalanced(w.value());
   // Purity: most members of each cluster share a domain.
   int agree = 0;
   for (int k = 0; k < 4; ++k) {
@@ -109,6 +131,7 @@ TEST_F(CalibrationTest, FileRoundTripAndSchema) {
   EXPECT_EQ(r->expert_load, c->expert_load);
   EXPECT_EQ(r->request_ids, c->request_ids);
   EXPECT_DOUBLE_EQ(r->tau, 0.1);
+  EXPECT_EQ(r->balance, ClusterBalance::kWork);  // the default, through /clusters' balanced and work_balanced
   // Schema of DESIGN.md §5, read with the raw HDF5 layer.
   auto f = h5::File::OpenReadOnly(p);
   ASSERT_TRUE(f.ok());
@@ -204,7 +227,7 @@ TEST_F(CalibrationTest, RefitFromStoredSignatures) {
   Trace t = SmallSynth(4, 80, 3);
   auto c = Calibrate(t, Quiet(4), nullptr);
   ASSERT_TRUE(c.ok());
-  auto r = Refit(c.value(), 2, 0, 4, true, false, nullptr);
+  auto r = Refit(c.value(), 2, 0, 4, ClusterBalance::kCount, false, nullptr);
   ASSERT_TRUE(r.ok()) << r.status().message();
   EXPECT_EQ(r->num_clusters, 2);
   EXPECT_EQ(r->sizes, (std::vector<int64_t>{40, 40}));
@@ -212,23 +235,17 @@ TEST_F(CalibrationTest, RefitFromStoredSignatures) {
   EXPECT_EQ(r->signature.layer_mask, c->signature.layer_mask);
   EXPECT_EQ(r->expert_load.size(), 2u * 6 * 32);
   // Work-balanced refit: every cluster within ⌈Σ w/K⌉ + max w of decode work.
-  auto w = Refit(c.value(), 2, 0, 4, true, false, nullptr, true);
+  auto w = Refit(c.value(), 2, 0, 4, ClusterBalance::kWork, false, nullptr);
   ASSERT_TRUE(w.ok()) << w.status().message();
-  EXPECT_TRUE(w->work_balanced);
-  int64_t total = 0, wmax = 0;
-  std::vector<int64_t> work(2, 0);
-  for (int i = 0; i < 80; ++i) {
-    const int64_t x = std::max<int64_t>(c->decode_lens[i], 1);
-    total += x;
-    wmax = std::max(wmax, x);
-    work[w->assignment[i]] += x;
-  }
-  for (int64_t x : work) EXPECT_LE(x, (total + 1) / 2 + wmax);
+  ExpectWorkBalanced(w.value());
   Calibration no_lens = c.value();
   no_lens.decode_lens.clear();
-  EXPECT_EQ(Refit(no_lens, 2, 0, 4, true, false, nullptr, true).status().code(), StatusCode::kFailedPrecondition);
-  EXPECT_EQ(Refit(c.value(), 81, 0, 4, true, false, nullptr).status().code(), StatusCode::kInvalidArgument);
-  EXPECT_EQ(Refit(c.value(), 0, 0, 4, true, false, nullptr).status().code(), StatusCode::kInvalidArgument);
+  EXPECT_EQ(Refit(no_lens, 2, 0, 4, ClusterBalance::kWork, false, nullptr).status().code(),
+            StatusCode::kFailedPrecondition);
+  EXPECT_EQ(Refit(c.value(), 81, 0, 4, ClusterBalance::kCount, false, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
+  EXPECT_EQ(Refit(c.value(), 0, 0, 4, ClusterBalance::kCount, false, nullptr).status().code(),
+            StatusCode::kInvalidArgument);
 }
 
 TEST_F(CalibrationTest, HoldoutAndFixedLayerCount) {
@@ -366,9 +383,14 @@ TEST_F(CalibrationTest, RealTraceSeparatesTaskDomains) {
   EXPECT_EQ(t->shape.num_experts, 64);
   EXPECT_EQ(t->shape.top_k, 6);
   CalibrateReport rep;
-  auto c = Calibrate(t.value(), Quiet(4), &rep);
+  CalibrateOptions count = Quiet(4);
+  count.balance = ClusterBalance::kCount;
+  auto c = Calibrate(t.value(), count, &rep);
   ASSERT_TRUE(c.ok());
   EXPECT_EQ(c->sizes, (std::vector<int64_t>{27, 27, 27, 27}));
+  auto w = Calibrate(t.value(), Quiet(4), nullptr);
+  ASSERT_TRUE(w.ok());
+  ExpectWorkBalanced(w.value());
   // Prefill signatures predict decode similarity on real routing (the paper's premise).
   EXPECT_GT(rep.rho_selected, 0.5);
   EXPECT_EQ(rep.variants.size(), 5u);  // the real trace has gate weights
