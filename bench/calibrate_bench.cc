@@ -1,6 +1,7 @@
 // Offline calibration benchmarks (bench/README.md). The headline figure is BM_CalibrateFit: the whole
 // `eldr calibrate` fit for N = 1000 requests, L = 48, E = 128, top-8, K = 16 on a synthetic trace,
-// greedy layer selection included (target <= 5 s, stretch <= 2 s on the 2-core dev machine).
+// greedy layer selection included (target <= 5 s, stretch <= 2 s on the 2-core dev machine). range(0) = the
+// clusters' balance: 0 = by decode work (the default, WeightedCapacitatedAssignment), 1 = by request count.
 #include <benchmark/benchmark.h>
 #include <unistd.h>
 
@@ -45,6 +46,8 @@ CalibrateOptions FitOptions() {
 void BM_CalibrateFit(benchmark::State& state) {
   const Trace& t = FitTrace();  // synthesised once, outside the timed loop
   CalibrateOptions o = FitOptions();
+  o.balance = state.range(0) == 0 ? ClusterBalance::kWork : ClusterBalance::kCount;
+  state.SetLabel(ClusterBalanceName(o.balance));
   CalibrateReport rep;
   for (auto _ : state) {
     auto c = Calibrate(t, o, &rep);
@@ -59,6 +62,8 @@ void BM_CalibrateFit(benchmark::State& state) {
   state.counters["s_total"] = rep.seconds_total;
 }
 BENCHMARK(BM_CalibrateFit)
+    ->Arg(0)
+    ->Arg(1)
     ->Setup([](const benchmark::State&) { FitTrace(); })
     ->Unit(benchmark::kMillisecond)
     ->UseRealTime()
