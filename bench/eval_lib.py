@@ -6,17 +6,34 @@
   ratios to it, reported as the median over seeds with the min-max spread;
 - matched_batch_ratio: distinct experts per step at matched batch (the definition of MatchedBatchRatio in
   runtime/common/distinct_experts.h, a second implementation over the metrics.json rows);
-- clairvoyant_fraction: the share of the clairvoyant router's median reduction a policy reaches.
+- clairvoyant_fraction: the share of the clairvoyant router's median reduction a policy reaches;
+- calibration_of / calibration_kinds: which calibration (work, count or decode) each policy row runs on.
 """
 import math
 import random
 import statistics
 
 BALANCERS = ["jsq", "p2c", "round_robin"]
+LOAD_POLICIES = {"random", "round_robin", "jsq", "p2c", "domain"}  # need no calibration
+CLAIRVOYANT = "clairvoyant"
+# Rows that run the `eldr` policy on another calibration: row -> its calibration kind. eldr_count (a --policies
+# row): the default eldr on a count-balanced calibration (calibrate --balance count).
+PSEUDO = {CLAIRVOYANT: "decode", "eldr_count": "count"}
 # The calibration each calibrated policy runs on by default: `eldr calibrate`'s default, balanced by decode work,
 # except the published band, which the paper fitted balanced by request count (`--balance count`).
 HOME_CALIBRATION = {"eldr": "work", "eldr_tail": "work", "eldr_paper": "count"}
 OTHER_BALANCE = {"work": "count", "count": "work"}
+
+
+def calibration_of(policy):
+    """The calibration kind a calibrated policy row runs on: "work" (`eldr calibrate`'s default), "count"
+    (--balance count) or "decode" (the clairvoyant's)."""
+    return PSEUDO.get(policy) or HOME_CALIBRATION.get(policy, "work")
+
+
+def calibration_kinds(policies):
+    """The calibration kinds a list of bench/eval policy rows needs (the clairvoyant's always)."""
+    return {"decode"} | {calibration_of(p) for p in policies if p not in LOAD_POLICIES}
 
 
 def stratified_split(domains, seed):

@@ -1,4 +1,4 @@
-// Hungarian-balanced spherical k-means (DESIGN.md §3).
+// Balanced spherical k-means (DESIGN.md §3): capacity by point count (Hungarian) or by point weight.
 //
 // Points are unit vectors (signatures); the distance to a centroid μ_k is d = 1 − s·μ_k. Every assignment
 // step solves exactly "each point to one cluster, each cluster at most ⌈N/K⌉ points, minimise Σ d" — the

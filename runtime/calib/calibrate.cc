@@ -471,8 +471,8 @@ std::string DescribeCalibration(const Calibration& c) {
   if (!c.rho_curve.empty() && c.n_star >= 1) {
     os << "rho: all layers " << Fmt(c.rho_curve.back(), 4) << ", at N* " << Fmt(c.rho_curve[c.n_star - 1], 4) << "\n";
   }
-  os << "clusters: K = " << c.num_clusters << ", tau = " << c.tau << ", seed = " << c.seed << ", balanced by "
-     << ClusterBalanceName(c.balance) << ", " << c.num_signatures() << " signatures, mean within-cluster distance "
+  os << "clusters: K = " << c.num_clusters << ", tau = " << c.tau << ", seed = " << c.seed << ", "
+     << DescribeBalance(c.balance) << ", " << c.num_signatures() << " signatures, mean within-cluster distance "
      << Fmt(j["mean_within_cluster_distance"].get<double>(), 4) << "\n\n";
   std::vector<std::vector<std::string>> rows;
   for (int k = 0; k < c.num_clusters; ++k) {

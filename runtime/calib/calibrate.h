@@ -1,5 +1,5 @@
 // The offline calibration pipeline (DESIGN.md §2): trace → per-request counts → IDF → ρ per variant →
-// greedy layer selection → signatures → Hungarian-balanced k-means → calibration.h5 contents.
+// greedy layer selection → signatures → balanced k-means (by decode work or by count) → calibration.h5 contents.
 #pragma once
 
 #include <cstdint>

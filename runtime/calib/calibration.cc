@@ -130,6 +130,9 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
       if (v < 0) return bad("/calibration/decode_lens has a negative length");
     }
   }
+  if (c.balance == ClusterBalance::kWork && c.decode_lens.empty()) {
+    return bad("/clusters is work-balanced but /calibration/decode_lens is missing");
+  }
   if (!c.mean_decode_len.empty()) {
     if (c.mean_decode_len.size() != static_cast<size_t>(K)) return bad("/clusters/mean_decode_len must be [K]");
     for (double v : c.mean_decode_len) {
@@ -231,6 +234,18 @@ const char* ClusterBalanceName(ClusterBalance b) {
   return "unknown";
 }
 
+std::string DescribeBalance(ClusterBalance b) {
+  switch (b) {
+    case ClusterBalance::kNone:
+      return "unbalanced (plain spherical k-means)";
+    case ClusterBalance::kCount:
+      return "balanced by request count";
+    case ClusterBalance::kWork:
+      return "balanced by decode work";
+  }
+  return "unknown";
+}
+
 Result<ClusterBalance> ParseClusterBalance(const std::string& name) {
   for (ClusterBalance b : {ClusterBalance::kWork, ClusterBalance::kCount, ClusterBalance::kNone}) {
     if (name == ClusterBalanceName(b)) return b;
@@ -317,6 +332,9 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(int64_t seed, f.ReadIntAttribute("/clusters", "seed"));
   c.seed = static_cast<uint64_t>(seed);
   ELDR_ASSIGN_OR_RETURN(int64_t balanced, f.ReadIntAttribute("/clusters", "balanced"));
+  if (balanced == 0 && work_balanced != 0) {
+    return Status::Corrupt(path + ": /clusters has balanced = 0 but work_balanced = 1");
+  }
   c.balance = balanced == 0        ? ClusterBalance::kNone
               : work_balanced != 0 ? ClusterBalance::kWork
                                    : ClusterBalance::kCount;

@@ -25,12 +25,14 @@ enum class SignatureFeatures { kPrefill, kDecode };
 const char* SignatureFeaturesName(SignatureFeatures f);  // "prefill", "decode"
 Result<SignatureFeatures> ParseSignatureFeatures(const std::string& name);
 
-// What the clusters' capacity counts (DESIGN.md §2; attributes /clusters/balanced and /clusters/work_balanced):
-// kWork, the default, balances each cluster's expected decode work (Σ of its members' decode tokens, the
-// min-cost-flow relaxation of WeightedCapacitatedAssignment); kCount balances request counts (Hungarian, the
-// published calibration); kNone is plain spherical k-means (an ablation).
+// What the clusters' capacity counts (DESIGN.md §3 "Work-balanced k-means"; attributes /clusters/balanced and
+// /clusters/work_balanced): kWork, the default, balances each cluster's expected decode work (Σ of its members' decode
+// tokens, the min-cost-flow relaxation of WeightedCapacitatedAssignment); kCount balances request counts (Hungarian,
+// the published calibration); kNone is plain spherical k-means (an ablation).
 enum class ClusterBalance { kNone, kCount, kWork };
 const char* ClusterBalanceName(ClusterBalance b);  // "none", "count", "work"
+// For people: "balanced by decode work", "balanced by request count", "unbalanced (plain spherical k-means)".
+std::string DescribeBalance(ClusterBalance b);
 Result<ClusterBalance> ParseClusterBalance(const std::string& name);
 
 struct Calibration {

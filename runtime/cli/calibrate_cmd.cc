@@ -27,7 +27,8 @@ struct CalibrateArgs {
   std::string report;
   std::string features = "prefill";
   CalibrateOptions options;
-  std::string balance;  // empty: work for a fit, the stored balance for --refit
+  std::string balance;
+  bool balance_given = false;  // otherwise work for a fit, the stored balance for --refit
   bool tau_given = false;
   bool as_json = false;
   bool quiet = false;
@@ -36,8 +37,10 @@ struct CalibrateArgs {
 
 Status RunCalibrate(const CalibrateArgs& a) {
   CalibrateOptions o = a.options;
-  if (!a.balance.empty()) {
-    ELDR_ASSIGN_OR_RETURN(o.balance, ParseClusterBalance(a.balance));
+  if (a.balance_given) {
+    auto parsed = ParseClusterBalance(a.balance);
+    if (!parsed.ok()) return parsed.status().WithPrefix("--balance");
+    o.balance = parsed.value();
   }
   CalibrateReport report;
   Calibration calib;
@@ -65,7 +68,7 @@ Status RunCalibrate(const CalibrateArgs& a) {
     const auto t0 = Clock::now();
     ELDR_ASSIGN_OR_RETURN(Calibration old, ReadCalibration(a.refit));
     seconds_read = seconds_since(t0);
-    const ClusterBalance balance = a.balance.empty() ? old.balance : o.balance;  // keep the stored one by default
+    const ClusterBalance balance = a.balance_given ? o.balance : old.balance;  // keep the stored one by default
     auto r = Refit(old, o.num_decoders, o.seed, o.restarts, balance, o.progress, &report);
     if (!r.ok()) return Interrupted() ? InterruptStatus().WithPrefix(a.out) : r.status().WithPrefix(a.refit);
     calib = std::move(r).value();
@@ -111,10 +114,8 @@ Status RunCalibrate(const CalibrateArgs& a) {
   if (report_out) ELDR_RETURN_IF_ERROR(report_out->Write(DumpJson(j) + "\n"));
   ELDR_RETURN_IF_ERROR(outputs.CommitAll());
   if (!a.quiet)
-    PrintResult(
-        a.as_json,
-        report.ToText() + "clusters balanced by " + ClusterBalanceName(calib.balance) + "\nwrote " + a.out + "\n",
-        DumpJson(j));
+    PrintResult(a.as_json, report.ToText() + "clusters " + DescribeBalance(calib.balance) + "\nwrote " + a.out + "\n",
+                DumpJson(j));
   return Status::Ok();
 }
 
@@ -169,6 +170,7 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--json", a->as_json, "print the report as JSON");
   cmd->add_flag("--quiet", a->quiet, "print nothing on success");
   cmd->callback([=] {
+    a->balance_given = cmd->count("--balance") > 0;
     a->fit_only_given.clear();
     for (const char* fit_only : {"--signature", "--layers", "--features", "--holdout", "--max-pairs"}) {
       if (cmd->count(fit_only) > 0) a->fit_only_given.push_back(fit_only);

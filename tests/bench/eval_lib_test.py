@@ -66,6 +66,20 @@ class MatchedBatch(unittest.TestCase):
         self.assertEqual(lib.matched_batch_ratio([row(3, 2, 5.0)], reference), (None, 0.0))
 
 
+class CalibrationKinds(unittest.TestCase):
+    def test_each_row_runs_on_its_calibration(self):
+        # eldr and eldr_tail on `eldr calibrate`'s default (balanced by work), the published band on count balance
+        # as published, the clairvoyant on decode features (balanced by work), eldr_count on count balance; any
+        # other calibrated policy on the default.
+        expect = {"eldr": "work", "eldr_tail": "work", "locality_top1": "work", "eldr_paper": "count",
+                  "eldr_count": "count", "clairvoyant": "decode"}
+        self.assertEqual({p: lib.calibration_of(p) for p in expect}, expect)
+        base = ["jsq", "p2c", "round_robin", "domain", "eldr", "eldr_paper", "eldr_tail", "clairvoyant"]
+        self.assertEqual(lib.calibration_kinds(base), {"work", "count", "decode"})
+        self.assertEqual(lib.calibration_kinds(["jsq", "eldr"]), {"work", "decode"})
+        self.assertEqual(lib.calibration_kinds(["jsq", "p2c"]), {"decode"})
+
+
 class AblationVariants(unittest.TestCase):
     def test_rows_change_one_setting_of_their_default(self):
         v = lib.ablation_variants(paper_taus=(0, 0.2), paper_eps=(0.25,), tail_eps=(0.5,), tail_taus=(), lambdas=(0, 1))

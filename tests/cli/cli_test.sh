@@ -320,21 +320,32 @@ $PY -c "import h5py; assert abs(h5py.File('tau2.h5','r')['/clusters'].attrs['tau
 # one. h5py reads the attributes; the work bound (⌈Σw/K⌉ + max w) is recomputed from the stored decode_lens.
 run_ok "calibrate --balance count" "$ELDR" calibrate --trace real.h5 -K 4 --balance count --out count.h5
 run_ok "refit keeps the stored balance (count)" "$ELDR" calibrate --refit count.h5 -K 2 --out count2.h5
+run_ok "refit keeps the stored balance (none)" "$ELDR" calibrate --refit syn_calib.h5 -K 2 --out none2.h5
 run_ok "refit --balance work" "$ELDR" calibrate --refit count.h5 -K 2 --balance work --out work2.h5
 $PY -c "
 import h5py, numpy as np
 def balance(p):
     a = h5py.File(p, 'r')['/clusters'].attrs
     return 'none' if not a['balanced'] else 'work' if a.get('work_balanced', 0) else 'count'
-assert [balance(p) for p in ('calib.h5', 'count.h5', 'count2.h5', 'work2.h5', 'syn_calib.h5')] == \
-    ['work', 'count', 'count', 'work', 'none'], [balance(p) for p in ('calib.h5', 'count.h5', 'count2.h5', 'work2.h5')]
+files = ('calib.h5', 'calib2.h5', 'count.h5', 'count2.h5', 'work2.h5', 'syn_calib.h5', 'none2.h5')
+got = [balance(p) for p in files]
+assert got == ['work', 'work', 'count', 'count', 'work', 'none', 'none'], list(zip(files, got))
 assert sorted(h5py.File('count.h5', 'r')['/clusters/sizes'][:]) == [27, 27, 27, 27]
-for p in ('calib.h5', 'work2.h5'):
+def work(p):
     f = h5py.File(p, 'r'); w = np.maximum(f['/calibration/decode_lens'][:], 1); a = f['/clusters/assignment'][:]
-    K = int(f['/clusters'].attrs['K']); bound = -(-w.sum() // K) + w.max()
-    assert all(w[a == k].sum() <= bound for k in range(K)), (p, [w[a == k].sum() for k in range(K)], bound)
+    K = int(f['/clusters'].attrs['K'])
+    return max(w[a == k].sum() for k in range(K)), -(-w.sum() // K) + w.max()
+for p in ('calib.h5', 'calib2.h5', 'work2.h5'):
+    assert work(p)[0] <= work(p)[1], (p, work(p))
+assert work('count.h5')[0] > work('count.h5')[1], work('count.h5')  # by count the long domains break it
 " && ok "balance attributes and the work bound" || bad "balance attributes and the work bound"
-expect_error "unknown --balance" "cluster balance 'tokens' must be work, count or none" b.h5 \
+cp count.h5 badbal.h5 && $PY -c "
+import h5py; a = h5py.File('badbal.h5', 'r+')['/clusters'].attrs; a['balanced'] = 0; a['work_balanced'] = 1"
+expect_error "balanced = 0 with work_balanced = 1" "badbal.h5: /clusters has balanced = 0 but work_balanced = 1" \
+  out.h5 "$ELDR" calibrate --refit badbal.h5 -K 2 --out out.h5
+expect_error "empty --balance" "--balance: cluster balance '' must be work, count or none" b.h5 \
+  "$ELDR" calibrate --trace real.h5 -K 2 --balance "" --out b.h5
+expect_error "unknown --balance" "--balance: cluster balance 'tokens' must be work, count or none" b.h5 \
   "$ELDR" calibrate --trace real.h5 -K 2 --balance tokens --out b.h5
 run_ok "route with a tight admission cap (requests wait at the router)" "$ELDR" route --calib calib.h5 --trace real.h5 --cap 2 --rate 0 --json
 $PY -c "
