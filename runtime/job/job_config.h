@@ -9,8 +9,8 @@
 //               harm_weight: 0.75}   # eldr's λ: weight of the slowdown a request causes the running batch
 //              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert
 //              union, batch and context), eldr_paper (the published band: τ, in-flight counts), eldr_tail (the
-//              band on decode-work loads, overflow in distance order), locality_top1, domain, jsq, p2c,
-//              round_robin, random
+//              band on decode-work loads bounded in work and sequences, overflow in distance order), locality_top1,
+//              domain, jsq, p2c, round_robin, random
 //   kv_cache:  {block_size: 16, prefill_blocks: 4096, decode_blocks: 4096, transport: auto}
 //              transport: how KV goes from a prefill rank to its decoder (runtime/comm/kv_transport.h).
 //              mpi: inside the KV message (KvMsg, after the decoder accepted the offer: runtime/serve/protocol.h

@@ -71,6 +71,22 @@ int LeastLoaded(const std::vector<DecoderState>& d, const std::vector<int>* cand
   return best;
 }
 
+// The work bound of eldr_tail and eldr (see Decide in router.h): (1+ε)·(Σ_k w_k + w_r)/K; a decoder is under it
+// iff its work is below it.
+double WorkCap(const DecisionInputs& in, double eps) {
+  double total = in.request_work;
+  for (const DecoderState& s : *in.decoders) total += s.work;
+  return (1.0 + eps) * total / static_cast<double>(in.decoders->size());
+}
+
+// The count bound of the bounded-load band and eldr_tail: ceil((1+ε)·(Σ_k in_flight_k + 1)/K); a decoder is under
+// it iff it holds fewer requests.
+int64_t CountCap(const std::vector<DecoderState>& d, double eps) {
+  int64_t total = 1;
+  for (const DecoderState& s : d) total += s.in_flight;
+  return static_cast<int64_t>(std::ceil((1.0 + eps) * static_cast<double>(total) / static_cast<double>(d.size())));
+}
+
 RoutingDecision Band(const DecisionInputs& in, double tau) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
@@ -80,12 +96,7 @@ RoutingDecision Band(const DecisionInputs& in, double tau) {
   const double bound = dmin + tau;
   // Bounded load (off when load_bound <= 0): a band member already holding ceil((1+ε)·(Σ in_flight + 1)/K)
   // requests is passed over, so a band of one decoder cannot pile up work while the others idle.
-  int64_t load_cap = std::numeric_limits<int64_t>::max();
-  if (in.load_bound > 0) {
-    int64_t total = 1;
-    for (int k = 0; k < K; ++k) total += d[k].in_flight;
-    load_cap = static_cast<int64_t>(std::ceil((1.0 + in.load_bound) * static_cast<double>(total) / K));
-  }
+  const int64_t load_cap = in.load_bound > 0 ? CountCap(d, in.load_bound) : std::numeric_limits<int64_t>::max();
   int best = -1;
   for (int k = 0; k < K; ++k) {
     if (!(in.distances[k] <= bound)) continue;
@@ -113,20 +124,14 @@ int Nearest(const double* distances, int K) {
   return best;
 }
 
-// The work bound of eldr_tail and eldr (see Decide in router.h): (1+ε)·(Σ_k w_k + w_r)/K; a decoder is under it
-// iff its work is below it.
-double WorkCap(const DecisionInputs& in, double eps) {
-  double total = in.request_work;
-  for (const DecoderState& s : *in.decoders) total += s.work;
-  return (1.0 + eps) * total / static_cast<double>(in.decoders->size());
-}
-
 // eldr_tail (see Decide in router.h).
 RoutingDecision TailBand(const DecisionInputs& in) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
-  const double cap = WorkCap(in, in.load_bound > 0 ? in.load_bound : kTailLoadBound);
-  auto ok = [&](int k) { return d[k].eligible() && d[k].work < cap; };
+  const double eps = in.load_bound > 0 ? in.load_bound : kTailLoadBound;
+  const double work_cap = WorkCap(in, eps);
+  const int64_t count_cap = CountCap(d, eps);
+  auto ok = [&](int k) { return d[k].eligible() && d[k].work < work_cap && d[k].in_flight < count_cap; };
   RoutingDecision out;
   out.nearest = Nearest(in.distances, K);
   out.predicted_tokens = in.request_work;
@@ -141,7 +146,7 @@ RoutingDecision TailBand(const DecisionInputs& in) {
     }
   }
   if (best < 0) {
-    // Overflow keeps locality: the nearest centroid's decoder under the bound, in ascending (d_k, k).
+    // Overflow keeps locality: the nearest centroid's decoder under the bounds, in ascending (d_k, k).
     out.fallback = true;
     for (int k = 0; k < K; ++k) {
       if (!ok(k)) continue;
@@ -150,8 +155,12 @@ RoutingDecision TailBand(const DecisionInputs& in) {
     out.overflow = best >= 0;
   }
   if (best < 0) {
+    // No eligible decoder is under both bounds: the least overloaded one, max(w_k / work cap, n_k / count cap).
+    auto over = [&](int k) {
+      return std::max(d[k].work / work_cap, static_cast<double>(d[k].in_flight) / static_cast<double>(count_cap));
+    };
     for (int k = 0; k < K; ++k) {
-      if (d[k].eligible() && (best < 0 || d[k].work < d[best].work)) best = k;
+      if (d[k].eligible() && (best < 0 || over(k) < over(best))) best = k;
     }
   }
   out.decoder = best;

@@ -51,7 +51,7 @@ struct RoutingDecision {
   int band_size = 0;            // eldr / locality_top1: |B|; 0 for load-only policies
   bool fallback = false;        // no eligible decoder in the band: globally least-loaded eligible one
   double distance = 0;          // d_k of the chosen decoder (signature policies)
-  bool overflow = false;        // eldr_tail: no band member under the bound; a next-nearest decoder took it
+  bool overflow = false;        // eldr_tail: no band member under the bounds; a next-nearest decoder took it
   int nearest = -1;             // signature policies: argmin_k d_k (tie → lower k), the request's cluster
   double predicted_tokens = 1;  // the request's prior decode length (eldr_tail's w_r; 1 elsewhere)
   double context = 0;           // the request's prompt tokens (signature policies; eldr's context term)
@@ -81,13 +81,13 @@ struct DecisionInputs {
 //        ceil((1+ε)·(Σ_k in_flight_k + 1)/K) requests are not candidates ("consistent hashing with bounded
 //        loads", Mirrokni et al. 2018), so the fallback takes over before one decoder's queue runs away.
 //  eldr_tail (tail-safe, DESIGN.md §3 "Tail-safe band"): loads are w_k = DecoderState::work, the request's
-//        w_r = request_work. Decoder k is under the bound iff w_k < (1+ε)·(Σ_j w_j + w_r)/K (ε = load_bound).
-//        B as above; argmin w_k over eligible band members under the bound, tie → smaller d_k, then lower k.
-//        None: overflow in distance order — the first eligible decoder under the bound in ascending
-//        (d_k, k) (overflow = true, fallback = true); none at all (only when the under-bound ones are at their
-//        admission caps): the eligible decoder of least w_k, tie → lower k (fallback = true).
-//        The least-loaded decoder is always under the bound (min w ≤ Σw/K < (1+ε)(Σw + w_r)/K), so with no
-//        admission cap the overflow never leaves the distance order.
+//        w_r = request_work. Decoder k is under the bounds iff w_k < W = (1+ε)·(Σ_j w_j + w_r)/K and
+//        in_flight_k < N = ceil((1+ε)·(Σ_j in_flight_j + 1)/K) (ε = load_bound): work in decode tokens, and
+//        sequences, which a cluster of short requests would otherwise pile onto one decoder's batch.
+//        B as above; argmin w_k over eligible band members under the bounds, tie → smaller d_k, then lower k.
+//        None: overflow in distance order — the first eligible decoder under the bounds in ascending
+//        (d_k, k) (overflow = true, fallback = true); none at all (no eligible decoder under both): the
+//        eligible decoder of least max(w_k / W, in_flight_k / N), tie → lower k (fallback = true).
 //  eldr (the default; marginal cost, DESIGN.md §3 "Marginal-cost routing"): argmin marginal_cost[k] over eligible
 //        decoders with in_flight < max_batch (a full one would queue the request), tie → smaller d_k, then lower
 //        k; when every eligible decoder is full, the one of fewest in_flight (tie → the cheaper, then as above).

@@ -110,7 +110,9 @@ TEST(RouteReplay, MatchedBatchRowsAccountForEveryStep) {
     EXPECT_GT(ratio, 0) << p.policy;
     EXPECT_GT(covered, 0) << p.policy;
     EXPECT_LE(covered, 1) << p.policy;
-    if (p.policy == "jsq") EXPECT_DOUBLE_EQ(ratio, 1.0);
+    if (p.policy == "jsq") {
+      EXPECT_DOUBLE_EQ(ratio, 1.0);
+    }
   }
   // Without jsq there is no reference.
   o.policies = {RoutingPolicy::kRoundRobin};

@@ -297,7 +297,8 @@ TEST(Router, SignatureRoutingFromCounts) {
   EXPECT_EQ(wide.Route(counts.data(), nullptr, "").decoder, 0);
 }
 
-// eldr_tail (router.h): loads are decode work w_k; under the bound iff w_k < (1+ε)(Σ w + w_r)/K.
+// eldr_tail (router.h): loads are decode work w_k; under the bounds iff w_k < (1+ε)(Σ w + w_r)/K and
+// n_k < ceil((1+ε)(Σ n + 1)/K).
 std::vector<DecoderState> Work(std::vector<double> work, std::vector<int64_t> in_flight = {}, int64_t cap = 0) {
   std::vector<DecoderState> d;
   for (size_t k = 0; k < work.size(); ++k) {
@@ -324,9 +325,10 @@ RoutingDecision Tail(const std::vector<DecoderState>& d, std::vector<double> dis
 
 TEST(DecideTail, PicksTheLeastDecodeWorkInTheBandNotTheFewestRequests) {
   // d = {0.30, 0.35, 0.50, 0.38}, τ = 0.1 → B = {0, 1, 3}. Work {100, 40, 10, 60}, w_r = 20: Σ + w_r = 230,
-  // bound 1.25·230/4 = 71.875 → 0 is over; 1 (40) and 3 (60) under → 1. Counts {1, 5, 0, 1} would send the
-  // count-based band (eldr_paper) to 0 (tie with 3 on one request, 0 nearer).
-  auto d = Work({100, 40, 10, 60}, {1, 5, 0, 1});
+  // bound 1.25·230/4 = 71.875 → 0 is over; 1 (40) and 3 (60) under → 1. Counts {3, 3, 0, 3}: count bound
+  // ceil(1.25·10/4) = 4, all under. The count-based band (eldr_paper) would take 0 (a three-way tie on three
+  // requests, 0 nearest).
+  auto d = Work({100, 40, 10, 60}, {3, 3, 0, 3});
   std::vector<double> dist = {0.30, 0.35, 0.50, 0.38};
   auto r = Tail(d, dist, 0.1, 20);
   EXPECT_EQ(r.decoder, 1);
@@ -345,7 +347,8 @@ TEST(DecideTail, PicksTheLeastDecodeWorkInTheBandNotTheFewestRequests) {
 
 TEST(DecideTail, OverflowGoesToTheNextNearestCentroidNotTheGlobalLeastLoaded) {
   // d = {0.1, 0.6, 0.3, 0.2}, τ = 0.05 → B = {0}. Work {90, 0, 10, 20}, w_r = 10: bound 1.25·130/4 = 40.625;
-  // 0 (90) is over → ascending distance: 3 (d 0.2, work 20 < 40.625) takes it, though 1 holds nothing.
+  // 0 (90) is over (and over the count bound ceil(1.25·13/4) = 5 with 9) → ascending distance: 3 (d 0.2, work
+  // 20 < 40.625, 2 requests) takes it, though 1 holds nothing.
   auto d = Work({90, 0, 10, 20}, {9, 0, 1, 2});
   std::vector<double> dist = {0.1, 0.6, 0.3, 0.2};
   auto r = Tail(d, dist, 0.05, 10);
@@ -374,15 +377,41 @@ TEST(DecideTail, OverflowSkipsDecodersOverTheBoundOrAtTheirCap) {
   EXPECT_TRUE(r.overflow);
 }
 
-TEST(DecideTail, WhenOnlyCappedDecodersAreUnderTheBoundTheLeastWorkEligibleOneTakesIt) {
+TEST(DecideTail, WhenOnlyCappedDecodersAreUnderTheBoundTheLeastOverloadedEligibleOneTakesIt) {
   // Work {90, 0, 90, 90}, w_r = 10: bound 1.25·280/4 = 87.5; only 1 is under and it is at its cap →
-  // least work among the eligible {0, 2, 3}: all 90 → the lower index, 0. Not an overflow.
+  // least overload among the eligible {0, 2, 3}: all 90 / 87.5 → the lower index, 0. Not an overflow.
   auto d = Work({90, 0, 90, 90}, {1, 1, 1, 1}, 1);
   d[0].in_flight = d[2].in_flight = d[3].in_flight = 0;
   auto r = Tail(d, {0.5, 0.1, 0.6, 0.7}, 0.05, 10);
   EXPECT_EQ(r.decoder, 0);
   EXPECT_TRUE(r.fallback);
   EXPECT_FALSE(r.overflow);
+}
+
+TEST(DecideTail, ABandMemberHoldingTooManyRequestsOverflowsThoughItsWorkIsLow) {
+  // d = {0.1, 0.6, 0.3, 0.2}, τ = 0.05 → B = {0}. Work {10, 40, 30, 20}, w_r = 10: work bound 1.25·110/4 =
+  // 34.375, all but 1 under. In flight {6, 1, 1, 1}: count bound ceil(1.25·10/4) = 4 → 0 (six short requests)
+  // is over → overflow in distance order: 3 (d 0.2, work 20, 1 request).
+  auto d = Work({10, 40, 30, 20}, {6, 1, 1, 1});
+  auto r = Tail(d, {0.1, 0.6, 0.3, 0.2}, 0.05, 10);
+  EXPECT_EQ(r.decoder, 3);
+  EXPECT_TRUE(r.overflow);
+  // With room for one more request (count bound ceil(1.25·10/2) = 7 at K = 2), 0 keeps it.
+  auto two = Work({10, 20}, {6, 3});
+  EXPECT_EQ(Tail(two, {0.1, 0.6}, 0.05, 10).decoder, 0);
+}
+
+TEST(DecideTail, WhenNoDecoderIsUnderBothBoundsTheLeastOverloadedTakesIt) {
+  // K = 2, work {0, 100}, w_r = 10: work bound 1.25·110/2 = 68.75 → 1 over (100 / 68.75 = 1.4545).
+  // In flight {10, 0}: count bound ceil(1.25·11/2) = 7 → 0 over (10 / 7 = 1.4286) → 0, the less overloaded.
+  auto a = Work({0, 100}, {10, 0});
+  auto r = Tail(a, {0.1, 0.9}, 0.05, 10);
+  EXPECT_EQ(r.decoder, 0);
+  EXPECT_TRUE(r.fallback);
+  EXPECT_FALSE(r.overflow);
+  // In flight {30, 0}: count bound ceil(1.25·31/2) = 20 → 0 at 30 / 20 = 1.5 > 1.4545 → 1.
+  auto b = Work({0, 100}, {30, 0});
+  EXPECT_EQ(Tail(b, {0.1, 0.9}, 0.05, 10).decoder, 1);
 }
 
 TEST(DecideTail, LoadBoundZeroMeansTheDefaultEpsilon) {
@@ -398,31 +427,50 @@ TEST(DecideTail, LoadBoundZeroMeansTheDefaultEpsilon) {
 }
 
 TEST(DecideTail, InvariantsOverRandomScenarios) {
-  // Without caps: the chosen decoder is under the bound; it is a band member whenever one is under the bound
-  // (and then the least work among those); otherwise it is the nearest decoder under the bound.
+  // Without admission caps: when a decoder is under both bounds, the chosen one is; it is a band member whenever
+  // one is under them (and then the least work among those); otherwise the nearest decoder under them. When none
+  // is, it minimises max(w_k / work bound, n_k / count bound).
   std::mt19937_64 rng(11);
   for (int trial = 0; trial < 3000; ++trial) {
     const int K = 1 + static_cast<int>(rng() % 8);
     std::vector<double> work(K), dist(K);
+    std::vector<int64_t> n(K);
     for (int k = 0; k < K; ++k) {
       work[k] = static_cast<double>(rng() % 200);
       dist[k] = static_cast<double>(rng() % 1000) / 1000.0;
+      n[k] = static_cast<int64_t>(rng() % 12);
     }
     const double w_r = 1 + static_cast<double>(rng() % 50), eps = static_cast<double>(rng() % 100) / 100.0;
     const double tau = static_cast<double>(rng() % 300) / 1000.0;
-    auto d = Work(work);
+    auto d = Work(work, n);
     auto r = Tail(d, dist, tau, w_r, eps);
     const double e = eps > 0 ? eps : kTailLoadBound;
     double total = w_r;
     for (double w : work) total += w;
     const double bound = (1 + e) * total / K;
+    int64_t count = 1;
+    for (int64_t x : n) count += x;
+    int64_t count_bound = 1;  // the least integer >= (1+e)·count/K, found by counting up
+    while (static_cast<double>(count_bound) < (1 + e) * static_cast<double>(count) / K) ++count_bound;
+    auto under = [&](int k) { return work[k] < bound && n[k] < count_bound; };
     const double dmin = *std::min_element(dist.begin(), dist.end());
     ASSERT_GE(r.decoder, 0);
-    EXPECT_LT(work[r.decoder], bound);
+    bool any_under = false;
+    double least_over = 1e300;
+    for (int k = 0; k < K; ++k) {
+      any_under = any_under || under(k);
+      least_over = std::min(least_over, std::max(work[k] / bound, static_cast<double>(n[k]) / count_bound));
+    }
+    if (!any_under) {
+      EXPECT_FALSE(r.overflow);
+      EXPECT_EQ(std::max(work[r.decoder] / bound, static_cast<double>(n[r.decoder]) / count_bound), least_over);
+      continue;
+    }
+    EXPECT_TRUE(under(r.decoder));
     double best_in_band = -1;
     double nearest_under = 1e9;
     for (int k = 0; k < K; ++k) {
-      if (work[k] >= bound) continue;
+      if (!under(k)) continue;
       nearest_under = std::min(nearest_under, dist[k]);
       if (dist[k] <= dmin + tau && (best_in_band < 0 || work[k] < best_in_band)) best_in_band = work[k];
     }
