@@ -80,11 +80,13 @@ double WorkCap(const DecisionInputs& in, double eps) {
 }
 
 // The count bound of the bounded-load band and eldr_tail: ceil((1+ε)·(Σ_k in_flight_k + 1)/K); a decoder is under
-// it iff it holds fewer requests.
+// it iff it holds fewer requests. Saturates at INT64_MAX (a huge ε: no bound) instead of overflowing the cast.
 int64_t CountCap(const std::vector<DecoderState>& d, double eps) {
   int64_t total = 1;
   for (const DecoderState& s : d) total += s.in_flight;
-  return static_cast<int64_t>(std::ceil((1.0 + eps) * static_cast<double>(total) / static_cast<double>(d.size())));
+  const double cap = std::ceil((1.0 + eps) * static_cast<double>(total) / static_cast<double>(d.size()));
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  return cap >= static_cast<double>(kMax) ? kMax : static_cast<int64_t>(cap);
 }
 
 RoutingDecision Band(const DecisionInputs& in, double tau) {

@@ -49,7 +49,7 @@ struct DecoderState {
 struct RoutingDecision {
   int decoder = -1;             // -1: no decoder can admit the request now (all at their cap)
   int band_size = 0;            // eldr / locality_top1: |B|; 0 for load-only policies
-  bool fallback = false;        // no eligible decoder in the band: globally least-loaded eligible one
+  bool fallback = false;        // no eligible decoder in the band (see each policy's rule in Decide)
   double distance = 0;          // d_k of the chosen decoder (signature policies)
   bool overflow = false;        // eldr_tail: no band member under the bounds; a next-nearest decoder took it
   int nearest = -1;             // signature policies: argmin_k d_k (tie → lower k), the request's cluster
@@ -92,7 +92,7 @@ struct DecisionInputs {
 //        decoders with in_flight < max_batch (a full one would queue the request), tie → smaller d_k, then lower
 //        k; when every eligible decoder is full, the one of fewest in_flight (tie → the cheaper, then as above).
 //        With load_bound ε > 0 (off by default): a decoder whose work w_k >= (1+ε)·(Σ_j w_j + w_r)/K (eldr_tail's
-//        bound, w_r = request_work) is a second choice, after the eligible non-full decoders under the bound and
+//        work bound W, w_r = request_work) is a second choice, after the eligible non-full decoders under it and
 //        before the full ones; among them, as above.
 //  locality_top1: eldr_paper with τ = 0.
 //  jsq: argmin load over eligible decoders, tie → lower index.

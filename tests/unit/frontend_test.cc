@@ -330,8 +330,8 @@ TEST(Frontend, RoutingStatistics) {
 TEST(Frontend, EldrTailHoldsDecodeWorkAndOverflowsByDistance) {
   // eldr_tail, τ = 0.1, centroids e0 and e1, cluster priors {6, 2}, ε = 0.25. Request 0 (1,0,0,0): B = {0},
   // bound 1.25·(0 + 6)/2 = 3.75 → 0, which holds 6. Two tokens spend 2 → 4. Request 1 (same cluster): bound
-  // 1.25·(4 + 6)/2 = 6.25 > 4 → 0 (holds 10). Request 2: bound 1.25·16/2 = 10, 0 holds 10 → overflow to 1, the
-  // next-nearest. Finishing 0 releases its 4 left → 0 holds 6.
+  // 1.25·(4 + 6)/2 = 6.25 > 4 → 0 (holds 10). Request 2: bound 1.25·16/2 = 10, 0 holds 10 (and 2 requests, the
+  // count bound ceil(1.25·3/2)) → overflow to 1, the next-nearest. Finishing 0 releases its 4 left → 0 holds 6.
   JobConfig c = Job(RoutingPolicy::kEldrTail, 1, 2, 0);
   c.tau = 0.1;
   Calibration calib = TinyCalibration(2);

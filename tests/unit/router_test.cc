@@ -325,10 +325,10 @@ RoutingDecision Tail(const std::vector<DecoderState>& d, std::vector<double> dis
 
 TEST(DecideTail, PicksTheLeastDecodeWorkInTheBandNotTheFewestRequests) {
   // d = {0.30, 0.35, 0.50, 0.38}, τ = 0.1 → B = {0, 1, 3}. Work {100, 40, 10, 60}, w_r = 20: Σ + w_r = 230,
-  // bound 1.25·230/4 = 71.875 → 0 is over; 1 (40) and 3 (60) under → 1. Counts {3, 3, 0, 3}: count bound
-  // ceil(1.25·10/4) = 4, all under. The count-based band (eldr_paper) would take 0 (a three-way tie on three
-  // requests, 0 nearest).
-  auto d = Work({100, 40, 10, 60}, {3, 3, 0, 3});
+  // bound 1.25·230/4 = 71.875 → 0 is over; 1 (40) and 3 (60) under → 1. Counts {1, 3, 4, 1}: count bound
+  // ceil(1.25·10/4) = 4, 1 (3 requests) is under it. The count-based band (eldr_paper) would take 0 (one request,
+  // tied with 3, 0 nearer).
+  auto d = Work({100, 40, 10, 60}, {1, 3, 4, 1});
   std::vector<double> dist = {0.30, 0.35, 0.50, 0.38};
   auto r = Tail(d, dist, 0.1, 20);
   EXPECT_EQ(r.decoder, 1);
@@ -369,9 +369,10 @@ TEST(DecideTail, OverflowGoesToTheNextNearestCentroidNotTheGlobalLeastLoaded) {
 }
 
 TEST(DecideTail, OverflowSkipsDecodersOverTheBoundOrAtTheirCap) {
-  // Work {90, 0, 50, 20}, w_r = 10: bound 1.25·170/4 = 53.125. Distance order 0 (over), 3 (at its cap 2),
-  // 2 (50 < 53.125) → 2.
-  auto d = Work({90, 0, 50, 20}, {1, 0, 1, 2}, 2);
+  // Work {90, 1, 50, 20}, w_r = 10: bound 1.25·171/4 = 53.4375; in flight {2, 1, 1, 2}: count bound
+  // ceil(1.25·7/4) = 3. Distance order 0 (over in work), 3 (under both bounds, but at its admission cap 2),
+  // 2 (50 < 53.4375, 1 request) → 2.
+  auto d = Work({90, 1, 50, 20}, {2, 1, 1, 2}, 2);
   auto r = Tail(d, {0.1, 0.6, 0.3, 0.2}, 0.05, 10);
   EXPECT_EQ(r.decoder, 2);
   EXPECT_TRUE(r.overflow);
@@ -402,16 +403,35 @@ TEST(DecideTail, ABandMemberHoldingTooManyRequestsOverflowsThoughItsWorkIsLow) {
 }
 
 TEST(DecideTail, WhenNoDecoderIsUnderBothBoundsTheLeastOverloadedTakesIt) {
-  // K = 2, work {0, 100}, w_r = 10: work bound 1.25·110/2 = 68.75 → 1 over (100 / 68.75 = 1.4545).
-  // In flight {10, 0}: count bound ceil(1.25·11/2) = 7 → 0 over (10 / 7 = 1.4286) → 0, the less overloaded.
-  auto a = Work({0, 100}, {10, 0});
+  // K = 2, w_r = 10. Ten short requests (work 10) on 0, one long one (work 200) on 1: work bound
+  // 1.25·220/2 = 137.5 → 1 over (200 / 137.5 = 1.4545); count bound ceil(1.25·12/2) = 8 → 0 over (10 / 8 = 1.25)
+  // → 0, the less overloaded.
+  auto a = Work({10, 200}, {10, 1});
   auto r = Tail(a, {0.1, 0.9}, 0.05, 10);
   EXPECT_EQ(r.decoder, 0);
   EXPECT_TRUE(r.fallback);
   EXPECT_FALSE(r.overflow);
-  // In flight {30, 0}: count bound ceil(1.25·31/2) = 20 → 0 at 30 / 20 = 1.5 > 1.4545 → 1.
-  auto b = Work({0, 100}, {30, 0});
+  // Thirty on 0 (work 30): work bound 1.25·240/2 = 150 → 1 at 1.3333; count bound ceil(1.25·32/2) = 20 → 0 at
+  // 1.5 → 1.
+  auto b = Work({30, 200}, {30, 1});
   EXPECT_EQ(Tail(b, {0.1, 0.9}, 0.05, 10).decoder, 1);
+}
+
+TEST(DecideBoundedLoad, AHugeEpsilonMeansNoBound) {
+  // ε = 1e300: the bounds are beyond any load (the count bound saturates instead of overflowing int64).
+  auto d = Work({90, 0}, {9, 0});
+  auto tail = Tail(d, {0.1, 0.9}, 0.05, 10, 1e300);
+  EXPECT_EQ(tail.decoder, 0);
+  EXPECT_FALSE(tail.fallback);
+  DecisionInputs in;
+  in.policy = RoutingPolicy::kEldrPaper;
+  in.decoders = &d;
+  const std::vector<double> dist = {0.1, 0.9};
+  in.distances = dist.data();
+  in.tau = 0.05;
+  in.load_bound = 1e300;
+  EXPECT_EQ(Decide(in).decoder, 0);
+  EXPECT_FALSE(Decide(in).fallback);
 }
 
 TEST(DecideTail, LoadBoundZeroMeansTheDefaultEpsilon) {
@@ -427,22 +447,25 @@ TEST(DecideTail, LoadBoundZeroMeansTheDefaultEpsilon) {
 }
 
 TEST(DecideTail, InvariantsOverRandomScenarios) {
-  // Without admission caps: when a decoder is under both bounds, the chosen one is; it is a band member whenever
-  // one is under them (and then the least work among those); otherwise the nearest decoder under them. When none
-  // is, it minimises max(w_k / work bound, n_k / count bound).
+  // With random admission caps. No eligible decoder: none chosen (fallback). When an eligible decoder is under both
+  // bounds, the chosen one is; it is a band member whenever one is under them (and then the least work among
+  // those); otherwise the nearest decoder under them (overflow). When none is, the lowest-indexed eligible decoder
+  // of least max(w_k / work bound, n_k / count bound).
   std::mt19937_64 rng(11);
-  for (int trial = 0; trial < 3000; ++trial) {
+  int none_under = 0, none_eligible = 0;
+  for (int trial = 0; trial < 4000; ++trial) {
     const int K = 1 + static_cast<int>(rng() % 8);
     std::vector<double> work(K), dist(K);
     std::vector<int64_t> n(K);
     for (int k = 0; k < K; ++k) {
-      work[k] = static_cast<double>(rng() % 200);
-      dist[k] = static_cast<double>(rng() % 1000) / 1000.0;
       n[k] = static_cast<int64_t>(rng() % 12);
+      work[k] = static_cast<double>(n[k] + rng() % 200);  // every request holds at least 1
+      dist[k] = static_cast<double>(rng() % 1000) / 1000.0;
     }
+    const int64_t cap = rng() % 2 ? 0 : 1 + static_cast<int64_t>(rng() % 12);
     const double w_r = 1 + static_cast<double>(rng() % 50), eps = static_cast<double>(rng() % 100) / 100.0;
     const double tau = static_cast<double>(rng() % 300) / 1000.0;
-    auto d = Work(work, n);
+    auto d = Work(work, n, cap);
     auto r = Tail(d, dist, tau, w_r, eps);
     const double e = eps > 0 ? eps : kTailLoadBound;
     double total = w_r;
@@ -452,21 +475,32 @@ TEST(DecideTail, InvariantsOverRandomScenarios) {
     for (int64_t x : n) count += x;
     int64_t count_bound = 1;  // the least integer >= (1+e)·count/K, found by counting up
     while (static_cast<double>(count_bound) < (1 + e) * static_cast<double>(count) / K) ++count_bound;
-    auto under = [&](int k) { return work[k] < bound && n[k] < count_bound; };
-    const double dmin = *std::min_element(dist.begin(), dist.end());
-    ASSERT_GE(r.decoder, 0);
-    bool any_under = false;
-    double least_over = 1e300;
+    auto eligible = [&](int k) { return cap == 0 || n[k] < cap; };
+    auto under = [&](int k) { return eligible(k) && work[k] < bound && n[k] < count_bound; };
+    auto over = [&](int k) { return std::max(work[k] / bound, static_cast<double>(n[k]) / count_bound); };
+    bool any_eligible = false, any_under = false;
+    int least_over = -1;
     for (int k = 0; k < K; ++k) {
+      any_eligible = any_eligible || eligible(k);
       any_under = any_under || under(k);
-      least_over = std::min(least_over, std::max(work[k] / bound, static_cast<double>(n[k]) / count_bound));
+      if (eligible(k) && (least_over < 0 || over(k) < over(least_over))) least_over = k;
     }
+    if (!any_eligible) {
+      ++none_eligible;
+      EXPECT_EQ(r.decoder, -1);
+      EXPECT_TRUE(r.fallback);
+      continue;
+    }
+    ASSERT_GE(r.decoder, 0);
     if (!any_under) {
+      ++none_under;
+      EXPECT_TRUE(r.fallback);
       EXPECT_FALSE(r.overflow);
-      EXPECT_EQ(std::max(work[r.decoder] / bound, static_cast<double>(n[r.decoder]) / count_bound), least_over);
+      EXPECT_EQ(r.decoder, least_over);
       continue;
     }
     EXPECT_TRUE(under(r.decoder));
+    const double dmin = *std::min_element(dist.begin(), dist.end());
     double best_in_band = -1;
     double nearest_under = 1e9;
     for (int k = 0; k < K; ++k) {
@@ -483,6 +517,9 @@ TEST(DecideTail, InvariantsOverRandomScenarios) {
       EXPECT_EQ(dist[r.decoder], nearest_under);
     }
   }
+  // Every branch was exercised.
+  EXPECT_GT(none_under, 20);
+  EXPECT_GT(none_eligible, 20);
 }
 
 TEST(Router, DecodeWorkIsHeldSpentPerTokenAndReleased) {
