@@ -26,8 +26,8 @@ void AddPlaceCommand(CLI::App& app, Action* action);
 void AddSimulateCommand(CLI::App& app, Action* action);
 
 // CLI11 validators that check an option like the config key it overrides (runtime/common/yaml.h), before
-// CLI11 converts it: "--tau: must be >= 0, got 'nan'", "--max-batch: must be an integer in [1, 1048576], got
-// '0'". An option whose unset state matters is read with add_option_function into a std::optional.
+// CLI11 converts it: "--tau: must be >= 0, got 'nan' (not a number)", "--max-batch: must be an integer in [1, 1048576],
+// got '0'". An option whose unset state matters is read with add_option_function into a std::optional.
 inline CLI::Validator InRange(const NumberRange& range) {
   return CLI::Validator(
       [range](std::string& text) {

@@ -92,6 +92,8 @@ std::string NumberRange::Describe() const {
 }
 
 std::string NumberRange::Reason(double v) const {
+  if (std::isnan(v)) return " (not a number)";
+  if (std::isinf(v)) return " (infinite: give a finite number)";
   if (v == 0 && std::signbit(v) && !negative_zero_ok) return " (a negative zero: write 0)";
   return why.empty() ? "" : " (" + why + ")";
 }

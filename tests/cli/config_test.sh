@@ -67,7 +67,7 @@ bad_job "misspelt section" "bad.yaml:3: unknown key 'routnig' \(did you mean 'ro
 bad_job "topology as a list" "bad.yaml:1: topology must be a mapping, got a list" \
   's/^topology: .*/topology: [1, 2]/'
 bad_job "negative tau" "bad.yaml:3: routing.tau must be >= 0, got '-0.5'" 's/tau: 0.1/tau: -0.5/'
-bad_job "nan tau" "bad.yaml:3: routing.tau must be >= 0, got '.nan'" 's/tau: 0.1/tau: .nan/'
+bad_job "nan tau" "bad.yaml:3: routing.tau must be >= 0, got '.nan' \(not a number\)" 's/tau: 0.1/tau: .nan/'
 bad_job "fractional integer" "bad.yaml:5: decode.max_batch must be an integer in \[1, [0-9]+\], got '2.5'" \
   's/max_batch: 8/max_batch: 2.5/'
 bad_job "out-of-range integer" "bad.yaml:1: topology.decode_ranks must be an integer in \[1, 65536\], got '99999999999'" \
@@ -274,7 +274,10 @@ expect_error "model: fractional integer" "num_experts_per_tok must be an integer
   "$ELDR" simulate --derive h200 --model fracmodel.yaml
 
 # ---- overrides checked like the keys ----
-expect_error "serve --tau nan" "--tau: must be >= 0, got 'nan'" - "$ELDR" serve -c job.yaml --tau nan --print-ranks
+expect_error "serve --tau nan" "--tau: must be >= 0, got 'nan' \(not a number\)" - "$ELDR" serve -c job.yaml --tau nan --print-ranks
+expect_error "simulate --load-bound 1e309 (infinite)" \
+  "--load-bound: must be >= 0, got '1e309' \(infinite: give a finite number\)" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --load-bound 1e309 --quiet
 expect_error "serve --load-bound -1" "--load-bound: must be >= 0, got '-1'" - \
   "$ELDR" serve -c job.yaml --load-bound -1 --print-ranks
 for h in 1.5 -0.1 nan; do

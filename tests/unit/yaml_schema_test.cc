@@ -83,8 +83,9 @@ TEST(YamlMapTest, UnknownKeyWinsOverTheErrorItCauses) {
 
 TEST(YamlMapTest, RangeErrorsNameTheDottedKeyAndTheValue) {
   EXPECT_EQ(Error("routing: {tau: -0.5}\n"), "job.yaml:1: routing.tau must be >= 0, got '-0.5'");
-  EXPECT_EQ(Error("routing: {tau: .nan}\n"), "job.yaml:1: routing.tau must be >= 0, got '.nan'");
-  EXPECT_EQ(Error("routing: {tau: .inf}\n"), "job.yaml:1: routing.tau must be >= 0, got '.inf'");
+  EXPECT_EQ(Error("routing: {tau: .nan}\n"), "job.yaml:1: routing.tau must be >= 0, got '.nan' (not a number)");
+  EXPECT_EQ(Error("routing: {tau: .inf}\n"),
+            "job.yaml:1: routing.tau must be >= 0, got '.inf' (infinite: give a finite number)");
   EXPECT_EQ(Error("routing: {tau: fast}\n"), "job.yaml:1: routing.tau must be a number >= 0, got 'fast'");
   EXPECT_EQ(Error("watchdog_s: 0\n"), "job.yaml:1: watchdog_s must be > 0, got '0'");
   EXPECT_EQ(Error("topology: {decode_ranks: 0}\n"),
@@ -215,7 +216,8 @@ TEST(NumberTest, PhysicalRangesRefuseANegativeZeroAndSayWhy) {
 }
 
 TEST(NumberTest, CheckMessagesNameTheOption) {
-  EXPECT_EQ(CheckNumber("--tau", "nan", NumberRange::AtLeast(0)).message(), "--tau must be >= 0, got 'nan'");
+  EXPECT_EQ(CheckNumber("--tau", "nan", NumberRange::AtLeast(0)).message(),
+            "--tau must be >= 0, got 'nan' (not a number)");
   EXPECT_EQ(CheckNumber("--rate", "x", NumberRange::Above(0).OrInf()).message(),
             "--rate must be a number > 0 or inf, got 'x'");
   EXPECT_TRUE(CheckNumber("--rate", "inf", NumberRange::Above(0).OrInf()).ok());
