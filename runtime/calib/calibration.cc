@@ -128,6 +128,11 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
     if (c.decode_lens.size() != static_cast<size_t>(N)) return bad("/calibration/decode_lens must be [N]");
     for (int64_t v : c.decode_lens) {
       if (v < 0) return bad("/calibration/decode_lens has a negative length");
+      // Far above any request, and Σ over N requests stays far inside the work balance's int64 flow.
+      if (v > kMaxDecodeLen) {
+        return bad("/calibration/decode_lens has a length of " + std::to_string(v) + " tokens, over " +
+                   std::to_string(kMaxDecodeLen));
+      }
     }
   }
   if (c.balance == ClusterBalance::kWork && c.decode_lens.empty()) {

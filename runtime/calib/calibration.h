@@ -35,6 +35,9 @@ const char* ClusterBalanceName(ClusterBalance b);  // "none", "count", "work"
 std::string DescribeBalance(ClusterBalance b);
 Result<ClusterBalance> ParseClusterBalance(const std::string& name);
 
+// The longest decode length a calibration holds (2^31 − 1 tokens; ValidateCalibration).
+inline constexpr int64_t kMaxDecodeLen = 2147483647;
+
 struct Calibration {
   TraceShape shape;
   std::string created;  // ISO 8601 UTC
@@ -53,7 +56,7 @@ struct Calibration {
   std::vector<float> decode_profiles;    // [N, L, E] d_r, for the per-cluster load on refit
   // [N] decode tokens of each request (optional dataset /calibration/decode_lens; empty in files written
   // before it): the weights of work-balanced clustering and the per-cluster prior below.
-  std::vector<int64_t> decode_lens;
+  std::vector<int64_t> decode_lens;  // each in [0, kMaxDecodeLen]
 
   // /clusters
   int num_clusters = 0;  // K

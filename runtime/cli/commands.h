@@ -56,6 +56,16 @@ inline CLI::Validator NonEmptyPath() {
       "");
 }
 
+// A name option given as "" is refused ("--policy: the value is empty; ..."), never taken for its absence (the
+// config's value would run instead).
+inline CLI::Validator NonEmptyName() {
+  return CLI::Validator(
+      [](std::string& text) {
+        return text.empty() ? std::string("the value is empty; give one (see --help)") : std::string();
+      },
+      "");
+}
+
 // A seed: a whole number in [0, 2^64 - 1]. CLI11 converts "-1" and "99999999999999999999" to 2^64 - 1 silently.
 inline CLI::Validator SeedValue() {
   return CLI::Validator(

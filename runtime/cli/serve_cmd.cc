@@ -30,13 +30,14 @@ void AddServeCommand(CLI::App& app, Action* action) {
       ->check(NonEmptyPath());
   cmd->add_flag("--quiet", *quiet, "no progress bar");
   cmd->add_flag("--print-ranks", *print_ranks, "print the world size and the rank → role map, and exit (no MPI)");
-  cmd->add_option("--policy", *policy, "override routing.policy");
+  cmd->add_option("--policy", *policy, "override routing.policy")->check(NonEmptyName());
   cmd->add_option_function<double>(
          "--tau", [tau](const double& v) { *tau = v; }, "override routing.tau")
       ->check(InRange(job_limits::kTau));
   cmd->add_option_function<double>(
          "--load-bound", [load_bound](const double& v) { *load_bound = v; },
-         "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, eldr_tail: 0.25)")
+         "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, but eldr_tail routes 0 "
+         "as 0.25: its bound is never off)")
       ->check(InRange(job_limits::kLoadBound));
   cmd->add_option("--output-dir", *out_dir, "override output.dir")->check(NonEmptyPath());
   cmd->callback([=] {

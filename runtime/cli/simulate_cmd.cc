@@ -291,10 +291,12 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   set("--prefill", &a->prefill, job_limits::kRanks, "override topology.prefill_ranks");
   cmd->add_option("--policy", a->policy,
                   "override routing.policy (random, round_robin, jsq, p2c, domain, "
-                  "locality_top1, eldr, eldr_paper, eldr_tail)");
+                  "locality_top1, eldr, eldr_paper, eldr_tail)")
+      ->check(NonEmptyName());
   set("--tau", &a->tau, job_limits::kTau, "override routing.tau");
   set("--load-bound", &a->load_bound, job_limits::kLoadBound,
-      "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, eldr_tail: 0.25)");
+      "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, but eldr_tail routes 0 as "
+      "0.25: its bound is never off)");
   set("--harm-weight", &a->harm_weight, job_limits::kHarm,
       "override routing.harm_weight (eldr's λ, 0..1: weight of the slowdown a request causes the running batch)");
   set("--rate", &a->rate, job_limits::kRate, "override workload.request_rate (requests/s; inf: all at once)");

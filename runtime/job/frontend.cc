@@ -27,9 +27,9 @@ Result<Frontend> Frontend::Create(const JobConfig& c, const JobRequests& in, con
   }
   auto router = Router::Create(rc, calib);
   if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
-  ELDR_ASSIGN_OR_RETURN(std::vector<double> arrivals,
-                        ArrivalTimes({in.size(), c.request_rate, c.burstiness, c.workload_seed}));
-  return Frontend(c, in, std::move(router).value(), std::move(arrivals), std::move(actions));
+  auto arrivals = ArrivalTimes({in.size(), c.request_rate, c.burstiness, c.workload_seed});
+  if (!arrivals.ok()) return arrivals.status().WithPrefix(c.path);
+  return Frontend(c, in, std::move(router).value(), std::move(arrivals).value(), std::move(actions));
 }
 
 Frontend::Frontend(const JobConfig& c, const JobRequests& in, Router router, std::vector<double> arrivals,

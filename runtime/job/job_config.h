@@ -4,7 +4,7 @@
 //   topology:  {prefill_ranks: 1, decode_ranks: 4}        # world size = 1 (router) + prefill + decode · ep_size
 //   model:     {config: ../models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}   # or a .safetensors
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
-//               load_bound: 0,       # ε of the bounded load (router.h); unset: eldr_tail 0.25, else off; 0 = off
+//               load_bound: 0,       # ε of the bounded load (router.h); 0 or unset = off (eldr_tail: 0.25)
 //               cost_model: FILE,    # eldr serve: its decode cost model (default: simulate: section, else derived)
 //               harm_weight: 0.75}   # eldr's λ: weight of the slowdown a request causes the running batch
 //              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert

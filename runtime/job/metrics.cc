@@ -364,7 +364,7 @@ nlohmann::json JobMetrics(const JobConfig& c, const std::string& model, const st
   nlohmann::json j = SummarizeServing(records, {});
   j["policy"] = RoutingPolicyName(c.policy);
   j["tau"] = routing.tau;
-  j["load_bound"] = c.load_bound.value_or(DefaultLoadBound(c.policy));  // the ε routed with
+  j["load_bound"] = RoutedLoadBound(c.policy, c.load_bound);  // the ε routed with
   j["num_prompts"] = static_cast<int64_t>(records.size());
   j["request_rate"] = std::isinf(c.request_rate) ? nlohmann::json("inf") : nlohmann::json(c.request_rate);
   j["burstiness"] = c.burstiness;
@@ -421,7 +421,7 @@ nlohmann::json JobConfigJson(const JobConfig& c) {
             {"calibration", c.calibration},
             {"admission_cap", c.admission_cap},
             {"seed", c.routing_seed},
-            {"load_bound", c.load_bound.value_or(DefaultLoadBound(c.policy))},
+            {"load_bound", RoutedLoadBound(c.policy, c.load_bound)},
             {"harm_weight", c.harm_weight}}},
           {"kv_cache",
            {{"block_size", c.block_size},

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <limits>
 #include <random>
 
@@ -18,6 +19,16 @@ Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& o) {
   std::mt19937_64 rng(o.seed);
   std::gamma_distribution<double> gap(o.burstiness, 1.0 / (o.request_rate * o.burstiness));
   for (int64_t i = 1; i < o.num_requests; ++i) t[i] = t[i - 1] + gap(rng);
+  // A job clock past kMaxArrivalSpan no longer resolves a decode step (a double at 1e7 s is exact to 2e-9 s; at
+  // 1e300 s a step of 1e-4 s rounds away): one line instead of silently wrong latencies.
+  if (!t.empty() && t.back() > kMaxArrivalSpan) {
+    char msg[256];
+    std::snprintf(msg, sizeof msg,
+                  "workload.request_rate %.3g spreads %lld arrivals over %.3g s, more than %.0e s (the clock would no "
+                  "longer resolve a decode step): raise the rate",
+                  o.request_rate, static_cast<long long>(o.num_requests), t.back(), kMaxArrivalSpan);
+    return Status::InvalidArgument(msg);
+  }
   return t;
 }
 

@@ -25,8 +25,11 @@ struct ArrivalOptions {
   uint64_t seed = 0;
 };
 
-// Arrival times in seconds, non-decreasing, the first at 0. InvalidArgument for a rate <= 0, burstiness <= 0
-// or a negative count.
+// The latest arrival a job accepts, in seconds (about 116 days).
+inline constexpr double kMaxArrivalSpan = 1e7;
+
+// Arrival times in seconds, non-decreasing, the first at 0. InvalidArgument for a rate <= 0, burstiness <= 0,
+// a negative count, or arrivals past kMaxArrivalSpan.
 Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& options);
 
 // The requests of a job. Workload request i is trace request order[i]: the trace's requests in a seeded

@@ -274,6 +274,11 @@ RoutingDecision Decide(const DecisionInputs& in) {
   return out;
 }
 
+double RoutedLoadBound(RoutingPolicy policy, std::optional<double> load_bound) {
+  if (!load_bound) return DefaultLoadBound(policy);
+  return policy == RoutingPolicy::kEldrTail && *load_bound == 0 ? kTailLoadBound : *load_bound;
+}
+
 double DefaultLoadBound(RoutingPolicy policy) {
   switch (policy) {
     case RoutingPolicy::kEldrTail:
@@ -293,7 +298,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
   }
   Router r;
   r.config_ = config;
-  if (!r.config_.load_bound) r.config_.load_bound = DefaultLoadBound(config.policy);
+  r.config_.load_bound = RoutedLoadBound(config.policy, config.load_bound);
   r.decoders_.assign(config.num_decoders, DecoderState{0, config.admission_cap});
   r.rng_.seed(config.seed);
   if (calib) {

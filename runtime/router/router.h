@@ -115,6 +115,10 @@ inline constexpr double kTailLoadBound = 0.25;
 // (bench/README "A load bound for eldr").
 double DefaultLoadBound(RoutingPolicy policy);
 
+// The ε a policy routes with given routing.load_bound: unset → DefaultLoadBound(policy); eldr_tail's 0 →
+// kTailLoadBound (its bound is never off); otherwise the value. What the router uses and metrics.json records.
+double RoutedLoadBound(RoutingPolicy policy, std::optional<double> load_bound);
+
 struct RouterConfig {
   RoutingPolicy policy = RoutingPolicy::kEldr;
   int num_decoders = 1;

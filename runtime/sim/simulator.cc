@@ -317,15 +317,18 @@ class Simulation {
     return StartPrefill(p);  // a prompt waiting for blocks may fit now
   }
 
+  // The positions a decoder writes, prompt + output − 1 (the last output token is never an input), as serve's
+  // decode worker allocates them and the workload check (runtime/job/workload.cc) counts them.
+  int64_t ContextTokens(int64_t i) const {
+    return std::max<int64_t>(1, in_.request(i).prompt_len + in_.output_len[i] - 1);
+  }
   int ContextBlocks(int64_t i) const {
-    const int64_t tokens = in_.request(i).prompt_len + in_.output_len[i];
-    return static_cast<int>((tokens + c_.block_size - 1) / c_.block_size);
+    return static_cast<int>((ContextTokens(i) + c_.block_size - 1) / c_.block_size);
   }
 
   void KvAtDecoder(int d, int64_t i) {
     if (ContextBlocks(i) > c_.decode_blocks) {
-      errors_[i] = "decode " + std::to_string(d) + ": context of " +
-                   std::to_string(in_.request(i).prompt_len + in_.output_len[i]) +
+      errors_[i] = "decode " + std::to_string(d) + ": context of " + std::to_string(ContextTokens(i)) +
                    " tokens exceeds the decode KV cache";
       Push(now_ + cost_.control_latency, EventKind::kFailedAtRouter, d, i);
       return;

@@ -278,6 +278,24 @@ expect_error "serve --tau nan" "--tau: must be >= 0, got 'nan' \(not a number\)"
 expect_error "simulate --load-bound 1e309 (infinite)" \
   "--load-bound: must be >= 0, got '1e309' \(infinite: give a finite number\)" run/metrics.json \
   "$ELDR" simulate -c job.yaml --load-bound 1e309 --quiet
+expect_error "simulate --rate 1e-14 (arrivals past the clock's resolution)" \
+  "job.yaml: workload.request_rate 1e-14 spreads 40 arrivals over .* raise the rate" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --rate 1e-14 --quiet
+expect_error "simulate --policy '' (not the config's policy)" "--policy: the value is empty" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --policy "" --quiet
+expect_error "serve --policy ''" "--policy: the value is empty" - "$ELDR" serve -c job.yaml --policy "" --print-ranks
+# eldr_tail's bound is never off: load_bound 0 routes as 0.25, and metrics.json records the ε routed with.
+run_ok "eldr_tail with load_bound 0" "$ELDR" simulate -c job.yaml --policy eldr_tail --load-bound 0 --output-dir lb0 \
+  --quiet
+run_ok "eldr_tail with load_bound 0.25" "$ELDR" simulate -c job.yaml --policy eldr_tail --load-bound 0.25 \
+  --output-dir lb25 --quiet
+run_ok "eldr_tail: load_bound 0 is recorded and routed as 0.25" $PY - <<'PYEOF'
+import json
+a, b = (json.load(open(d + "/metrics.json")) for d in ("lb0", "lb25"))
+assert a["load_bound"] == 0.25 and a["config"]["routing"]["load_bound"] == 0.25, (a["load_bound"], a["config"]["routing"])
+assert [json.loads(l)["decoder"] for l in open("lb0/requests.jsonl")] == \
+       [json.loads(l)["decoder"] for l in open("lb25/requests.jsonl")]
+PYEOF
 expect_error "serve --load-bound -1" "--load-bound: must be >= 0, got '-1'" - \
   "$ELDR" serve -c job.yaml --load-bound -1 --print-ranks
 for h in 1.5 -0.1 nan; do

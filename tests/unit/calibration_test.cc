@@ -278,6 +278,21 @@ TEST_F(CalibrationTest, RefitFromStoredSignatures) {
             StatusCode::kInvalidArgument);
 }
 
+TEST_F(CalibrationTest, DecodeLengthsOutsideZeroToTwoToThe31AreCorrupt) {
+  auto c = Calibrate(SmallSynth(2, 40, 2), Quiet(2), nullptr);
+  ASSERT_TRUE(c.ok());
+  ASSERT_TRUE(ValidateCalibration(c.value(), "c.h5").ok());
+  Calibration huge = c.value();
+  huge.decode_lens[0] = kMaxDecodeLen + 1;  // 40 of 5e17 would overflow the work balance's int64 sum
+  const Status st = ValidateCalibration(huge, "c.h5");
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_EQ(st.message(), "c.h5: /calibration/decode_lens has a length of 2147483648 tokens, over 2147483647");
+  huge.decode_lens[0] = kMaxDecodeLen;
+  EXPECT_TRUE(ValidateCalibration(huge, "c.h5").ok());
+  huge.decode_lens[0] = -1;
+  EXPECT_EQ(ValidateCalibration(huge, "c.h5").message(), "c.h5: /calibration/decode_lens has a negative length");
+}
+
 TEST_F(CalibrationTest, HoldoutAndFixedLayerCount) {
   Trace t = SmallSynth(2, 60, 4);
   CalibrateOptions o = Quiet(2);

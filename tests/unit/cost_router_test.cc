@@ -288,6 +288,12 @@ TEST(Router, LoadBoundDefaultsPerPolicy) {
   rc.policy = RoutingPolicy::kEldrTail;
   rc.load_bound.reset();
   EXPECT_EQ(Router::Create(rc, &calib).value().load_bound(), kTailLoadBound);
+  rc.load_bound = 0;  // eldr_tail's bound is never off: 0 routes (and is recorded) as kTailLoadBound
+  EXPECT_EQ(Router::Create(rc, &calib).value().load_bound(), kTailLoadBound);
+  EXPECT_EQ(RoutedLoadBound(RoutingPolicy::kEldrTail, 0.0), kTailLoadBound);
+  EXPECT_EQ(RoutedLoadBound(RoutingPolicy::kEldrTail, 0.5), 0.5);
+  EXPECT_EQ(RoutedLoadBound(RoutingPolicy::kEldr, 0.0), 0.0);
+  EXPECT_EQ(RoutedLoadBound(RoutingPolicy::kEldrPaper, std::nullopt), 0.0);
   rc.load_bound = -0.1;
   EXPECT_FALSE(Router::Create(rc, &calib).ok());
 }

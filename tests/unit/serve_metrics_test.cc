@@ -233,5 +233,21 @@ TEST(Workload, ArrivalsFollowRateAndBurstiness) {
   EXPECT_FALSE(ArrivalTimes({5, 1.0, -1.0, 0}).ok());
 }
 
+TEST(Workload, ArrivalsPastTheClocksResolutionAreRefused) {
+  // 20 arrivals at 1e-14/s span ~2e15 s, where a double no longer resolves a 1e-4 s decode step.
+  const auto far = ArrivalTimes({20, 1e-14, 1.0, 1});
+  ASSERT_FALSE(far.ok());
+  EXPECT_EQ(far.status().code(), StatusCode::kInvalidArgument);
+  EXPECT_NE(far.status().message().find("workload.request_rate 1e-14 spreads 20 arrivals over"), std::string::npos)
+      << far.status().message();
+  EXPECT_NE(far.status().message().find("raise the rate"), std::string::npos);
+  // One request arrives at 0 whatever the rate; 1e-5/s over 20 requests spans ~1.4e6 s, inside 1e7 s.
+  EXPECT_EQ(ArrivalTimes({1, 1e-14, 1.0, 1}).value(), std::vector<double>{0.0});
+  const auto slow = ArrivalTimes({20, 1e-5, 1.0, 1});
+  ASSERT_TRUE(slow.ok());
+  EXPECT_LE(slow->back(), kMaxArrivalSpan);
+  EXPECT_GT(slow->back(), 1e5);
+}
+
 }  // namespace
 }  // namespace eldr

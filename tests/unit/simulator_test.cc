@@ -171,6 +171,23 @@ TEST(Simulator, KvCapacityQueuesAContextThatDoesNotFitYet) {
   EXPECT_DOUBLE_EQ(r->records[2].token_times[1], 7.0);  // admitted after a and b freed their blocks at t = 6
 }
 
+TEST(Simulator, ADecoderHoldsPromptPlusOutputMinusOnePositions) {
+  // Prompt 1 + output 4: the decoder writes positions 0..3 (the last output token is never an input), one block of
+  // 4, as serve's decode worker allocates. One decode block holds it; output 5 (5 positions, 2 blocks) fails.
+  Row p = {{0, 1}, {0, 1}};
+  const Trace t = MakeTrace({{"fits", "x", {p}, std::vector<Row>(4, p)}, {"over", "x", {p}, std::vector<Row>(5, p)}});
+  CostModel m;
+  m.decode_a = 1e-3;
+  JobConfig c = Job(RoutingPolicy::kJsq, 1);
+  c.decode_blocks = 1;
+  auto r = Simulate(c, InOrder(t, {4, 5}), Tiny(), nullptr, m, false);
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_TRUE(r->records[0].success) << r->records[0].error;
+  EXPECT_FALSE(r->records[1].success);
+  EXPECT_NE(r->records[1].error.find("context of 5 tokens exceeds the decode KV cache"), std::string::npos)
+      << r->records[1].error;
+}
+
 TEST(Simulator, ContextLargerThanTheCacheFailsAndIsCounted) {
   Row p = {{0, 1}, {0, 1}};
   const Trace t = MakeTrace({{"a", "x", {p}, {p}}, {"big", "x", {p}, std::vector<Row>(40, p)}});
