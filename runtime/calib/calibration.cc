@@ -327,6 +327,14 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   int64_t work_balanced = 0;
   if (!c.decode_lens.empty()) {  // written with the decode lengths (and only then)
     ELDR_ASSIGN_OR_RETURN(work_balanced, f.ReadIntAttribute("/clusters", "work_balanced"));
+  } else if (f.HasAttribute("/clusters", "work_balanced")) {
+    // The decode lengths were removed from a file written with them: never read back as count-balanced.
+    ELDR_ASSIGN_OR_RETURN(int64_t orphan, f.ReadIntAttribute("/clusters", "work_balanced"));
+    if (orphan != 0) {
+      return Status::Corrupt(path +
+                             ": /clusters has work_balanced = 1 but no /calibration/decode_lens; re-run "
+                             "eldr calibrate on the trace");
+    }
   }
   ELDR_ASSIGN_OR_RETURN(int64_t K, f.ReadIntAttribute("/clusters", "K"));
   if (K < 1 || K > static_cast<int64_t>(c.request_ids.size())) {

@@ -343,6 +343,11 @@ cp count.h5 badbal.h5 && $PY -c "
 import h5py; a = h5py.File('badbal.h5', 'r+')['/clusters'].attrs; a['balanced'] = 0; a['work_balanced'] = 1"
 expect_error "balanced = 0 with work_balanced = 1" "badbal.h5: /clusters has balanced = 0 but work_balanced = 1" \
   out.h5 "$ELDR" calibrate --refit badbal.h5 -K 2 --out out.h5
+cp calib.h5 nolens.h5 && $PY -c "
+import h5py; f = h5py.File('nolens.h5', 'r+'); del f['/calibration/decode_lens']; del f['/clusters/mean_decode_len']"
+expect_error "work_balanced = 1 with its decode lengths removed (not read as count)" \
+  "nolens.h5: /clusters has work_balanced = 1 but no /calibration/decode_lens; re-run eldr calibrate" \
+  out.h5 "$ELDR" calibrate --refit nolens.h5 -K 2 --out out.h5
 expect_error "empty --balance" "--balance: cluster balance '' must be work, count or none" b.h5 \
   "$ELDR" calibrate --trace real.h5 -K 2 --balance "" --out b.h5
 expect_error "unknown --balance" "--balance: cluster balance 'tokens' must be work, count or none" b.h5 \
