@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <memory>
 #include <optional>
@@ -461,15 +462,22 @@ Result<bool> RunDirectoryHoldsFiles(const std::string& dir) {
   return !empty;
 }
 
-// A file in `dir` that no run writes (output.replace replaces an earlier run, never other data), or "".
-std::string ForeignEntry(const std::string& dir) {
+// Why `dir` is not an earlier run (output.replace replaces an earlier run, never other data), or "" when it is:
+// every entry a regular file a run writes, and metrics.json a run's (a JSON object naming eldr_version), so that a
+// user's own file that happens to be called metrics.json or requests.jsonl is never taken for a run's.
+std::string NotAnEarlierRun(const std::string& dir) {
   std::error_code ec;
   for (const fs::directory_entry& e : fs::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const bool run_file = name == "metrics.json" || name == "requests.jsonl" || name == "steps.jsonl";
-    if (!run_file || !e.is_regular_file(ec) || e.is_symlink(ec)) return name;
+    if (!run_file || !e.is_regular_file(ec) || e.is_symlink(ec)) return name + ", which is not a run's file";
   }
-  return ec ? std::string("(unreadable: ") + ec.message() + ")" : "";
+  if (ec) return std::string("entries it cannot list (") + ec.message() + ")";
+  std::ifstream in(fs::path(dir) / "metrics.json");
+  if (!in) return "no metrics.json, which every run writes";
+  const nlohmann::json m = nlohmann::json::parse(in, nullptr, false);
+  if (!m.is_object() || !m.contains("eldr_version")) return "a metrics.json that no eldr run wrote";
+  return "";
 }
 
 // Puts `temp` in the place of `dir` (which holds an earlier run), and returns where the earlier run went.
@@ -502,11 +510,10 @@ Status CheckRunDirectory(const std::string& dir, bool replace) {
                                    "whole, or choose another directory");
   }
   if (holds_files) {
-    const std::string foreign = ForeignEntry(dir);
-    if (!foreign.empty()) {
-      return Status::InvalidArgument("output.dir " + dir + " holds " + foreign +
-                                     ", which is not a run's file: output.replace replaces only an earlier run; "
-                                     "choose another directory");
+    const std::string why = NotAnEarlierRun(dir);
+    if (!why.empty()) {
+      return Status::InvalidArgument("output.dir " + dir + " holds " + why +
+                                     ": output.replace replaces only an earlier run; choose another directory");
     }
   }
   return Status::Ok();

@@ -259,6 +259,11 @@ echo mine >rd/notes.txt
 expect_error "output.replace never removes other data" "output.dir rd holds notes.txt, which is not a run's file" - \
   "$ELDR" simulate -c rdr.yaml --quiet
 [ "$(cat rd/notes.txt)" = mine ] && ok "other data left in place" || bad "other data left in place"
+mkdir mine && echo precious >mine/metrics.json && echo mine >mine/requests.jsonl
+expect_error "output.replace never takes a user's metrics.json for a run's" \
+  "output.dir mine holds a metrics.json that no eldr run wrote" - "$ELDR" simulate -c rdr.yaml --output-dir mine --quiet
+[ "$(cat mine/metrics.json mine/requests.jsonl | tr '\n' ' ')" = "precious mine " ] \
+  && ok "the user's files named like a run's are left in place" || bad "the user's files named like a run's"
 sed 's|replace: true|replace: maybe|' rdr.yaml > rdbad.yaml
 expect_error "output.replace: not a bool" "rdbad.yaml:[0-9]+: output.replace" - "$ELDR" serve --print-ranks -c rdbad.yaml
 sed 's|^simulate:|simulate:\n  cost_model: '"$SRC"'/configs/costs/h200-qwen3-30b-a3b.yaml|; /^  decode:/d; /^  prefill:/d' job.yaml \

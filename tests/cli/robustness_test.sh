@@ -226,6 +226,7 @@ expect_untouched "simulate: metrics.json in the run directory is a link (output.
   "output.dir run holds metrics.json, which is not a run's file" target.h5 "$ELDR" simulate -c job-replace.yaml --quiet
 [ -e run/requests.jsonl ] && bad "simulate: a refused run directory got requests.jsonl"
 rm run/metrics.json
+echo '{"eldr_version": "earlier"}' > run/metrics.json  # an earlier run's, so that output.replace reaches the files
 expect_untouched "simulate: requests.jsonl is the trace" "run/requests.jsonl: output.dir is the same file as the input trace" \
   tiny.h5 sh -c "ln tiny.h5 run/requests.jsonl && '$ELDR' simulate -c job-replace.yaml --quiet"
 rm -rf run

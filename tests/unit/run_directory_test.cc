@@ -44,7 +44,11 @@ class RunDirectoryTest : public ::testing::Test {
   std::string dir_;
 };
 
-const std::vector<std::pair<std::string, std::string>> kRun2 = {{"requests.jsonl", "r2\n"}, {"metrics.json", "m2\n"}};
+// A run's metrics.json names eldr_version (provenance.h): what output.replace recognises an earlier run by.
+const std::string kMetrics1 = "{\"eldr_version\": \"t\", \"run\": 1}\n";
+const std::string kMetrics2 = "{\"eldr_version\": \"t\", \"run\": 2}\n";
+const std::vector<std::pair<std::string, std::string>> kRun2 = {{"requests.jsonl", "r2\n"},
+                                                                {"metrics.json", kMetrics2}};
 
 TEST_F(RunDirectoryTest, NewDirectoryGetsEveryFileAndNoTemporaryIsLeft) {
   ASSERT_TRUE(
@@ -58,7 +62,7 @@ TEST_F(RunDirectoryTest, NewDirectoryGetsEveryFileAndNoTemporaryIsLeft) {
 TEST_F(RunDirectoryTest, EmptyDirectoryIsUsed) {
   fs::create_directories(dir_);
   ASSERT_TRUE(CommitRunDirectory(dir_, false, kRun2).ok());
-  EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), "m2\n");
+  EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), kMetrics2);
 }
 
 TEST_F(RunDirectoryTest, EarlierRunIsRefusedWithoutReplaceAndLeftAsItWas) {
@@ -76,14 +80,14 @@ TEST_F(RunDirectoryTest, EarlierRunIsRefusedWithoutReplaceAndLeftAsItWas) {
 }
 
 TEST_F(RunDirectoryTest, ReplaceSwapsTheWholeRunNeverMixingTwo) {
-  ASSERT_TRUE(
-      CommitRunDirectory(dir_, false, {{"requests.jsonl", "r1\n"}, {"steps.jsonl", "s1\n"}, {"metrics.json", "m1\n"}})
-          .ok());
+  ASSERT_TRUE(CommitRunDirectory(dir_, false,
+                                 {{"requests.jsonl", "r1\n"}, {"steps.jsonl", "s1\n"}, {"metrics.json", kMetrics1}})
+                  .ok());
   // The second run has no steps.jsonl: the first run's must not survive beside the second's files.
   ASSERT_TRUE(CommitRunDirectory(dir_, true, kRun2).ok());
   EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "requests.jsonl"}));
   EXPECT_EQ(Read(fs::path(dir_) / "requests.jsonl"), "r2\n");
-  EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), "m2\n");
+  EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), kMetrics2);
   EXPECT_EQ(Names(root_), std::set<std::string>{"run"});  // the earlier run removed, no temporary left
 }
 
@@ -96,6 +100,25 @@ TEST_F(RunDirectoryTest, ReplaceRefusesADirectoryHoldingOtherData) {
   EXPECT_NE(st.message().find("holds notes.txt, which is not a run's file"), std::string::npos) << st.message();
   EXPECT_EQ(Names(dir_), (std::set<std::string>{"metrics.json", "notes.txt"}));
   EXPECT_EQ(Read(fs::path(dir_) / "notes.txt"), "mine\n");
+}
+
+TEST_F(RunDirectoryTest, ReplaceRefusesAUsersFilesThatBearARunsNames) {
+  // metrics.json and requests.jsonl of the user's own (not JSON naming eldr_version), or no metrics.json at all:
+  // not an earlier run, so nothing is replaced.
+  for (const std::string& metrics : {std::string("precious\n"), std::string("{\"loss\": 0.1}\n"), std::string()}) {
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+    Put(fs::path(dir_) / "requests.jsonl", "mine\n");
+    if (!metrics.empty()) Put(fs::path(dir_) / "metrics.json", metrics);
+    const Status st = CommitRunDirectory(dir_, true, kRun2);
+    ASSERT_FALSE(st.ok());
+    EXPECT_NE(st.message().find(metrics.empty() ? "holds no metrics.json, which every run writes"
+                                                : "holds a metrics.json that no eldr run wrote"),
+              std::string::npos)
+        << st.message();
+    EXPECT_EQ(Read(fs::path(dir_) / "requests.jsonl"), "mine\n");
+    if (!metrics.empty()) EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), metrics);
+  }
 }
 
 TEST_F(RunDirectoryTest, SymlinkAndFileAreRefused) {
