@@ -63,6 +63,8 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (!AllFinite(c.signature.idf)) return bad("/signature/idf has NaN or infinite values");
   for (float w : c.signature.idf) {
     if (w < 0) return bad("/signature/idf has negative values");
+    // log((N + 1)/(df + 1)) <= log(N + 1) < 44 for any N < 2^63; larger weights overflow the signature's norm.
+    if (w > kMaxIdf) return bad("/signature/idf has a weight over " + std::to_string(static_cast<int>(kMaxIdf)));
   }
   if (c.signature.layer_mask.size() != static_cast<size_t>(L)) return bad("/signature/layer_mask must be [num_layers]");
   const int D = c.dim();
@@ -141,7 +143,9 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (!c.mean_decode_len.empty()) {
     if (c.mean_decode_len.size() != static_cast<size_t>(K)) return bad("/clusters/mean_decode_len must be [K]");
     for (double v : c.mean_decode_len) {
-      if (!std::isfinite(v) || v < 0) return bad("/clusters/mean_decode_len must be finite and >= 0");
+      if (!std::isfinite(v) || v < 0 || v > static_cast<double>(kMaxDecodeLen)) {
+        return bad("/clusters/mean_decode_len must be in [0, " + std::to_string(kMaxDecodeLen) + "]");
+      }
     }
   }
   if (!(c.tau >= 0) || !std::isfinite(c.tau)) return bad("/clusters tau must be a finite value >= 0");

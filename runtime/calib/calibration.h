@@ -37,6 +37,8 @@ Result<ClusterBalance> ParseClusterBalance(const std::string& name);
 
 // The longest decode length a calibration holds (2^31 − 1 tokens; ValidateCalibration).
 inline constexpr int64_t kMaxDecodeLen = 2147483647;
+// The largest IDF weight a calibration holds (log(N + 1) < 44 for any trace; ValidateCalibration).
+inline constexpr float kMaxIdf = 64.0f;
 
 struct Calibration {
   TraceShape shape;

@@ -291,6 +291,16 @@ TEST_F(CalibrationTest, DecodeLengthsOutsideZeroToTwoToThe31AreCorrupt) {
   EXPECT_TRUE(ValidateCalibration(huge, "c.h5").ok());
   huge.decode_lens[0] = -1;
   EXPECT_EQ(ValidateCalibration(huge, "c.h5").message(), "c.h5: /calibration/decode_lens has a negative length");
+  // The cluster means (eldr_tail's prior) within the same range; IDF weights within log(N + 1) of any trace.
+  Calibration mean = c.value();
+  ASSERT_FALSE(mean.mean_decode_len.empty());
+  mean.mean_decode_len[0] = 1e308;
+  EXPECT_EQ(ValidateCalibration(mean, "c.h5").message(), "c.h5: /clusters/mean_decode_len must be in [0, 2147483647]");
+  Calibration idf = c.value();
+  idf.signature.idf[0] = 3e38f;
+  EXPECT_EQ(ValidateCalibration(idf, "c.h5").message(), "c.h5: /signature/idf has a weight over 64");
+  idf.signature.idf[0] = kMaxIdf;
+  EXPECT_TRUE(ValidateCalibration(idf, "c.h5").ok());
 }
 
 TEST_F(CalibrationTest, HoldoutAndFixedLayerCount) {
