@@ -48,23 +48,12 @@ inline CLI::Validator InRange(const IntRange& range) {
 // A path option given as "" (an unset variable in a script) is refused ("--out: the path is empty"), never taken
 // for the option's absence and its default (place calib would update --calib in place, simulate would keep the
 // config's --trace, calibrate would skip --report).
-inline CLI::Validator NonEmptyPath() {
-  return CLI::Validator(
-      [](std::string& text) {
-        return text.empty() ? std::string("the path is empty; give a file name") : std::string();
-      },
-      "");
+// A name option (--policy) likewise ("--policy: the value is empty; ..."): the config's value would run instead.
+inline CLI::Validator NonEmpty(std::string message) {
+  return CLI::Validator([message](std::string& text) { return text.empty() ? message : std::string(); }, "");
 }
-
-// A name option given as "" is refused ("--policy: the value is empty; ..."), never taken for its absence (the
-// config's value would run instead).
-inline CLI::Validator NonEmptyName() {
-  return CLI::Validator(
-      [](std::string& text) {
-        return text.empty() ? std::string("the value is empty; give one (see --help)") : std::string();
-      },
-      "");
-}
+inline CLI::Validator NonEmptyPath() { return NonEmpty("the path is empty; give a file name"); }
+inline CLI::Validator NonEmptyName() { return NonEmpty("the value is empty; give one (see --help)"); }
 
 // A seed: a whole number in [0, 2^64 - 1]. CLI11 converts "-1" and "99999999999999999999" to 2^64 - 1 silently.
 inline CLI::Validator SeedValue() {

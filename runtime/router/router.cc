@@ -130,7 +130,7 @@ int Nearest(const double* distances, int K) {
 RoutingDecision TailBand(const DecisionInputs& in) {
   const auto& d = *in.decoders;
   const int K = static_cast<int>(d.size());
-  const double eps = in.load_bound > 0 ? in.load_bound : kTailLoadBound;
+  const double eps = RoutedLoadBound(RoutingPolicy::kEldrTail, in.load_bound);
   const double work_cap = WorkCap(in, eps);
   const int64_t count_cap = CountCap(d, eps);
   auto ok = [&](int k) { return d[k].eligible() && d[k].work < work_cap && d[k].in_flight < count_cap; };
