@@ -100,19 +100,6 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (K < 1 || static_cast<size_t>(K) > N) return bad("/clusters K must be in [1, N]");
   if (c.centroids.size() != static_cast<size_t>(K) * D) return bad("/clusters/centroids must be [K, D]");
   if (!AllFinite(c.centroids)) return bad("/clusters/centroids has NaN or infinite values");
-  // A centroid is the renormalised mean of its members' unit signatures: norm 1, or 0 where every member's
-  // signature is 0 (every expert of the masked layers has idf 0: a tiny trace where each request uses them all).
-  for (int k = 0; k < K; ++k) {
-    double n2 = 0;
-    for (int x = 0; x < D; ++x) {
-      const double v = c.centroids[static_cast<size_t>(k) * D + x];
-      n2 += v * v;
-    }
-    if (n2 > 0 && std::abs(std::sqrt(n2) - 1) > 1e-3) {
-      return bad("/clusters/centroids row " + std::to_string(k) + " has norm " + std::to_string(std::sqrt(n2)) +
-                 ", expected 1 (or 0)");
-    }
-  }
   if (c.assignment.size() != N) return bad("/clusters/assignment must be [N]");
   std::vector<int64_t> sizes(K, 0);
   for (int32_t a : c.assignment) {
@@ -120,6 +107,28 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
     ++sizes[a];
   }
   if (c.sizes != sizes) return bad("/clusters/sizes does not match the assignment");
+  // A centroid is the renormalised mean of its members' unit signatures: norm 1, or 0 where every member's
+  // signature is 0 (every expert of the masked layers has idf 0: a tiny trace where each request uses them all).
+  const auto squared_norm = [D](const std::vector<float>& rows, size_t i) {
+    double n2 = 0;
+    for (int x = 0; x < D; ++x) n2 += static_cast<double>(rows[i * D + x]) * rows[i * D + x];
+    return n2;
+  };
+  std::vector<uint8_t> has_signature(K, 0);  // a member with a non-zero signature
+  for (size_t i = 0; i < N; ++i) {
+    if (squared_norm(c.signatures, i) > 0) has_signature[c.assignment[i]] = 1;
+  }
+  for (int k = 0; k < K; ++k) {
+    const double n2 = squared_norm(c.centroids, k);
+    if (n2 > 0 && std::abs(std::sqrt(n2) - 1) > 1e-3) {
+      return bad("/clusters/centroids row " + std::to_string(k) + " has norm " + std::to_string(std::sqrt(n2)) +
+                 ", expected 1 (or 0)");
+    }
+    if (n2 == 0 && has_signature[k]) {
+      return bad("/clusters/centroids row " + std::to_string(k) +
+                 " is 0, but members of the cluster have non-zero signatures (expected norm 1)");
+    }
+  }
   if (c.expert_load.size() != static_cast<size_t>(K) * row) return bad("/clusters/expert_load must be [K, L, E]");
   if (!AllFinite(c.expert_load)) return bad("/clusters/expert_load has NaN or infinite values");
   // Per-token activation probabilities (the router's 1 - q goes negative above 1); 1e-5: float rounding of a mean.

@@ -106,6 +106,9 @@ extern "C" void OnTerminate(int sig) { g_signal = sig; }
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
+// "1 request", "3 requests".
+std::string Requests(int64_t n) { return std::to_string(n) + (n == 1 ? " request" : " requests"); }
+
 double Now() { return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count(); }
 
 // CPU time of this process (all its threads), for the step log: on a machine where ranks share cores it is a
@@ -657,14 +660,22 @@ class RouterRank {
       failure = StopReport("");
       const std::string cause = StopCause() + "; metrics.json's reason says more";
       frontend_->AbandonUnfinished("never sent (" + cause + ")", "unfinished (" + cause + ")");
+      if (stop_ == Stop::kSignal) {
+        // The launcher SIGKILLs rank 0 a second after its SIGTERM (odls_base_sigkill_timeout), and the ping took
+        // 0.3 s of it: the line naming the failed rank goes out before the outputs are written, so that a slow
+        // disk or a starved core costs the metrics at worst, never the line. A failed write is a second line.
+        PrintRankError(RankName(0), failure + "; writing the metrics to " + c_.output_dir);
+        const Status written = WriteOutputs(failure);
+        return FailJob(written.ok() ? Status(StatusCode::kFailedPrecondition, "") : written, false);
+      }
     }
     Status result = WriteOutputs(failure);
     if (result.ok()) result = Status::FailedPrecondition(failure + "; metrics written to " + c_.output_dir);
     // Stopped so long that the workers have given up on rank 0 and rank 1 has said so: one line per job.
     if (stop_ == Stop::kRouterStalled && router_gap_ > c_.watchdog_s + kRouterGraceS - HeartbeatInterval(c_.watchdog_s))
       result = Status(StatusCode::kFailedPrecondition, "");
-    // On a signal the launcher is ending every rank already, and a worker that exited now could have rank 0
-    // SIGKILLed before its line is out (see g_signal).
+    // A signal that came meanwhile: the launcher is ending every rank already, and a worker that exited now could
+    // have rank 0 SIGKILLed before its line is out (see g_signal).
     return FailJob(result, !g_signal);
   }
 
@@ -944,12 +955,11 @@ class RouterRank {
     }
     for (int p = 0; p < c_.prefill_ranks; ++p) {
       if (frontend_->prefill_outstanding(p) > 0)
-        report += "; " + RankName(1 + p) + " holds " + std::to_string(frontend_->prefill_outstanding(p)) + " requests";
+        report += "; " + RankName(1 + p) + " holds " + Requests(frontend_->prefill_outstanding(p));
     }
     for (int d = 0; d < c_.decode_ranks; ++d) {
       if (frontend_->decoder_in_flight(d) > 0) {
-        report += "; " + RankName(c_.DecoderLeaderRank(d)) + " holds " +
-                  std::to_string(frontend_->decoder_in_flight(d)) + " requests";
+        report += "; " + RankName(c_.DecoderLeaderRank(d)) + " holds " + Requests(frontend_->decoder_in_flight(d));
       }
     }
     return report;

@@ -209,7 +209,8 @@ TEST_F(CalibrationTest, DecodeFeatureSignaturesByHand) {
   int64_t offset = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     TraceRequest r;
-    r.id = "r" + std::to_string(i);
+    r.id = "r";  // not "r" + std::to_string(i): a false -Wrestrict of GCC 12 (its bug 105329)
+    r.id += std::to_string(i);
     r.prompt_len = reqs[i].first;
     r.num_tokens = static_cast<int64_t>(reqs[i].second.size());
     r.offset = offset;
@@ -301,6 +302,31 @@ TEST_F(CalibrationTest, DecodeLengthsOutsideZeroToTwoToThe31AreCorrupt) {
   EXPECT_EQ(ValidateCalibration(idf, "c.h5").message(), "c.h5: /signature/idf has a weight over 64");
   idf.signature.idf[0] = kMaxIdf;
   EXPECT_TRUE(ValidateCalibration(idf, "c.h5").ok());
+}
+
+// A centroid of norm 0 is the mean of members whose signatures are all 0 (every masked expert has idf 0); a zeroed
+// centroid of members with signatures (a hand-edited file) would make every distance to it 1, so it is corrupt.
+TEST_F(CalibrationTest, ZeroCentroidOnlyForZeroSignatures) {
+  auto c = Calibrate(SmallSynth(2, 40, 2), Quiet(2), nullptr);
+  ASSERT_TRUE(c.ok());
+  const int D = c->dim();
+  Calibration zeroed = c.value();
+  std::fill(zeroed.centroids.begin() + D, zeroed.centroids.begin() + 2 * D, 0.0f);
+  const Status st = ValidateCalibration(zeroed, "c.h5");
+  EXPECT_EQ(st.code(), StatusCode::kCorrupt);
+  EXPECT_EQ(st.message(),
+            "c.h5: /clusters/centroids row 1 is 0, but members of the cluster have non-zero signatures (expected norm "
+            "1)");
+  // Every member of cluster 1 with a zero signature: then its zero centroid is what calibration writes.
+  for (size_t i = 0; i < zeroed.assignment.size(); ++i) {
+    if (zeroed.assignment[i] == 1) std::fill_n(zeroed.signatures.begin() + i * D, D, 0.0f);
+  }
+  EXPECT_TRUE(ValidateCalibration(zeroed, "c.h5").ok());
+  // Half the norm is still corrupt, as before.
+  Calibration half = c.value();
+  for (int x = 0; x < D; ++x) half.centroids[x] *= 0.5f;
+  EXPECT_EQ(ValidateCalibration(half, "c.h5").message(),
+            "c.h5: /clusters/centroids row 0 has norm 0.500000, expected 1 (or 0)");
 }
 
 TEST_F(CalibrationTest, HoldoutAndFixedLayerCount) {
