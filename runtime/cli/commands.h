@@ -12,6 +12,7 @@
 
 #include "runtime/common/status.h"
 #include "runtime/common/yaml.h"
+#include "runtime/router/router.h"
 
 namespace eldr::cli {
 
@@ -68,6 +69,11 @@ inline CLI::Validator SeedValue() {
       },
       "");
 }
+
+// Refuses an option given on the command line that `policy` ignores (router.h SettingsOf): --calib and --route-on
+// (signature policies), --tau, --load-bound, --harm-weight, naming the option, the policy and the ones it applies to.
+// A required option is never refused.
+Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy);
 
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);

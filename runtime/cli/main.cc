@@ -39,6 +39,38 @@ nlohmann::json OptionsJson(const CLI::App& cmd) {
   return {{"command", path}, {"options", options}};
 }
 
+Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy) {
+  struct Knob {
+    const char* option;
+    bool PolicySettings::*applies;
+    const char* what;
+  };
+  const Knob knobs[] = {{"--calib", &PolicySettings::calibration, "a calibration"},
+                        {"--route-on", &PolicySettings::calibration, "a signature"},
+                        {"--tau", &PolicySettings::tau, "the band width"},
+                        {"--load-bound", &PolicySettings::load_bound, "the bounded load"},
+                        {"--harm-weight", &PolicySettings::harm_weight, "the harm weight"}};
+  for (const Knob& k : knobs) {
+    const CLI::Option* opt = cmd.get_option_no_throw(k.option);
+    // A required option (eldr route's --calib: its K is the decoder count) is read whatever the policy.
+    if (opt == nullptr || opt->count() == 0 || opt->get_required() || SettingsOf(policy).*k.applies) continue;
+    std::string users;
+    for (RoutingPolicy p : AllRoutingPolicies()) {
+      if (!(SettingsOf(p).*k.applies)) continue;
+      if (!users.empty()) users += ", ";
+      users += RoutingPolicyName(p);
+    }
+    std::string message = k.option;
+    message += " does not apply to policy ";
+    message += RoutingPolicyName(policy);
+    message += ", which would ignore it (";
+    message += k.what;
+    message += " is read by " + users + "); drop it or choose one of those policies";
+    return Status::InvalidArgument(message);
+  }
+  return Status::Ok();
+}
+
 nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd) {
   const nlohmann::json provenance = Provenance(OptionsJson(cmd));  // named: items() must not outlive it
   for (const auto& [key, value] : provenance.items()) report[key] = value;

@@ -25,7 +25,8 @@ void AddRouteCommand(CLI::App& app, Action* action) {
                   "all, or one of random, round_robin, jsq, p2c, domain, locality_top1, eldr, eldr_paper, eldr_tail")
       ->capture_default_str();
   cmd->add_option_function<double>(
-         "--tau", [a](const double& v) { a->options.tau = v; }, "eldr band width (default: the calibration's)")
+         "--tau", [a](const double& v) { a->options.tau = v; },
+         "band width of eldr_paper and eldr_tail (default: the calibration's)")
       ->check(InRange(NumberRange::AtLeast(0)));
   cmd->add_option("--rate", a->options.rate, "arrival rate, requests/s (Poisson; 0 or inf = all at once)")
       ->capture_default_str()
@@ -56,6 +57,7 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       if (a->policy != "all") {
         ELDR_ASSIGN_OR_RETURN(RoutingPolicy p, ParseRoutingPolicy(a->policy));
         o.policies = {p};
+        ELDR_RETURN_IF_ERROR(CheckPolicyOptions(*cmd, p));
       }
       if (!a->cost_model.empty()) {
         ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(a->cost_model));

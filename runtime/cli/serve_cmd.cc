@@ -32,7 +32,8 @@ void AddServeCommand(CLI::App& app, Action* action) {
   cmd->add_flag("--print-ranks", *print_ranks, "print the world size and the rank → role map, and exit (no MPI)");
   cmd->add_option("--policy", *policy, "override routing.policy")->check(NonEmptyName());
   cmd->add_option_function<double>(
-         "--tau", [tau](const double& v) { *tau = v; }, "override routing.tau")
+         "--tau", [tau](const double& v) { *tau = v; },
+         "override routing.tau (the band width of eldr_paper and eldr_tail)")
       ->check(InRange(job_limits::kTau));
   cmd->add_option_function<double>(
          "--load-bound", [load_bound](const double& v) { *load_bound = v; },
@@ -50,6 +51,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
         if (!policy->empty()) {
           ELDR_ASSIGN_OR_RETURN(job.policy, ParseRoutingPolicy(*policy));
         }
+        ELDR_RETURN_IF_ERROR(CheckPolicyOptions(*cmd, job.policy));
         if (*tau) job.tau = *tau;
         if (*load_bound) job.load_bound = **load_bound;
         if (!out_dir->empty()) job.output_dir = *out_dir;

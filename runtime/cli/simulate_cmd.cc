@@ -178,7 +178,7 @@ Status CheckModeOptions(const CLI::App& cmd) {
   return Status::Ok();
 }
 
-Status RunSimulation(const SimulateArgs& a) {
+Status RunSimulation(const SimulateArgs& a, const CLI::App& cmd) {
   if (a.config.empty()) return Status::InvalidArgument("--config is required (the job config of eldr serve)");
   ELDR_ASSIGN_OR_RETURN(JobConfig c, LoadJobConfig(a.config));
   if (!a.calib.empty()) c.calibration = a.calib;
@@ -190,6 +190,7 @@ Status RunSimulation(const SimulateArgs& a) {
   if (!a.policy.empty()) {
     ELDR_ASSIGN_OR_RETURN(c.policy, ParseRoutingPolicy(a.policy));
   }
+  ELDR_RETURN_IF_ERROR(CheckPolicyOptions(cmd, c.policy));
   if (a.tau) c.tau = a.tau;
   if (a.load_bound) c.load_bound = a.load_bound;
   c.harm_weight = a.harm_weight.value_or(c.harm_weight);
@@ -293,7 +294,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
                   "override routing.policy (random, round_robin, jsq, p2c, domain, "
                   "locality_top1, eldr, eldr_paper, eldr_tail)")
       ->check(NonEmptyName());
-  set("--tau", &a->tau, job_limits::kTau, "override routing.tau");
+  set("--tau", &a->tau, job_limits::kTau, "override routing.tau (the band width of eldr_paper and eldr_tail)");
   set("--load-bound", &a->load_bound, job_limits::kLoadBound,
       "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, but eldr_tail routes 0 as "
       "0.25: its bound is never off)");
@@ -347,7 +348,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       InstallInterruptHandlers();
       if (!a->fit.empty()) return RunFit(*a);
       if (!a->derive.empty()) return RunDerive(*a);
-      return RunSimulation(*a);
+      return RunSimulation(*a, *cmd);
     };
   });
 }

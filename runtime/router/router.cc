@@ -53,6 +53,15 @@ bool UsesSignature(RoutingPolicy p) {
          p == RoutingPolicy::kLocalityTop1;
 }
 
+PolicySettings SettingsOf(RoutingPolicy p) {
+  PolicySettings s;
+  s.calibration = UsesSignature(p);
+  s.tau = p == RoutingPolicy::kEldrPaper || p == RoutingPolicy::kEldrTail;
+  s.load_bound = UsesSignature(p);
+  s.harm_weight = p == RoutingPolicy::kEldr;
+  return s;
+}
+
 namespace {
 
 // Least-loaded decoder among `candidates` (all decoders when null) that is eligible (or any, when

@@ -35,6 +35,16 @@ std::vector<RoutingPolicy> AllRoutingPolicies();
 // True for policies that need a signature and centroids.
 bool UsesSignature(RoutingPolicy p);
 
+// The routing settings a policy reads (the rules under Decide below); it ignores the others. The command line refuses
+// an override that the policy it runs would ignore (commands.h CheckPolicyOptions); a config file may hold them all.
+struct PolicySettings {
+  bool calibration = false;  // a signature and centroids: UsesSignature
+  bool tau = false;          // the band width τ: eldr_paper, eldr_tail
+  bool load_bound = false;   // the bounded-load ε: eldr, eldr_paper, eldr_tail, locality_top1
+  bool harm_weight = false;  // λ: eldr
+};
+PolicySettings SettingsOf(RoutingPolicy p);
+
 // One decoder as the router sees it.
 struct DecoderState {
   int64_t in_flight = 0;      // requests dispatched and not completed (the JSQ load signal)

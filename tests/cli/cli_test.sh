@@ -37,9 +37,13 @@ run_ok "calibrate synthetic, unbalanced, fixed layers" "$ELDR" calibrate --trace
 
 run_ok "route, every policy" "$ELDR" route --calib calib.h5 --trace real.h5
 for p in random round_robin jsq p2c domain locality_top1 eldr; do grep -q "^$p " "$WORK/out.txt" || bad "route lists $p"; done
-run_ok "route --json, one policy" "$ELDR" route --calib calib.h5 --trace real.h5 --policy eldr --tau 0.2 --json
-$PY -c "import json; j=json.load(open('$WORK/out.txt')); p=j['policies'][0]; assert p['policy']=='eldr' and p['tau']==0.2; assert sum(d['requests'] for d in p['decoders'])==108" \
+run_ok "route --json, one policy" "$ELDR" route --calib calib.h5 --trace real.h5 --policy eldr_paper --tau 0.2 --json
+$PY -c "import json; j=json.load(open('$WORK/out.txt')); p=j['policies'][0]; assert p['policy']=='eldr_paper' and p['tau']==0.2; assert sum(d['requests'] for d in p['decoders'])==108" \
   && ok "route JSON accounts for every request" || bad "route JSON accounts for every request"
+# route's --calib is required (its K is the decoder count): never refused; --tau with one policy that has no band is.
+run_ok "route --policy jsq (the calibration gives K)" "$ELDR" route --calib calib.h5 --trace real.h5 --policy jsq
+expect_error "route --policy jsq --tau" "--tau does not apply to policy jsq" - \
+  "$ELDR" route --calib calib.h5 --trace real.h5 --policy jsq --tau 0.2
 
 # ---- eldr place on a real expert-load profile ----
 PROFILE="$SRC/bench/data/expert-load-profiles/Qwen3-Coder-30B-A3B-Instruct_expert_scores_summary.json"

@@ -289,6 +289,25 @@ expect_error "simulate --rate 1e-14 (arrivals past the clock's resolution)" \
 expect_error "simulate --policy '' (not the config's policy)" "--policy: the value is empty" run/metrics.json \
   "$ELDR" simulate -c job.yaml --policy "" --quiet
 expect_error "serve --policy ''" "--policy: the value is empty" - "$ELDR" serve -c job.yaml --policy "" --print-ranks
+# An override that the policy run would ignore is refused, naming the option and the policies that read it; a config
+# file may hold every policy's keys (job.yaml's routing.tau and calibration, with --policy jsq, run).
+expect_error "simulate --policy jsq --tau 0.2 (jsq has no band)" \
+  "^eldr: error: --tau does not apply to policy jsq, which would ignore it \(the band width is read by eldr_paper, eldr_tail\)" \
+  run/metrics.json "$ELDR" simulate -c job.yaml --policy jsq --tau 0.2 --quiet
+expect_error "simulate --tau with the config's eldr (a marginal-cost router: no band)" \
+  "--tau does not apply to policy eldr," run/metrics.json "$ELDR" simulate -c job.yaml --tau 0.2 --quiet
+expect_error "simulate --policy jsq --calib" \
+  "--calib does not apply to policy jsq, .*read by locality_top1, eldr, eldr_paper, eldr_tail\)" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --policy jsq --calib cal2.h5 --quiet
+expect_error "simulate --policy eldr_paper --harm-weight (λ is eldr's)" \
+  "--harm-weight does not apply to policy eldr_paper, .*read by eldr\)" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --policy eldr_paper --harm-weight 0.5 --quiet
+expect_error "serve --policy round_robin --load-bound 0.1" "--load-bound does not apply to policy round_robin" - \
+  "$ELDR" serve -c job.yaml --policy round_robin --load-bound 0.1 --print-ranks
+run_ok "simulate --policy jsq, the config holding eldr's tau and calibration" \
+  "$ELDR" simulate -c job.yaml --policy jsq --no-output --quiet
+run_ok "simulate --policy eldr_paper --tau 0.2 --load-bound 0.1" \
+  "$ELDR" simulate -c job.yaml --policy eldr_paper --tau 0.2 --load-bound 0.1 --no-output --quiet
 # eldr_tail's bound is never off: load_bound 0 routes as 0.25, and metrics.json records the ε routed with.
 run_ok "eldr_tail with load_bound 0" "$ELDR" simulate -c job.yaml --policy eldr_tail --load-bound 0 --output-dir lb0 \
   --quiet

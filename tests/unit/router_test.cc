@@ -128,7 +128,9 @@ TEST(Decide, BoundedLoadNeverLetsALoadExceedTheBoundWhenAnotherDecoderIsBelowIt)
     ASSERT_GE(r.decoder, 0);
     const int64_t cap = static_cast<int64_t>(std::ceil((1 + eps) * static_cast<double>(total) / K));
     const int64_t min_load = *std::min_element(loads.begin(), loads.end());
-    if (min_load < cap) ASSERT_LT(loads[r.decoder], cap) << "trial " << trial;
+    if (min_load < cap) {
+      ASSERT_LT(loads[r.decoder], cap) << "trial " << trial;
+    }
   }
 }
 
@@ -167,7 +169,9 @@ TEST(Decide, TauZeroEqualsLocalityTop1AndLargeTauEqualsJsq) {
     EXPECT_EQ(d[wide.decoder].in_flight, d[jsq.decoder].in_flight);  // same load; ties differ only by distance
     int at_min = 0;
     for (int k2 = 0; k2 < K; ++k2) at_min += d[k2].in_flight == d[jsq.decoder].in_flight;
-    if (at_min == 1) EXPECT_EQ(wide.decoder, jsq.decoder);  // a unique least-loaded decoder: the same one
+    if (at_min == 1) {
+      EXPECT_EQ(wide.decoder, jsq.decoder);  // a unique least-loaded decoder: the same one
+    }
     EXPECT_EQ(wide.band_size, K);
   }
 }
@@ -609,6 +613,63 @@ TEST(Router, DeterministicForASeed) {
     }
   }
   EXPECT_EQ(a, b);
+}
+
+// SettingsOf (the table the command line refuses overrides by) against behaviour: two routers that differ in one
+// setting route the same 300 requests (random expert counts, random completions) alike exactly when the table says
+// the policy does not read it, and differently somewhere when it says it does.
+TEST(Router, SettingsOfIsWhatEachPolicyReads) {
+  Calibration calib = TinyCalibration(3);
+  calib.expert_load = {0.9f, 0.3f, 0, 0, 0, 0.9f, 0.3f, 0, 0, 0, 0.9f, 0.3f};
+  calib.mean_decode_len = {2, 5, 8};
+  CostModel m;
+  m.decode_a = 1e-3;
+  m.decode_b = 1e-4;
+  m.decode_c = 1e-5;
+  m.decode_d = 1e-7;
+  enum Setting { kTau, kLoadBound, kHarm };
+  const auto routes = [&](RoutingPolicy p, Setting which, int variant) {
+    RouterConfig c;
+    c.policy = p;
+    c.num_decoders = 3;
+    c.job_shape = calib.shape;
+    c.step_cost = m;
+    c.max_batch = 8;
+    c.tau = which == kTau && variant ? 2.0 : 0.01;
+    c.load_bound = which == kLoadBound && variant ? 100.0 : 0.01;
+    c.harm_weight = which == kHarm && variant ? 1.0 : 0.0;
+    if (p == RoutingPolicy::kDomain) c.domains = {"a", "b", "c"};
+    auto r = Router::Create(c, UsesSignature(p) ? &calib : nullptr);
+    EXPECT_TRUE(r.ok()) << RoutingPolicyName(p) << ": " << r.status().message();
+    std::mt19937 rng(11);  // the same requests and completions for both routers
+    std::vector<RoutingDecision> held;
+    std::vector<int> decoders;
+    for (int i = 0; i < 300; ++i) {
+      // Mostly cluster 0's expert, so that the band and the bounds bind.
+      std::vector<float> counts(4, 0.f);
+      counts[rng() % 4 < 3 ? 0 : rng() % 4] += 4;
+      counts[rng() % 4] += 1;
+      const RoutingDecision d = r->Route(counts.data(), nullptr, "");
+      decoders.push_back(d.decoder);
+      r->Dispatch(d);
+      held.push_back(d);
+      if (rng() % 5 < 2) {
+        const size_t j = rng() % held.size();
+        r->Complete(held[j], 1);
+        held.erase(held.begin() + static_cast<long>(j));
+      }
+    }
+    return decoders;
+  };
+  for (RoutingPolicy p : AllRoutingPolicies()) {
+    const PolicySettings reads = SettingsOf(p);
+    EXPECT_EQ(reads.calibration, UsesSignature(p));
+    for (auto [which, read] :
+         {std::pair{kTau, reads.tau}, {kLoadBound, reads.load_bound}, {kHarm, reads.harm_weight}}) {
+      EXPECT_EQ(routes(p, which, 0) != routes(p, which, 1), read)
+          << RoutingPolicyName(p) << ", setting " << which << (read ? " is read but changed nothing" : " is not read");
+    }
+  }
 }
 
 }  // namespace
