@@ -55,6 +55,12 @@ void AddServeCommand(CLI::App& app, Action* action) {
         if (*tau) job.tau = *tau;
         if (*load_bound) job.load_bound = **load_bound;
         if (!out_dir->empty()) job.output_dir = *out_dir;
+        for (const auto& [option, key] : {std::pair{"--policy", "routing.policy"},
+                                          {"--tau", "routing.tau"},
+                                          {"--load-bound", "routing.load_bound"},
+                                          {"--output-dir", "output.dir"}}) {
+          if (cmd->count(option) > 0) job.overrides[key] = option;
+        }
         return job;
       };
       if (*print_ranks) {

@@ -201,6 +201,27 @@ Status RunSimulation(const SimulateArgs& a, const CLI::App& cmd) {
   c.max_concurrency = a.max_concurrency.value_or(c.max_concurrency);
   c.admission_cap = a.admission_cap.value_or(c.admission_cap);
   c.workload_seed = a.seed.value_or(c.workload_seed);
+  const std::pair<const char*, const char*> keys[] = {{"--calib", "routing.calibration"},
+                                                      {"--trace", "workload.trace"},
+                                                      {"--decoders", "topology.decode_ranks"},
+                                                      {"--prefill", "topology.prefill_ranks"},
+                                                      {"--max-batch", "decode.max_batch"},
+                                                      {"--decode-blocks", "kv_cache.decode_blocks"},
+                                                      {"--policy", "routing.policy"},
+                                                      {"--tau", "routing.tau"},
+                                                      {"--load-bound", "routing.load_bound"},
+                                                      {"--harm-weight", "routing.harm_weight"},
+                                                      {"--rate", "workload.request_rate"},
+                                                      {"--burstiness", "workload.burstiness"},
+                                                      {"--num-requests", "workload.num_requests"},
+                                                      {"--output-len", "workload.output_len"},
+                                                      {"--max-concurrency", "workload.max_concurrency"},
+                                                      {"--admission-cap", "routing.admission_cap"},
+                                                      {"--seed", "workload.seed"},
+                                                      {"--output-dir", "output.dir"}};
+  for (const auto& [option, key] : keys) {
+    if (cmd.count(option) > 0) c.overrides[key] = option;
+  }
   if (a.no_output && !a.output_dir.empty()) {
     return Status::InvalidArgument("--no-output writes no files: drop --output-dir (or --no-output)");
   }

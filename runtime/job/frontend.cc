@@ -27,7 +27,8 @@ Result<Frontend> Frontend::Create(const JobConfig& c, const JobRequests& in, con
   }
   auto router = Router::Create(rc, calib);
   if (!router.ok()) return router.status().WithPrefix(c.calibration.empty() ? c.path : c.calibration);
-  auto arrivals = ArrivalTimes({in.size(), c.request_rate, c.burstiness, c.workload_seed});
+  auto arrivals =
+      ArrivalTimes({in.size(), c.request_rate, c.burstiness, c.workload_seed, c.Key("workload.request_rate")});
   if (!arrivals.ok()) return arrivals.status().WithPrefix(c.path);
   return Frontend(c, in, std::move(router).value(), std::move(arrivals).value(), std::move(actions));
 }

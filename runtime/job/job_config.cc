@@ -9,6 +9,11 @@ namespace eldr {
 
 namespace fs = std::filesystem;
 
+std::string JobConfig::Key(const std::string& key) const {
+  const auto it = overrides.find(key);
+  return it == overrides.end() ? key : key + " (" + it->second + ")";
+}
+
 std::string JobConfig::RoleOf(int rank) const {
   if (rank == 0) return "router";
   if (rank <= prefill_ranks) return "prefill " + std::to_string(rank - 1);

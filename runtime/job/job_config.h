@@ -48,6 +48,7 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 
@@ -111,7 +112,13 @@ struct JobConfig {
   // decode-token expert counts instead of its prompt's, with a calibration fitted on decode tokens
   // (Calibration::features); the clairvoyant ceiling of any signature. Serve never sets it.
   bool route_on_decode = false;
+  // The keys a command-line option replaced (eldr simulate, eldr serve): key → option, "kv_cache.decode_blocks" →
+  // "--decode-blocks". Errors about a key's value name its option too (Key), since the file holds another value.
+  std::map<std::string, std::string> overrides;
 
+  // `key` as an error names it: "kv_cache.decode_blocks", or "kv_cache.decode_blocks (--decode-blocks)" when the
+  // command line set it.
+  std::string Key(const std::string& key) const;
   int world_size() const { return 1 + prefill_ranks + decode_ranks * ep_size; }
   // Rank r's role: 0 router, [1, 1 + P) prefill, then decoder k's group [1 + P + k·G, 1 + P + (k+1)·G):
   // "decode k" for its leader (the first rank, which rank 0 and the prefill ranks talk to) and "decode k ep i"

@@ -24,10 +24,10 @@ Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& o) {
   if (!t.empty() && t.back() > kMaxArrivalSpan) {
     char msg[256];
     std::snprintf(msg, sizeof msg,
-                  "workload.request_rate %.3g spreads %lld arrivals over %.3g s, more than %.0e s (the clock would no "
-                  "longer resolve a decode step): raise the rate",
+                  " %.3g spreads %lld arrivals over %.3g s, more than %.0e s (the clock would no longer resolve a "
+                  "decode step): raise the rate",
                   o.request_rate, static_cast<long long>(o.num_requests), t.back(), kMaxArrivalSpan);
-    return Status::InvalidArgument(msg);
+    return Status::InvalidArgument(o.rate_key + msg);
   }
   return t;
 }
@@ -44,8 +44,8 @@ Result<JobRequests> LoadJobRequests(const JobConfig& c) {
   const int64_t n = c.num_requests > 0 ? c.num_requests : static_cast<int64_t>(in.trace.requests.size());
   // Before the first allocation: order and output length here, then each request's arrival, Frontend record
   // and simulator state (~256 B in all), so that an absurd count is one line instead of "out of memory".
-  ELDR_RETURN_IF_ERROR(
-      CheckMemoryBudget(static_cast<double>(n) * 256, c.path + ": workload.num_requests " + std::to_string(n)));
+  ELDR_RETURN_IF_ERROR(CheckMemoryBudget(static_cast<double>(n) * 256,
+                                         c.path + ": " + c.Key("workload.num_requests") + " " + std::to_string(n)));
   std::mt19937_64 rng(c.workload_seed);
   std::vector<int32_t> perm;
   in.order.reserve(n);
@@ -74,19 +74,20 @@ Result<JobRequests> LoadJobRequests(const JobConfig& c) {
     shortest_context = std::min(shortest_context, in.request(i).prompt_len + in.output_len[i] - 1);
   }
   const auto blocks = [&](int64_t tokens) { return (std::max<int64_t>(1, tokens) + c.block_size - 1) / c.block_size; };
-  const auto none_fits = [&](const char* key, int64_t have, const char* what, int64_t tokens, const char* fix) {
-    return Status::InvalidArgument(c.path + ": kv_cache." + key + " = " + std::to_string(have) + " (blocks of " +
+  const auto none_fits = [&](const std::string& key, int64_t have, const char* what, int64_t tokens,
+                             const std::string& fix) {
+    return Status::InvalidArgument(c.path + ": " + c.Key(key) + " = " + std::to_string(have) + " (blocks of " +
                                    std::to_string(c.block_size) + " tokens) holds no request of the workload: the " +
                                    what + " needs " + std::to_string(blocks(tokens)) + " (" + std::to_string(tokens) +
                                    " tokens); " + fix);
   };
   if (blocks(shortest_prompt) > c.prefill_blocks) {
-    return none_fits("prefill_blocks", c.prefill_blocks, "shortest prompt", shortest_prompt,
-                     "raise kv_cache.prefill_blocks");
+    return none_fits("kv_cache.prefill_blocks", c.prefill_blocks, "shortest prompt", shortest_prompt,
+                     "raise " + c.Key("kv_cache.prefill_blocks"));
   }
   if (blocks(shortest_context) > c.decode_blocks) {
-    return none_fits("decode_blocks", c.decode_blocks, "shortest prompt + output", shortest_context,
-                     "raise kv_cache.decode_blocks or lower workload.output_len");
+    return none_fits("kv_cache.decode_blocks", c.decode_blocks, "shortest prompt + output", shortest_context,
+                     "raise " + c.Key("kv_cache.decode_blocks") + " or lower " + c.Key("workload.output_len"));
   }
   return in;
 }

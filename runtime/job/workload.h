@@ -23,6 +23,7 @@ struct ArrivalOptions {
   double request_rate = 0;  // requests per second; infinity = all at t = 0
   double burstiness = 1.0;
   uint64_t seed = 0;
+  std::string rate_key = "workload.request_rate";  // how an error names the rate
 };
 
 // The latest arrival a job accepts, in seconds (about 116 days).

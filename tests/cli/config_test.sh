@@ -51,9 +51,11 @@ bad_job() {  # NAME PATTERN SED-EXPRESSION
   expect_error "job: $1 (serve)" "$2" - "$ELDR" serve --print-ranks -c bad.yaml
   expect_error "job: $1 (simulate)" "$2" run/metrics.json "$ELDR" simulate -c bad.yaml --quiet
 }
-# A KV cache that holds no request of the workload fails every request: one line naming the key, no run.
+# A KV cache that holds no request of the workload fails every request: one line naming the key, no run. A value the
+# command line set is named by its option too (job.yaml holds another).
 expect_error "decode KV cache holds no request" \
-  "job.yaml: kv_cache.decode_blocks = 1 \(blocks of 4 tokens\) holds no request of the workload" run/metrics.json \
+  "job.yaml: kv_cache.decode_blocks \(--decode-blocks\) = 1 \(blocks of 4 tokens\) holds no request of the workload.*; raise kv_cache.decode_blocks \(--decode-blocks\) or lower workload.output_len$" \
+  run/metrics.json \
   "$ELDR" simulate -c job.yaml --decode-blocks 1 --quiet
 sed 's/prefill_blocks: 256/prefill_blocks: 1/' job.yaml > tinyprefill.yaml
 expect_error "prefill KV cache holds no request" \
@@ -284,7 +286,7 @@ expect_error "simulate --load-bound 1e309 (infinite)" \
   "--load-bound: must be >= 0, got '1e309' \(infinite: give a finite number\)" run/metrics.json \
   "$ELDR" simulate -c job.yaml --load-bound 1e309 --quiet
 expect_error "simulate --rate 1e-14 (arrivals past the clock's resolution)" \
-  "job.yaml: workload.request_rate 1e-14 spreads 40 arrivals over .* raise the rate" run/metrics.json \
+  "job.yaml: workload.request_rate \(--rate\) 1e-14 spreads 40 arrivals over .* raise the rate" run/metrics.json \
   "$ELDR" simulate -c job.yaml --rate 1e-14 --quiet
 expect_error "simulate --policy '' (not the config's policy)" "--policy: the value is empty" run/metrics.json \
   "$ELDR" simulate -c job.yaml --policy "" --quiet
@@ -369,7 +371,7 @@ expect_error "route --repeat 100000000" "--repeat 100000000 x 40 requests: needs
   "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 100000000
 expect_error "route --repeat over a small budget" "--repeat 1000 x 40 requests: needs 2.6 MB, this machine has 1.0 MB" - \
   env ELDR_MEMORY_BUDGET=1000000 "$ELDR" route --calib cal2.h5 --trace trace.h5 --repeat 1000
-expect_error "simulate -n 10^13 (was: 'out of memory')" "job.yaml: workload.num_requests 10000000000000: needs .*, this machine has" \
+expect_error "simulate -n 10^13 (was: 'out of memory')" "job.yaml: workload.num_requests \(--num-requests\) 10000000000000: needs .*, this machine has" \
   - "$ELDR" simulate -c job.yaml -n 10000000000000 --no-output
 expect_error "synth over the memory budget" "synthetic trace of [0-9]+ routing entries: needs" big.h5 \
   env ELDR_MEMORY_BUDGET=1000000 "$ELDR" trace synth --requests 10000 --layers 4 --experts 8 --top-k 2 --out big.h5

@@ -209,7 +209,7 @@ TEST_F(CalibrationTest, DecodeFeatureSignaturesByHand) {
   int64_t offset = 0;
   for (size_t i = 0; i < reqs.size(); ++i) {
     TraceRequest r;
-    r.id = "r";  // not "r" + std::to_string(i): a false -Wrestrict of GCC 12 (its bug 105329)
+    r.id = "r";  // not "r" + std::to_string(i): GCC 12's false -Wrestrict (its bug 105329)
     r.id += std::to_string(i);
     r.prompt_len = reqs[i].first;
     r.num_tokens = static_cast<int64_t>(reqs[i].second.size());

@@ -117,7 +117,9 @@ TEST_F(RunDirectoryTest, ReplaceRefusesAUsersFilesThatBearARunsNames) {
               std::string::npos)
         << st.message();
     EXPECT_EQ(Read(fs::path(dir_) / "requests.jsonl"), "mine\n");
-    if (!metrics.empty()) EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), metrics);
+    if (!metrics.empty()) {
+      EXPECT_EQ(Read(fs::path(dir_) / "metrics.json"), metrics);
+    }
   }
 }
 
