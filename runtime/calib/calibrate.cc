@@ -126,6 +126,10 @@ Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions&
   rep = CalibrateReport();
   const auto t0 = Clock::now();
   if (!(o.holdout >= 0 && o.holdout < 1)) return Status::InvalidArgument("--holdout must be in [0, 1)");
+  if (o.max_pairs > 0 && o.max_pairs < kMinRhoPairs) {
+    return Status::InvalidArgument("--max-pairs " + std::to_string(o.max_pairs) + " is too few for a rank correlation" +
+                                   " (at least " + std::to_string(kMinRhoPairs) + ", or 0 for all pairs)");
+  }
   if (!(o.tau >= 0) || !std::isfinite(o.tau)) return Status::InvalidArgument("--tau must be a finite value >= 0");
   if (o.num_layers < 0 || o.num_layers > counts.shape.num_layers) {
     return Status::InvalidArgument("--layers must be 'auto' or in [1, " + std::to_string(counts.shape.num_layers) +
@@ -156,7 +160,12 @@ Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions&
     std::mt19937_64 rng(o.seed + 0x5bd1e995);
     for (size_t i = calib_idx.size(); i > 1; --i) std::swap(calib_idx[i - 1], calib_idx[rng() % i]);
     const size_t h = static_cast<size_t>(std::llround(o.holdout * static_cast<double>(calib_idx.size())));
-    if (h < 2) return Status::InvalidArgument("--holdout leaves fewer than 2 held-out requests");
+    // Three requests make three pairs, the fewest whose rank correlation is defined.
+    if (h < 3) {
+      return Status::InvalidArgument("--holdout " + Fmt(o.holdout, 3) + " holds out only " + std::to_string(h) +
+                                     " of " + std::to_string(calib_idx.size()) +
+                                     " requests; a held-out rho needs 3: raise --holdout (or 0 for none)");
+    }
     holdout_idx.assign(calib_idx.end() - h, calib_idx.end());
     calib_idx.resize(calib_idx.size() - h);
     std::sort(calib_idx.begin(), calib_idx.end());

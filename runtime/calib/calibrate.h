@@ -13,6 +13,10 @@
 
 namespace eldr {
 
+// The fewest sampled request pairs `--max-pairs` may ask for: a rank correlation over fewer is noise (one pair has
+// none at all).
+inline constexpr int64_t kMinRhoPairs = 100;
+
 struct CalibrateOptions {
   int num_decoders = 4;  // K
   SignatureVariant variant = SignatureVariant::kCountIdf;
@@ -22,7 +26,7 @@ struct CalibrateOptions {
   int restarts = 4;
   int max_iterations = 100;
   double holdout = 0;         // fraction of requests kept out of calibration
-  int64_t max_pairs = 20000;  // ρ pair sample; <= 0 = all pairs
+  int64_t max_pairs = 20000;  // ρ pair sample; <= 0 = all pairs, else at least kMinRhoPairs
   // The clusters' capacity (Calibration::balance): by expected decode work, Σ decode tokens (the default), by
   // request count (the published calibration) or none (plain spherical k-means, ablation).
   ClusterBalance balance = ClusterBalance::kWork;

@@ -75,7 +75,25 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
     if (l < 0 || l >= L || seen_layer[l]) return bad("/signature/layer_order must be a permutation of the layers");
     seen_layer[l] = 1;
   }
+  {
+    // The mask is the first |S| layers of the greedy order (eldr calibrate --layers N takes N of them): the
+    // signatures and centroids were built on it.
+    int selected = 0;
+    for (uint8_t m : c.signature.layer_mask) selected += m != 0;
+    for (int i = 0; i < L; ++i) {
+      if ((c.signature.layer_mask[c.layer_order[i]] != 0) != (i < selected)) {
+        return bad("/signature/layer_mask is not the first " + std::to_string(selected) +
+                   " layers of /signature/layer_order");
+      }
+    }
+  }
   if (c.rho_curve.size() != static_cast<size_t>(L)) return bad("/signature/rho_curve must be [num_layers]");
+  for (double r : c.rho_curve) {
+    // A rank correlation; NaN where it is undefined (every signature alike: a trace whose requests all use every
+    // expert of the masked layers).
+    if (!std::isnan(r) && !(r >= -1 - 1e-9 && r <= 1 + 1e-9))
+      return bad("/signature/rho_curve has a value outside [-1, 1]");
+  }
   if (c.n_star < 1 || c.n_star > L) return bad("/signature n_star must be in [1, num_layers]");
   const size_t N = c.request_ids.size();
   if (N == 0) return bad("/calibration holds no signatures");
@@ -89,6 +107,19 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   if (c.signatures.size() != N * D)
     return bad("/calibration/signatures must be [N, D] with D = |S|*E = " + std::to_string(D));
   if (!AllFinite(c.signatures)) return bad("/calibration/signatures has NaN or infinite values");
+  // count · idf over the mask, normalised: non-negative, norm 1 (or 0: no masked expert with idf > 0).
+  for (size_t i = 0; i < N; ++i) {
+    double n2 = 0;
+    for (int x = 0; x < D; ++x) {
+      const double v = c.signatures[i * D + x];
+      if (v < 0) return bad("/calibration/signatures row " + std::to_string(i) + " has a negative value");
+      n2 += v * v;
+    }
+    if (n2 > 0 && std::abs(std::sqrt(n2) - 1) > 1e-3) {
+      return bad("/calibration/signatures row " + std::to_string(i) + " has norm " + std::to_string(std::sqrt(n2)) +
+                 ", expected 1 (or 0)");
+    }
+  }
   if (!c.decode_profiles.empty() && c.decode_profiles.size() != N * row) {
     return bad("/calibration/decode_profiles must be [N, num_layers, num_experts]");
   }
@@ -154,6 +185,36 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
     for (double v : c.mean_decode_len) {
       if (!std::isfinite(v) || v < 0 || v > static_cast<double>(kMaxDecodeLen)) {
         return bad("/clusters/mean_decode_len must be in [0, " + std::to_string(kMaxDecodeLen) + "]");
+      }
+    }
+  }
+  // The cluster means are their members' (eldr prices in them): recomputed where the members' data is stored.
+  if (!c.decode_profiles.empty()) {
+    const std::vector<float> load = ClusterExpertLoad(c.decode_profiles, c.assignment, K, row);
+    for (size_t x = 0; x < load.size(); ++x) {
+      if (std::abs(load[x] - c.expert_load[x]) > 1e-4f) {
+        return bad("/clusters/expert_load is not the mean of its members' /calibration/decode_profiles (cluster " +
+                   std::to_string(x / row) + ")");
+      }
+    }
+  } else {
+    for (size_t r = 0; r < static_cast<size_t>(K) * L; ++r) {
+      double sum = 0;
+      for (int e = 0; e < E; ++e) sum += c.expert_load[r * E + e];
+      if (sum > c.shape.top_k * (1 + 1e-4)) {
+        return bad("/clusters/expert_load cluster " + std::to_string(r / L) + " layer " + std::to_string(r % L) +
+                   " sums to " + std::to_string(sum) + ", over top_k " + std::to_string(c.shape.top_k));
+      }
+    }
+  }
+  if (!c.decode_lens.empty()) {
+    if (c.mean_decode_len.empty())
+      return bad("/calibration/decode_lens is stored but /clusters/mean_decode_len is not");
+    const std::vector<double> mean = ClusterMeanDecodeLen(c.decode_lens, c.assignment, K);
+    for (int k = 0; k < K; ++k) {
+      if (std::abs(mean[k] - c.mean_decode_len[k]) > 1e-6 * std::max(1.0, mean[k])) {
+        return bad("/clusters/mean_decode_len[" + std::to_string(k) + "] = " + std::to_string(c.mean_decode_len[k]) +
+                   " is not the mean of its members' /calibration/decode_lens (" + std::to_string(mean[k]) + ")");
       }
     }
   }
@@ -358,6 +419,10 @@ Result<Calibration> ReadCalibration(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(int64_t seed, f.ReadIntAttribute("/clusters", "seed"));
   c.seed = static_cast<uint64_t>(seed);
   ELDR_ASSIGN_OR_RETURN(int64_t balanced, f.ReadIntAttribute("/clusters", "balanced"));
+  if ((balanced != 0 && balanced != 1) || (work_balanced != 0 && work_balanced != 1)) {
+    return Status::Corrupt(path + ": /clusters balanced and work_balanced are flags (0 or 1), got " +
+                           std::to_string(balanced) + " and " + std::to_string(work_balanced));
+  }
   if (balanced == 0 && work_balanced != 0) {
     return Status::Corrupt(path + ": /clusters has balanced = 0 but work_balanced = 1");
   }

@@ -167,8 +167,8 @@ void AddCalibrateCommand(CLI::App& app, Action* action) {
                   "tokens), count (requests per cluster, the published calibration) or none (plain spherical "
                   "k-means, ablation); --refit keeps the stored one unless given");
   cmd->add_option("--report", a->report, "also write the report as JSON to this file")->check(NonEmptyPath());
-  cmd->add_flag("--json", a->as_json, "print the report as JSON");
-  cmd->add_flag("--quiet", a->quiet, "print nothing on success");
+  auto* json = cmd->add_flag("--json", a->as_json, "print the report as JSON");
+  cmd->add_flag("--quiet", a->quiet, "print nothing on success")->excludes(json);
   cmd->callback([=] {
     a->balance_given = cmd->count("--balance") > 0;
     a->fit_only_given.clear();

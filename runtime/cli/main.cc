@@ -1,5 +1,7 @@
 // eldr: expert-locality-aware decode routing for MoE serving. One binary, one subcommand per task.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 
 #include "runtime/cli/commands.h"
@@ -117,6 +119,17 @@ int main(int argc, char** argv) {
     }
     if (!st.ok()) {
       if (!st.message().empty()) std::fprintf(stderr, "eldr: error: %s\n", st.message().c_str());  // empty: printed
+      return 1;
+    }
+    // A report that did not reach stdout (a full disk, a closed pipe) is a failed run, not exit 0 with a truncated
+    // report: the buffered rest is flushed here and every earlier write's error is remembered by the stream.
+    std::cout.flush();
+    errno = 0;
+    const bool flushed = std::fflush(stdout) == 0;
+    const int flush_errno = errno;
+    if (!flushed || std::ferror(stdout) || std::cout.fail()) {
+      std::fprintf(stderr, "eldr: error: stdout: the output could not be written (%s); nothing on it is complete\n",
+                   !flushed && flush_errno != 0 ? std::strerror(flush_errno) : "a write failed");
       return 1;
     }
   } catch (const eldr::Error& e) {

@@ -252,7 +252,19 @@ Status WriteAttrRaw(hid_t file, const std::string& name, const std::string& obj,
 
 }  // namespace
 
+namespace {
+bool IsUtf8(const std::string& s);  // below, beside the readers that require it
+
+// A string the readers would refuse (not UTF-8) or cut short (a NUL inside) is not written: one error naming it.
+Status CheckWritableString(const std::string& file, const std::string& where, const std::string& value) {
+  if (value.find('\0') != std::string::npos) return Status::InvalidArgument(file + ": " + where + " holds a NUL byte");
+  if (!IsUtf8(value)) return Status::InvalidArgument(file + ": " + where + " is not valid UTF-8");
+  return Status::Ok();
+}
+}  // namespace
+
 Status File::WriteAttribute(const std::string& obj, const std::string& attr, const std::string& value) {
+  ELDR_RETURN_IF_ERROR(CheckWritableString(name_, "attribute " + obj + "@" + attr, value));
   Handle t(VarStringType(), H5Tclose);
   const char* p = value.c_str();
   return WriteAttrRaw(file_.get(), name_, obj, attr, t.get(), &p);
@@ -522,6 +534,9 @@ Status File::Write(const std::string& path, const std::vector<T>& data, const Di
 }
 
 Status File::WriteStrings(const std::string& path, const std::vector<std::string>& values) {
+  for (size_t i = 0; i < values.size(); ++i) {
+    ELDR_RETURN_IF_ERROR(CheckWritableString(name_, path + " entry " + std::to_string(i), values[i]));
+  }
   std::vector<const char*> ptrs(values.size());
   for (size_t i = 0; i < values.size(); ++i) ptrs[i] = values[i].c_str();
   Handle t(VarStringType(), H5Tclose);

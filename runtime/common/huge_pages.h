@@ -16,6 +16,7 @@
 #include <sys/mman.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdlib>
 #include <new>
 #include <vector>
@@ -32,9 +33,12 @@ struct HugePageAllocator {
   template <class U>
   HugePageAllocator(const HugePageAllocator<U>&) {}  // NOLINT(runtime/explicit): the allocator rebind contract
 
+  // No object may exceed PTRDIFF_MAX bytes, its rounding up to whole huge pages included (nor may the rounding wrap):
+  // the vector grows no further (length_error) and allocate refuses more.
+  size_t max_size() const noexcept { return (static_cast<size_t>(PTRDIFF_MAX) - kHugePageBytes) / sizeof(T); }
   T* allocate(size_t n) {
     const size_t bytes = n * sizeof(T);
-    if (n > static_cast<size_t>(-1) / sizeof(T)) throw std::bad_array_new_length();
+    if (n > max_size()) throw std::bad_array_new_length();
     if (bytes < kHugePageMinBytes) return static_cast<T*>(::operator new (bytes, std::align_val_t{alignof(T)}));
     const size_t rounded = (bytes + kHugePageBytes - 1) / kHugePageBytes * kHugePageBytes;
     void* p = std::aligned_alloc(kHugePageBytes, rounded);

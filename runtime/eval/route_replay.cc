@@ -11,6 +11,7 @@
 #include "runtime/common/distinct_experts.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/memory_budget.h"
+#include "runtime/common/usable_request.h"
 #include "runtime/signature/signature.h"
 
 namespace eldr {
@@ -59,8 +60,16 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
       "--repeat " + std::to_string(o.repeat) + " x " + std::to_string(trace.requests.size()) + " requests"));
   const int L = trace.shape.num_layers, E = trace.shape.num_experts, k = trace.shape.top_k;
   const int K = calib.num_clusters;
-  std::vector<int32_t> all(trace.requests.size());
-  for (size_t i = 0; i < all.size(); ++i) all[i] = static_cast<int32_t>(i);
+  // The usable requests (usable_request.h), as calibrate and place evaluate take them; the others are counted.
+  std::vector<int32_t> all;
+  for (size_t i = 0; i < trace.requests.size(); ++i) {
+    const TraceRequest& r = trace.requests[i];
+    if (IsUsableRequest(r.prompt_len, r.decode_len())) all.push_back(static_cast<int32_t>(i));
+  }
+  if (all.empty()) {
+    return Status::InvalidArgument(trace_name + ": none of its " + std::to_string(trace.requests.size()) +
+                                   " requests has both prompt and decode tokens: nothing to route");
+  }
   const RequestFeatures f = ComputeRequestFeatures(trace, all);
   const size_t row = f.row_size();
 
@@ -94,6 +103,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
   RouteReplayReport report;
   report.num_decoders = K;
   report.num_requests = static_cast<int>(order.size());
+  report.num_skipped = static_cast<int>(trace.requests.size() - all.size());
   std::vector<RoutingPolicy> policies = o.policies.empty() ? AllRoutingPolicies() : o.policies;
   ExpertUnion experts(L, E);  // one decode step's experts
   for (RoutingPolicy p : policies) {
@@ -266,6 +276,7 @@ nlohmann::json RouteReplayReport::ToJson() const {
   nlohmann::json j;
   j["num_decoders"] = num_decoders;
   j["num_requests"] = num_requests;
+  j["skipped_requests"] = num_skipped;
   j["policies"] = nlohmann::json::array();
   for (const auto& p : policies) {
     nlohmann::json pj = {{"policy", p.policy},
@@ -304,7 +315,9 @@ nlohmann::json RouteReplayReport::ToJson() const {
 
 std::string RouteReplayReport::ToText() const {
   std::ostringstream os;
-  os << num_requests << " requests routed to " << num_decoders << " decoders\n\n";
+  os << num_requests << " requests routed to " << num_decoders << " decoders";
+  if (num_skipped > 0) os << " (" << num_skipped << " of the trace's skipped: no prompt or no decode tokens)";
+  os << "\n\n";
   double jsq = 0;
   for (const auto& p : policies) {
     if (p.policy == "jsq") jsq = p.mean_distinct_experts_per_step;

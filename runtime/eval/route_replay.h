@@ -65,7 +65,8 @@ struct PolicyReplayStats {
 
 struct RouteReplayReport {
   int num_decoders = 0;
-  int num_requests = 0;
+  int num_requests = 0;  // routed (each usable request × --repeat)
+  int num_skipped = 0;   // the trace's requests that are not usable (usable_request.h), left out
   std::vector<PolicyReplayStats> policies;
   // MatchedBatchRatio of `p`'s distinct_by_batch against jsq's, and the share of p's steps at batch sizes jsq ran
   // (covered); nullopt when jsq was not replayed.

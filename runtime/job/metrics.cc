@@ -528,9 +528,7 @@ Status CommitRunDirectory(const std::string& dir, bool replace,
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) return Status::IoError("output.dir " + dir + ": cannot create " + parent.string() + ": " + ec.message());
-  std::string temp_name = ".";  // not "." + name.string() + ...: GCC 12's false -Wrestrict (its bug 105329)
-  temp_name += name.string() + ".tmp." + std::to_string(::getpid());
-  const std::string temp = (parent / temp_name).string();
+  const std::string temp = (parent / ("." + name.string() + ".tmp." + std::to_string(::getpid()))).string();
   fs::remove_all(temp, ec);
   if (!fs::create_directory(temp, ec) || ec) {
     return Status::IoError("output.dir " + dir + ": cannot create " + temp + ": " + (ec ? ec.message() : "exists"));

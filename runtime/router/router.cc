@@ -59,6 +59,7 @@ PolicySettings SettingsOf(RoutingPolicy p) {
   s.tau = p == RoutingPolicy::kEldrPaper || p == RoutingPolicy::kEldrTail;
   s.load_bound = UsesSignature(p);
   s.harm_weight = p == RoutingPolicy::kEldr;
+  s.step_cost = p == RoutingPolicy::kEldr;
   return s;
 }
 

@@ -42,6 +42,7 @@ struct PolicySettings {
   bool tau = false;          // the band width τ: eldr_paper, eldr_tail
   bool load_bound = false;   // the bounded-load ε: eldr, eldr_paper, eldr_tail, locality_top1
   bool harm_weight = false;  // λ: eldr
+  bool step_cost = false;    // the decode cost model it prices in and the decoders' max_batch: eldr
 };
 PolicySettings SettingsOf(RoutingPolicy p);
 

@@ -4,7 +4,9 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -75,6 +77,60 @@ bool GzStreamCutShort(gzFile gz) {
   int err = Z_OK;
   gzerror(gz, &err);
   return err != Z_OK && err != Z_STREAM_END;
+}
+
+// zlib's gzread ends quietly at bytes after a gzip member that are not another member (something appended to a .gz
+// file), dropping them. So a gzip input that is a regular file is inflated once more, output discarded, member by
+// member: 0 when every byte belongs to a member, else how many bytes follow the last one. (This second pass costs
+// less than the first one's JSON parsing; a pipe cannot be read twice and is not checked.)
+Result<uint64_t> BytesAfterGzipMembers(const std::string& path, uint64_t file_size) {
+  std::FILE* f = std::fopen(path.c_str(), "rb");
+  if (f == nullptr) return Status::IoError(path + ": cannot reopen: " + std::strerror(errno));
+  z_stream z{};
+  if (inflateInit2(&z, 15 + 16) != Z_OK) {
+    std::fclose(f);
+    return Status::IoError(path + ": cannot inflate: out of memory");
+  }
+  struct Closer {
+    std::FILE* f;
+    z_stream* z;
+    ~Closer() {
+      inflateEnd(z);
+      std::fclose(f);
+    }
+  } closer{f, &z};
+  std::vector<unsigned char> in(1 << 18), out(1 << 18);
+  uint64_t read_total = 0;
+  bool eof = false, member_start = true;
+  while (true) {
+    if (z.avail_in < 2 && !eof) {  // refill, keeping what is left (a gzip magic may straddle two reads)
+      std::memmove(in.data(), z.next_in, z.avail_in);
+      const size_t n = std::fread(in.data() + z.avail_in, 1, in.size() - z.avail_in, f);
+      if (n == 0) eof = true;
+      read_total += n;
+      z.next_in = in.data();
+      z.avail_in += static_cast<uInt>(n);
+    }
+    if (z.avail_in == 0) return uint64_t{0};  // every byte was a member's
+    if (member_start) {
+      if (z.avail_in < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) {
+        return file_size - (read_total - z.avail_in);  // not a member: the bytes from here on
+      }
+      member_start = false;
+    }
+    z.next_out = out.data();
+    z.avail_out = static_cast<uInt>(out.size());
+    const uInt before = z.avail_in;
+    const int rc = inflate(&z, Z_NO_FLUSH);
+    if (rc == Z_STREAM_END) {
+      member_start = true;
+      if (inflateReset(&z) != Z_OK) return Status::IoError(path + ": cannot inflate");
+    } else if (rc == Z_BUF_ERROR && eof && z.avail_in == before) {
+      return uint64_t{0};  // a stream cut short: the first pass has reported it
+    } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+      return Status::IoError(path + ": the gzip data is damaged (" + (z.msg ? z.msg : "inflate error") + ")");
+    }
+  }
 }
 
 struct ParsedRequest {
@@ -327,6 +383,15 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
     const char* msg = gzerror(gz, &errnum);
     return Status::IoError(in_path + ":" + std::to_string(line_no + 1) + ": read error: " + (msg ? msg : "unknown") +
                            " (truncated gzip?)");
+  }
+  // Every byte of a gzip file is read, or the file is refused (concatenated members are one stream, read whole).
+  if (!gzdirect(gz) && !ec && std::filesystem::is_regular_file(in_path, ec)) {
+    ELDR_ASSIGN_OR_RETURN(const uint64_t after, BytesAfterGzipMembers(in_path, file_size));
+    if (after > 0) {
+      return Status::InvalidArgument(in_path + ": " + std::to_string(after) +
+                                     " bytes after the end of the gzip stream are not gzip data (appended to the "
+                                     "file?): remove them, or compress the whole file again");
+    }
   }
   if (!writer) return Status::InvalidArgument(in_path + ": no requests (the file is empty)");
   if (summary) {

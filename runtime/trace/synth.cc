@@ -14,10 +14,6 @@ namespace eldr {
 
 namespace {
 
-// Upper bound on [T, L, k] entries a synthetic trace may have (32 GiB of ids): absurd options fail with a
-// clear message instead of std::bad_alloc.
-constexpr double kMaxEntries = static_cast<double>(int64_t{1} << 34);
-
 // Streams of random numbers, derived from the seed so that one part of the trace (e.g. weights) does not
 // shift another (ids).
 enum Stream : uint64_t { kStructureStream = 1, kRequestIdStream = 2, kRequestWeightStream = 3 };
@@ -68,7 +64,7 @@ Status ValidateOptions(const SynthOptions& o) {
   const double max_entries = static_cast<double>(o.num_requests) *
                              (static_cast<double>(o.prompt_len_max) + static_cast<double>(o.output_len_max)) *
                              o.num_layers * o.top_k;
-  if (max_entries > kMaxEntries) {
+  if (max_entries > kMaxSynthEntries) {
     return bad("num_requests * (prompt_len_max + output_len_max) * num_layers * top_k = " + Fmt(max_entries, 0) +
                " routing entries exceeds the limit of 2^34");
   }

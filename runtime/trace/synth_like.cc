@@ -398,6 +398,30 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
   if (!std::isfinite(o.length_jitter) || o.length_jitter < 0 || o.length_jitter > 5) {
     return BadOption("--length-jitter must be in [0, 5], got " + std::to_string(o.length_jitter));
   }
+  // The expected size, before the first request: tokens per request are the domain's real lengths (mixed by the
+  // domain shares) times exp(σ·z), whose mean is exp(σ²/2).
+  {
+    double mix = 0, tokens = 0;
+    for (const LikeDomain& d : model.domains) {
+      if (d.lengths.empty()) continue;
+      double sum = 0;
+      for (const LikeLengths& len : d.lengths)
+        sum += static_cast<double>(std::max<int64_t>(1, len.prompt_len + len.decode_len));
+      tokens += d.mix * sum / static_cast<double>(d.lengths.size());
+      mix += d.mix;
+    }
+    const double per_request = (mix > 0 ? tokens / mix : 1) * std::exp(o.length_jitter * o.length_jitter / 2);
+    const double entries =
+        static_cast<double>(o.num_requests) * per_request * model.shape.num_layers * model.shape.top_k;
+    if (entries > kMaxSynthEntries) {
+      return BadOption("--requests " + std::to_string(o.num_requests) + " of about " + Fmt(per_request, 0) +
+                       " tokens each (the real mean x exp(s^2/2) of --length-jitter " + Fmt(o.length_jitter, 2) +
+                       ") is about " + Fmt(entries, 0) + " routing entries (tokens x " +
+                       std::to_string(model.shape.num_layers) + " layers x top-" + std::to_string(model.shape.top_k) +
+                       "), more than a generated trace may hold (2^34, 32 GiB of expert ids); lower --requests or "
+                       "--length-jitter");
+    }
+  }
   const LikeModel m = Separate(model, o.separation);
   const TraceShape& s = m.shape;
   std::vector<double> cum;

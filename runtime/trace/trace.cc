@@ -182,8 +182,28 @@ Status CheckIdDims(const h5::Dims& dims, const TraceShape& shape, const std::str
   return Status::Ok();
 }
 
+// An optional dataset that is present is checked even where it is not read (DESIGN.md §5): the weights' shape.
+Status CheckWeightDims(const h5::File& f, const h5::Dims& id_dims, const std::string& path) {
+  ELDR_ASSIGN_OR_RETURN(h5::Dims dims, f.Shape("/tokens/topk_weights"));
+  if (dims != id_dims) return Status::Corrupt(path + ": /tokens/topk_weights shape differs from topk_ids");
+  return Status::Ok();
+}
+
 // /requests of a trace file (not validated).
 Result<std::vector<TraceRequest>> ReadTraceRequests(const h5::File& f, const std::string& path) {
+  // Every request holds a token, so /requests is no longer than /tokens/topk_ids: a corrupt shape that claims more
+  // is refused before anything is allocated for it (2^40 declared, unwritten rows: "out of memory" otherwise).
+  ELDR_ASSIGN_OR_RETURN(h5::Dims token_dims, f.Shape("/tokens/topk_ids"));
+  const hsize_t max_requests = token_dims.empty() ? 0 : token_dims[0];
+  for (const char* name :
+       {"/requests/id", "/requests/domain", "/requests/prompt_len", "/requests/num_tokens", "/requests/offset"}) {
+    ELDR_ASSIGN_OR_RETURN(h5::Dims dims, f.Shape(name));
+    if (dims.size() != 1) return Status::Corrupt(path + ": " + name + " must be one-dimensional");
+    if (dims[0] > max_requests) {
+      return Status::Corrupt(path + ": " + name + " has " + std::to_string(dims[0]) + " requests, more than the " +
+                             std::to_string(max_requests) + " tokens of /tokens/topk_ids (corrupt shape)");
+    }
+  }
   ELDR_ASSIGN_OR_RETURN(auto ids, f.ReadStrings("/requests/id"));
   ELDR_ASSIGN_OR_RETURN(auto domains, f.ReadStrings("/requests/domain"));
   h5::Dims d1;
@@ -219,12 +239,16 @@ Result<Trace> ReadTrace(const std::string& path, const TraceReadOptions& options
   h5::Dims dims;
   ELDR_RETURN_IF_ERROR(read("/tokens/topk_ids", &t.topk_ids, &dims));
   ELDR_RETURN_IF_ERROR(CheckIdDims(dims, t.shape, path));
+  // The requests against the ids first: ids cut short are named as such, not as weights of another shape.
+  ELDR_ASSIGN_OR_RETURN(t.requests, ReadTraceRequests(f, path));
+  ELDR_RETURN_IF_ERROR(ValidateTraceRequests(t.requests, static_cast<int64_t>(dims[0]), path));
   if (options.weights && f.Exists("/tokens/topk_weights")) {
     h5::Dims wdims;
     ELDR_RETURN_IF_ERROR(read("/tokens/topk_weights", &t.topk_weights, &wdims));
     if (wdims != dims) return Status::Corrupt(path + ": /tokens/topk_weights shape differs from topk_ids");
+  } else if (f.Exists("/tokens/topk_weights")) {
+    ELDR_RETURN_IF_ERROR(CheckWeightDims(f, dims, path));
   }
-  ELDR_ASSIGN_OR_RETURN(t.requests, ReadTraceRequests(f, path));
   ELDR_RETURN_IF_ERROR(ValidateTrace(t, path));
   return t;
 }
@@ -240,6 +264,7 @@ Result<std::unique_ptr<TraceStreamReader>> TraceStreamReader::Open(const std::st
   ELDR_ASSIGN_OR_RETURN(r->header_.requests, ReadTraceRequests(f, path));
   r->num_tokens_total_ = static_cast<int64_t>(dims[0]);
   ELDR_RETURN_IF_ERROR(ValidateTraceRequests(r->header_.requests, r->num_tokens_total_, path));
+  if (f.Exists("/tokens/topk_weights")) ELDR_RETURN_IF_ERROR(CheckWeightDims(f, dims, path));
   r->file_ = std::make_unique<h5::File>(std::move(f));
   return r;
 }

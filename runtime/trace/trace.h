@@ -52,6 +52,9 @@ struct Trace {
 constexpr int kMaxTraceLayers = 4096;
 constexpr int kMaxTraceExperts = 65535;                   // ids are uint16
 constexpr int64_t kMaxRequestEntries = int64_t{1} << 31;  // routing entries of one request: tokens x L x top-k
+// Routing entries [T, L, k] a generated trace may have (32 GiB of ids): `trace synth` refuses more up front, with
+// or without --like, instead of running out of memory, disk or patience.
+constexpr double kMaxSynthEntries = static_cast<double>(int64_t{1} << 34);
 // InvalidArgument "NAME: num_layers L must be in [1, 4096]" (and the same for E and k <= E) unless the shape is
 // one a reader accepts.
 Status ValidateTraceShape(int64_t num_layers, int64_t num_experts, int64_t top_k, const std::string& name);

@@ -40,6 +40,13 @@ for p in random round_robin jsq p2c domain locality_top1 eldr; do grep -q "^$p "
 run_ok "route --json, one policy" "$ELDR" route --calib calib.h5 --trace real.h5 --policy eldr_paper --tau 0.2 --json
 $PY -c "import json; j=json.load(open('$WORK/out.txt')); p=j['policies'][0]; assert p['policy']=='eldr_paper' and p['tau']==0.2; assert sum(d['requests'] for d in p['decoders'])==108" \
   && ok "route JSON accounts for every request" || bad "route JSON accounts for every request"
+# A report that cannot be written to stdout (a full disk) is a failed run: one line, exit 1, not exit 0.
+if [ -w /dev/full ]; then
+  expect_error "route --json > /dev/full" "^eldr: error: stdout: the output could not be written" - \
+    sh -c "'$ELDR' route --calib calib.h5 --trace real.h5 --json > /dev/full"
+  expect_error "trace stats > /dev/full" "^eldr: error: stdout: the output could not be written" - \
+    sh -c "'$ELDR' trace stats real.h5 > /dev/full"
+fi
 # route's --calib is required (its K is the decoder count): never refused; --tau with one policy that has no band is.
 run_ok "route --policy jsq (the calibration gives K)" "$ELDR" route --calib calib.h5 --trace real.h5 --policy jsq
 expect_error "route --policy jsq --tau" "--tau does not apply to policy jsq" - \

@@ -252,6 +252,15 @@ head -c $(( $(stat -c %s g.jsonl.gz) / 2 )) g.jsonl.gz >cut.jsonl.gz
 expect_error "truncated gzip is reported as truncated" "cut.jsonl.gz:[0-9]+: .*truncated" cut.h5 \
   "$ELDR" trace import --in cut.jsonl.gz --out cut.h5
 grep -q "JSON" "$WORK/err.txt" && bad "truncated gzip: the message must not blame the JSON"
+# Data appended after the gzip stream was dropped by zlib without a word; concatenated members are one stream.
+{ head -1 g.jsonl | gzip -c; tail -n +2 g.jsonl; } >app.jsonl.gz
+expect_error "bytes after the gzip stream (was: imported 1 of 30 requests)" \
+  "app.jsonl.gz: [0-9]+ bytes after the end of the gzip stream are not gzip data" app.h5 \
+  "$ELDR" trace import --in app.jsonl.gz --out app.h5
+{ head -1 g.jsonl | gzip -c; tail -n +2 g.jsonl | gzip -c; } >two.jsonl.gz
+"$ELDR" trace import --in two.jsonl.gz --out two.h5 >/dev/null 2>&1 && "$ELDR" trace stats two.h5 --json >two.json \
+  && /usr/bin/python3 -c 'import json; assert json.load(open("two.json"))["num_requests"] == 30' \
+  && ok "two concatenated gzip members are one stream: 30 requests" || bad "two concatenated gzip members"
 PROFILE="$SRC/bench/data/expert-load-profiles/Qwen3-Coder-30B-A3B-Instruct_expert_scores_summary.json"
 echo '{"num_layers": 48, "num_experts": 128, "num_ranks": 16, "phy2log": [0]}' >prev.json
 expect_error "place profile --previous: a bad placement names the file" "^eldr: error: prev.json: " - \
@@ -376,6 +385,84 @@ expect_error "calibration with a duplicate request id" "dupid.h5: .*request_ids 
 expect_error "calibration without /clusters@balanced (was: defaulted)" "nobal.h5: missing attribute /clusters@balanced" - \
   "$ELDR" inspect nobal.h5
 expect_error "calibration whose centroids are not unit vectors" "zeroc.h5: .*centroids row 0 has norm" - "$ELDR" inspect zeroc.h5
+# Invariants of a calibration that hold by construction (DESIGN.md §5), each broken by hand: inspect and route
+# refuse the file instead of routing by it.
+"$ELDR" calibrate --trace t.h5 -K 2 --layers 2 --out c2l.h5 --quiet || bad "calibrate with --layers 2"
+/usr/bin/python3 - <<'PYEOF'
+import h5py, shutil, numpy as np
+def edit(src, name, change):
+    shutil.copy(src, name)
+    with h5py.File(name, "r+") as f: change(f)
+def swap_mask(f):
+    order, mask = f["/signature/layer_order"][:], f["/signature/layer_mask"][:]
+    mask[order[1]], mask[order[2]] = 0, 1  # still 2 layers, not the first two of the order
+    f["/signature/layer_mask"][...] = mask
+edit("c2l.h5", "nprefix.h5", swap_mask)
+edit("c.h5", "signeg.h5", lambda f: f["/calibration/signatures"].write_direct(-f["/calibration/signatures"][:]))
+edit("c.h5", "sigx7.h5", lambda f: f["/calibration/signatures"].write_direct(7 * f["/calibration/signatures"][:]))
+edit("c.h5", "load.h5", lambda f: f["/clusters/expert_load"].write_direct(0.1 * f["/clusters/expert_load"][:]))
+edit("c.h5", "mdl.h5", lambda f: f["/clusters/mean_decode_len"].write_direct(100 * f["/clusters/mean_decode_len"][:]))
+edit("c.h5", "nomdl.h5", lambda f: f["/clusters"].__delitem__("mean_decode_len"))
+edit("c.h5", "bal7.h5", lambda f: f["/clusters"].attrs.__setitem__("balanced", np.int64(7)))
+def rho(f):
+    r = f["/signature/rho_curve"][:]; r[0] = 5.0
+    f["/signature/rho_curve"][...] = r
+edit("c.h5", "rho5.h5", rho)
+PYEOF
+expect_error "calibration: a layer mask that is not the greedy order's prefix" \
+  "nprefix.h5: /signature/layer_mask is not the first 2 layers of /signature/layer_order" - "$ELDR" inspect nprefix.h5
+expect_error "calibration: negative signatures" "signeg.h5: /calibration/signatures row [0-9]+ has a negative value" - \
+  "$ELDR" route --calib signeg.h5 --trace t.h5
+expect_error "calibration: signatures of norm 7" "sigx7.h5: /calibration/signatures row [0-9]+ has norm 7.0" - \
+  "$ELDR" inspect sigx7.h5
+expect_error "calibration: expert_load that is not its members' mean" \
+  "load.h5: /clusters/expert_load is not the mean of its members' /calibration/decode_profiles" - \
+  "$ELDR" route --calib load.h5 --trace t.h5
+expect_error "calibration: cluster decode means that are not their members'" \
+  "mdl.h5: /clusters/mean_decode_len\[0\] = .* is not the mean of its members' /calibration/decode_lens" - \
+  "$ELDR" inspect mdl.h5
+expect_error "calibration: the decode means removed" \
+  "nomdl.h5: /calibration/decode_lens is stored but /clusters/mean_decode_len is not" - "$ELDR" inspect nomdl.h5
+expect_error "calibration: balanced = 7" "bal7.h5: /clusters balanced and work_balanced are flags \(0 or 1\), got 7" - \
+  "$ELDR" inspect bal7.h5
+expect_error "calibration: rho 5" "rho5.h5: /signature/rho_curve has a value outside \[-1, 1\]" - "$ELDR" inspect rho5.h5
+
+# A trace whose /requests claim 2^40 rows (declared, never written): named, before anything is allocated for them.
+# Weights of another shape are refused by calibrate too, which does not read them.
+/usr/bin/python3 - <<'PYEOF'
+import h5py, shutil, numpy as np
+shutil.copy("t.h5", "reqhuge.h5")
+with h5py.File("reqhuge.h5", "r+") as f:
+    for name in ("prompt_len", "num_tokens", "offset"):
+        del f["/requests/" + name]
+        f.create_dataset("/requests/" + name, shape=(2**40,), dtype="i8", chunks=(1024,))
+shutil.copy("t.h5", "wstr.h5")
+with h5py.File("wstr.h5", "r+") as f:
+    del f["/tokens/topk_weights"]
+    f["/tokens/topk_weights"] = "not weights"
+PYEOF
+expect_error "trace: /requests of 2^40 rows (was: out of memory)" \
+  "reqhuge.h5: /requests/prompt_len has 1099511627776 requests, more than the [0-9]+ tokens of /tokens/topk_ids" - \
+  "$ELDR" trace stats reqhuge.h5
+expect_error "calibrate: weights of another shape (was: accepted)" "wstr.h5: /tokens/topk_weights shape differs" wc.h5 \
+  "$ELDR" calibrate --trace wstr.h5 -K 2 --out wc.h5
+
+# Options that cannot give a meaningful result, refused up front.
+expect_error "synth --like --requests 2^62 (was: ran until the disk filled)" \
+  "--requests 4611686018427387904 of about [0-9]+ tokens each .* lower --requests or --length-jitter$" big-like.h5 \
+  "$ELDR" trace synth --like t.h5 --requests 4611686018427387904 --out big-like.h5
+expect_error "calibrate --max-pairs 5 (was: rho from 5 pairs)" "--max-pairs 5 is too few for a rank correlation" mp.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --max-pairs 5 --out mp.h5
+expect_error "calibrate --holdout 0.05 of 40 (2 held out: was: rho null)" \
+  "--holdout 0.050 holds out only 2 of 40 requests; a held-out rho needs 3" ho.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --holdout 0.05 --out ho.h5
+expect_error "calibrate --quiet --json (was: --json ignored)" "--json excludes --quiet" qj.h5 \
+  "$ELDR" calibrate --trace t.h5 -K 2 --quiet --json --out qj.h5
+expect_error "route --policy jsq --max-batch (eldr's price)" "--max-batch does not apply to policy jsq" - \
+  "$ELDR" route --calib c.h5 --trace t.h5 --policy jsq --max-batch 8
+expect_error "synth --model that is not UTF-8 (was: a trace no reader accepts)" \
+  "bad-model.h5: attribute /@model is not valid UTF-8" bad-model.h5 \
+  "$ELDR" trace synth --requests 4 --model "$(printf 'a\377')" --out bad-model.h5
 cp "$SRC/configs/models/tiny.yaml" model-copy.yaml
 expect_untouched "simulate --derive: -o = --model (was: overwrote it)" "--out is the same file as the input --model" \
   model-copy.yaml "$ELDR" simulate --derive h200 --model model-copy.yaml -o model-copy.yaml
@@ -415,7 +502,8 @@ expect_error "ELDR_MEMORY_BUDGET=10K is 10 KiB" "needs .*, this machine has 10.2
   env ELDR_MEMORY_BUDGET=10K "$ELDR" trace synth --requests 400 --layers 8 --experts 32 --top-k 4 --out budget.h5
 env ELDR_NUM_THREADS=1 ELDR_MEMORY_BUDGET=8G "$ELDR" calibrate --trace t.h5 -K 2 --out envok.h5 --quiet &&
   ok "valid ELDR_NUM_THREADS and ELDR_MEMORY_BUDGET" || bad "valid ELDR_NUM_THREADS and ELDR_MEMORY_BUDGET"
-expect_error "synth --like --length-jitter 5 (was: OOM kill)" "--length-jitter 5.* drew a request of .* tokens|--length-jitter 5.*: needs" \
+expect_error "synth --like --length-jitter 5 (was: OOM kill)" \
+  "--length-jitter 5.* drew a request of .* tokens|--length-jitter 5.*: needs|--length-jitter 5\.00\) is about .* lower --requests or --length-jitter" \
   jit.h5 env ELDR_MEMORY_BUDGET=64M "$ELDR" trace synth --like t.h5 --requests 2000 --length-jitter 5 --out jit.h5
 echo '{"token_scores": {"0": {"0": 5, "1": 1, "2": 1, "3": 1}, "1": {"0": 1, "1": 1, "2": 1, "3": 5}}}' >p4.json
 "$ELDR" place profile --load p4.json -P 6 -R 2 --json >p4-place.json 2>/dev/null

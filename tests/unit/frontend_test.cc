@@ -14,13 +14,10 @@ namespace {
 JobRequests Requests(int n, std::vector<int64_t> output_len) {
   JobRequests in;
   in.trace.shape = {"tiny", 1, 4, 1};
-  // Built in steps, not "r" + std::to_string(i) and = "x": GCC 12's false -Wrestrict (its bug 105329) on both.
-  const std::string domain = "x";
   for (int i = 0; i < n; ++i) {
     TraceRequest r;
-    r.id = "r";
-    r.id += std::to_string(i);
-    r.domain = domain;
+    r.id = "r" + std::to_string(i);
+    r.domain = "x";
     r.prompt_len = 3;
     r.num_tokens = 3;
     in.trace.requests.push_back(r);

@@ -31,6 +31,23 @@ void WriteStringsFile(const std::string& path, const std::vector<std::string>& v
   ASSERT_TRUE(f->Close().ok());
 }
 
+// The same with the HDF5 library's own calls, which write any bytes: the damaged files eldr's writer refuses to make.
+void WriteRawStringsFile(const std::string& path, const std::vector<std::string>& values) {
+  hid_t file = H5Fcreate(path.c_str(), H5F_ACC_TRUNC, H5P_DEFAULT, H5P_DEFAULT);
+  ASSERT_GE(file, 0);
+  const hsize_t n = values.size();
+  hid_t space = H5Screate_simple(1, &n, nullptr);
+  hid_t type = h5::VarStringType();
+  hid_t ds = H5Dcreate2(file, "/s", type, space, H5P_DEFAULT, H5P_DEFAULT, H5P_DEFAULT);
+  std::vector<const char*> ptrs;
+  for (const std::string& v : values) ptrs.push_back(v.c_str());
+  ASSERT_GE(H5Dwrite(ds, type, H5S_ALL, H5S_ALL, H5P_DEFAULT, ptrs.data()), 0);
+  H5Dclose(ds);
+  H5Tclose(type);
+  H5Sclose(space);
+  ASSERT_GE(H5Fclose(file), 0);
+}
+
 Result<std::vector<std::string>> ReadStringsFile(const std::string& path) {
   auto f = h5::File::OpenReadOnly(path);
   if (!f.ok()) return f.status();
@@ -107,12 +124,34 @@ TEST(ReadStrings, RefusesStringsThatAreNotUtf8NamingTheEntry) {
   const std::string path = TempPath("utf8.h5");
   // Each bad case: a lone continuation byte, an overlong '/', a UTF-16 surrogate, past U+10FFFF, a cut sequence.
   for (const std::string bad : {"a\x80", "\xC0\xAF", "\xED\xA0\x80", "\xF4\x90\x80\x80", "x\xE2\x82"}) {
-    WriteStringsFile(path, {"fine", bad});
+    WriteRawStringsFile(path, {"fine", bad});
     auto got = ReadStringsFile(path);
     ASSERT_FALSE(got.ok()) << "accepted " << bad.size() << " bytes";
     EXPECT_NE(got.status().message().find("/s entry 1 is not valid UTF-8"), std::string::npos)
         << got.status().message();
   }
+  std::filesystem::remove(path);
+}
+
+// What the readers refuse is never written: a string that is not UTF-8, or that a NUL would cut short, is one error
+// naming the entry or the attribute, and the dataset is not created.
+TEST(WriteStrings, RefusesWhatTheReadersWouldRefuse) {
+  const std::string path = TempPath("write_utf8.h5");
+  auto f = h5::File::Create(path, path);
+  ASSERT_TRUE(f.ok());
+  for (const std::string& bad : {std::string("a\x80"), std::string("x\xE2\x82"), std::string("a\0b", 3)}) {
+    const Status st = f->WriteStrings("/s", {"fine", bad});
+    ASSERT_FALSE(st.ok());
+    EXPECT_EQ(st.message(),
+              path + ": /s entry 1 " + (bad.size() == 3 && bad[1] == 0 ? "holds a NUL byte" : "is not valid UTF-8"));
+    EXPECT_FALSE(f->Exists("/s"));
+    const Status attr = f->WriteAttribute("/", "model", bad);
+    ASSERT_FALSE(attr.ok());
+    EXPECT_NE(attr.message().find(path + ": attribute /@model "), std::string::npos) << attr.message();
+  }
+  ASSERT_TRUE(f->WriteStrings("/s", {"fine", "\xE2\x82\xAC uro"}).ok());  // UTF-8 is written as it is
+  ASSERT_TRUE(f->Close().ok());
+  EXPECT_EQ(ReadStringsFile(path).value(), (std::vector<std::string>{"fine", "\xE2\x82\xAC uro"}));
   std::filesystem::remove(path);
 }
 
@@ -222,11 +261,20 @@ TEST(ReadStringAttribute, RefusesAttributesOfMoreThanOneValueAndBadUtf8) {
   {
     auto f = h5::File::Create(path, path);
     ASSERT_TRUE(f.ok());
-    ASSERT_TRUE(f->WriteAttribute("/", "bad_utf8", std::string("ab\xff")).ok());
     ASSERT_TRUE(f->Close().ok());
   }
   hid_t file = H5Fopen(path.c_str(), H5F_ACC_RDWR, H5P_DEFAULT);
   ASSERT_GE(file, 0);
+  {  // eldr's writer refuses it: the library's own calls write it
+    hid_t scalar = H5Screate(H5S_SCALAR);
+    hid_t type = h5::VarStringType();
+    const char* bad = "ab\xff";
+    hid_t a = H5Acreate2(file, "bad_utf8", type, scalar, H5P_DEFAULT, H5P_DEFAULT);
+    ASSERT_GE(H5Awrite(a, type, &bad), 0);
+    H5Aclose(a);
+    H5Tclose(type);
+    H5Sclose(scalar);
+  }
   const hsize_t n = 50;
   hid_t space = H5Screate_simple(1, &n, nullptr);
   std::vector<int64_t> ints(n, 7);

@@ -74,6 +74,29 @@ TEST(RouteReplay, DistinctByBatchOnOneDecoderByHand) {
   EXPECT_NE(refused.status().message().find("--features decode"), std::string::npos);
 }
 
+// Requests with no decode tokens (or no prompt) are skipped and counted, as calibrate skips them (usable_request.h):
+// the by-hand trace above plus two unusable ones gives the same steps; a trace of unusable requests only is refused.
+TEST(RouteReplay, UnusableRequestsAreSkippedAndCounted) {
+  const Trace usable = MakeTrace({{{7}, {0}}, {{6}, {1, 2}}, {{7}, {0, 2, 5}}});
+  const Trace mixed = MakeTrace({{{7}, {0}}, {{3, 4}, {}}, {{6}, {1, 2}}, {{7}, {0, 2, 5}}, {{5}, {}}});
+  const Calibration calib = Calib(usable, 1);
+  RouteReplayOptions o;
+  o.policies = {RoutingPolicy::kJsq};
+  o.rate = 0;
+  auto r = ReplayRoutes(mixed, calib, o, "t", "c");
+  ASSERT_TRUE(r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_requests, 3);
+  EXPECT_EQ(r->num_skipped, 2);
+  EXPECT_EQ(r->ToJson()["skipped_requests"], 2);
+  EXPECT_NE(r->ToText().find("3 requests routed to 1 decoders (2 of the trace's skipped"), std::string::npos);
+  const auto& steps = r->policies[0].distinct_by_batch;
+  ASSERT_EQ(steps.size(), 3u);  // batches 1, 2, 3 once each, as in DistinctByBatchOnOneDecoderByHand
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(steps[b].steps, 1);
+  auto none = ReplayRoutes(MakeTrace({{{7}, {}}, {{6}, {}}}), calib, o, "t", "c");
+  ASSERT_FALSE(none.ok());
+  EXPECT_EQ(none.status().message(), "t: none of its 2 requests has both prompt and decode tokens: nothing to route");
+}
+
 TEST(RouteReplay, MatchedBatchRowsAccountForEveryStep) {
   SynthOptions so;
   so.num_domains = 3;

@@ -627,7 +627,7 @@ TEST(Router, SettingsOfIsWhatEachPolicyReads) {
   m.decode_b = 1e-4;
   m.decode_c = 1e-5;
   m.decode_d = 1e-7;
-  enum Setting { kTau, kLoadBound, kHarm };
+  enum Setting { kTau, kLoadBound, kHarm, kStepCost };
   const auto routes = [&](RoutingPolicy p, Setting which, int variant) {
     RouterConfig c;
     c.policy = p;
@@ -635,6 +635,10 @@ TEST(Router, SettingsOfIsWhatEachPolicyReads) {
     c.job_shape = calib.shape;
     c.step_cost = m;
     c.max_batch = 8;
+    if (which == kStepCost && variant) {  // experts dear against context, and a smaller batch
+      c.step_cost->decode_b = 1e-2;
+      c.max_batch = 2;
+    }
     c.tau = which == kTau && variant ? 2.0 : 0.01;
     c.load_bound = which == kLoadBound && variant ? 100.0 : 0.01;
     c.harm_weight = which == kHarm && variant ? 1.0 : 0.0;
@@ -664,8 +668,10 @@ TEST(Router, SettingsOfIsWhatEachPolicyReads) {
   for (RoutingPolicy p : AllRoutingPolicies()) {
     const PolicySettings reads = SettingsOf(p);
     EXPECT_EQ(reads.calibration, UsesSignature(p));
-    for (auto [which, read] :
-         {std::pair{kTau, reads.tau}, {kLoadBound, reads.load_bound}, {kHarm, reads.harm_weight}}) {
+    for (auto [which, read] : {std::pair{kTau, reads.tau},
+                               {kLoadBound, reads.load_bound},
+                               {kHarm, reads.harm_weight},
+                               {kStepCost, reads.step_cost}}) {
       EXPECT_EQ(routes(p, which, 0) != routes(p, which, 1), read)
           << RoutingPolicyName(p) << ", setting " << which << (read ? " is read but changed nothing" : " is not read");
     }
