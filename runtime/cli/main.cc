@@ -128,7 +128,9 @@ int main(int argc, char** argv) {
     const bool flushed = std::fflush(stdout) == 0;
     const int flush_errno = errno;
     if (!flushed || std::ferror(stdout) || std::cout.fail()) {
-      std::fprintf(stderr, "eldr: error: stdout: the output could not be written (%s); nothing on it is complete\n",
+      std::fprintf(stderr,
+                   "eldr: error: stdout: the output could not be written in full (%s): what was printed is "
+                   "incomplete; redirect stdout to a disk with space\n",
                    !flushed && flush_errno != 0 ? std::strerror(flush_errno) : "a write failed");
       return 1;
     }

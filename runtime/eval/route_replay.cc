@@ -4,6 +4,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <numeric>
 #include <random>
 #include <set>
 #include <sstream>
@@ -73,11 +74,13 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
   const RequestFeatures f = ComputeRequestFeatures(trace, all);
   const size_t row = f.row_size();
 
-  // One arrival sequence shared by every policy: a seeded permutation per repeat, Poisson gaps.
+  // One arrival sequence shared by every policy: a seeded permutation per repeat, Poisson gaps. `order` holds
+  // positions in `all` (the rows of `f`); all[position] is the request's index in the trace.
   std::mt19937_64 rng(o.seed);
   std::vector<int> order;
   for (int r = 0; r < o.repeat; ++r) {
-    std::vector<int> perm(all.begin(), all.end());
+    std::vector<int> perm(all.size());
+    std::iota(perm.begin(), perm.end(), 0);
     for (size_t i = perm.size(); i > 1; --i) std::swap(perm[i - 1], perm[rng() % i]);
     order.insert(order.end(), perm.begin(), perm.end());
   }
@@ -151,11 +154,12 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
       while (next < order.size() && arrival[next] <= now + 1e-12) waiting.push_back(order[next++]);
       // Route waiting requests in arrival order until none can be admitted.
       while (!waiting.empty()) {
-        const int r = waiting.front();
+        const size_t position = static_cast<size_t>(waiting.front());
+        const int r = all[position];
         const TraceRequest& req = trace.requests[r];
         const RoutingDecision d =
-            router.Route(f.prefill_counts.data() + r * row,
-                         f.gate_sums.empty() ? nullptr : f.gate_sums.data() + r * row, req.domain);
+            router.Route(f.prefill_counts.data() + position * row,
+                         f.gate_sums.empty() ? nullptr : f.gate_sums.data() + position * row, req.domain);
         if (d.decoder < 0) {
           ++ps.held_at_router;
           break;

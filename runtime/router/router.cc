@@ -372,7 +372,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     if (!l.empty()) uniq.insert(l);
   }
   if (config.policy == RoutingPolicy::kDomain && uniq.empty()) {
-    return Status::InvalidArgument("routing policy domain needs domain labels (from the calibration or the job)");
+    return Status::InvalidArgument("routing policy domain needs domain labels (the trace's requests have none)");
   }
   // Domain i of M (sorted labels) → decoders {k : k mod M = i} when K >= M, else decoder i mod K.
   const int M = static_cast<int>(uniq.size()), K = config.num_decoders;

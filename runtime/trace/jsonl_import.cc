@@ -83,7 +83,7 @@ bool GzStreamCutShort(gzFile gz) {
 // file), dropping them. So a gzip input that is a regular file is inflated once more, output discarded, member by
 // member: 0 when every byte belongs to a member, else how many bytes follow the last one. (This second pass costs
 // less than the first one's JSON parsing; a pipe cannot be read twice and is not checked.)
-Result<uint64_t> BytesAfterGzipMembers(const std::string& path, uint64_t file_size) {
+Result<uint64_t> BytesAfterGzipMembers(const std::string& path) {
   std::FILE* f = std::fopen(path.c_str(), "rb");
   if (f == nullptr) return Status::IoError(path + ": cannot reopen: " + std::strerror(errno));
   z_stream z{};
@@ -100,21 +100,21 @@ Result<uint64_t> BytesAfterGzipMembers(const std::string& path, uint64_t file_si
     }
   } closer{f, &z};
   std::vector<unsigned char> in(1 << 18), out(1 << 18);
-  uint64_t read_total = 0;
   bool eof = false, member_start = true;
   while (true) {
     if (z.avail_in < 2 && !eof) {  // refill, keeping what is left (a gzip magic may straddle two reads)
-      std::memmove(in.data(), z.next_in, z.avail_in);
+      if (z.avail_in > 0) std::memmove(in.data(), z.next_in, z.avail_in);
       const size_t n = std::fread(in.data() + z.avail_in, 1, in.size() - z.avail_in, f);
       if (n == 0) eof = true;
-      read_total += n;
       z.next_in = in.data();
       z.avail_in += static_cast<uInt>(n);
     }
     if (z.avail_in == 0) return uint64_t{0};  // every byte was a member's
     if (member_start) {
       if (z.avail_in < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) {
-        return file_size - (read_total - z.avail_in);  // not a member: the bytes from here on
+        uint64_t rest = z.avail_in;  // not a member: the bytes from here on, counted to the end
+        for (size_t n; (n = std::fread(in.data(), 1, in.size(), f)) > 0;) rest += n;
+        return rest;
       }
       member_start = false;
     }
@@ -386,7 +386,7 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
   }
   // Every byte of a gzip file is read, or the file is refused (concatenated members are one stream, read whole).
   if (!gzdirect(gz) && !ec && std::filesystem::is_regular_file(in_path, ec)) {
-    ELDR_ASSIGN_OR_RETURN(const uint64_t after, BytesAfterGzipMembers(in_path, file_size));
+    ELDR_ASSIGN_OR_RETURN(const uint64_t after, BytesAfterGzipMembers(in_path));
     if (after > 0) {
       return Status::InvalidArgument(in_path + ": " + std::to_string(after) +
                                      " bytes after the end of the gzip stream are not gzip data (appended to the "

@@ -75,23 +75,39 @@ TEST(RouteReplay, DistinctByBatchOnOneDecoderByHand) {
 }
 
 // Requests with no decode tokens (or no prompt) are skipped and counted, as calibrate skips them (usable_request.h):
-// the by-hand trace above plus two unusable ones gives the same steps; a trace of unusable requests only is refused.
+// a trace with two unusable requests among the usable ones replays exactly as the usable ones alone, each routed
+// by its own prompt (locality_top1 over two clusters, experts 0-1 against 5-6: a request read at another's row
+// would go to the other decoder); a trace of unusable requests only is refused.
 TEST(RouteReplay, UnusableRequestsAreSkippedAndCounted) {
-  const Trace usable = MakeTrace({{{7}, {0}}, {{6}, {1, 2}}, {{7}, {0, 2, 5}}});
-  const Trace mixed = MakeTrace({{{7}, {0}}, {{3, 4}, {}}, {{6}, {1, 2}}, {{7}, {0, 2, 5}}, {{5}, {}}});
-  const Calibration calib = Calib(usable, 1);
+  const Trace usable = MakeTrace({{{0, 1}, {0}}, {{5, 6}, {5, 6}}, {{0, 0}, {1, 0}}, {{6, 5}, {6}}, {{1, 1}, {0}}});
+  const Trace mixed = MakeTrace(
+      {{{5}, {}}, {{0, 1}, {0}}, {{5, 6}, {5, 6}}, {{3, 4}, {}}, {{0, 0}, {1, 0}}, {{6, 5}, {6}}, {{1, 1}, {0}}});
+  const Calibration calib = Calib(usable, 2);
   RouteReplayOptions o;
-  o.policies = {RoutingPolicy::kJsq};
+  o.policies = {RoutingPolicy::kLocalityTop1, RoutingPolicy::kJsq};
   o.rate = 0;
+  auto want = ReplayRoutes(usable, calib, o, "t", "c");
   auto r = ReplayRoutes(mixed, calib, o, "t", "c");
-  ASSERT_TRUE(r.ok()) << r.status().ToString();
-  EXPECT_EQ(r->num_requests, 3);
+  ASSERT_TRUE(want.ok() && r.ok()) << r.status().ToString();
+  EXPECT_EQ(r->num_requests, 5);
   EXPECT_EQ(r->num_skipped, 2);
+  EXPECT_EQ(want->num_skipped, 0);
   EXPECT_EQ(r->ToJson()["skipped_requests"], 2);
-  EXPECT_NE(r->ToText().find("3 requests routed to 1 decoders (2 of the trace's skipped"), std::string::npos);
-  const auto& steps = r->policies[0].distinct_by_batch;
-  ASSERT_EQ(steps.size(), 3u);  // batches 1, 2, 3 once each, as in DistinctByBatchOnOneDecoderByHand
-  for (int b = 0; b < 3; ++b) EXPECT_EQ(steps[b].steps, 1);
+  EXPECT_NE(r->ToText().find("5 requests routed to 2 decoders (2 of the trace's skipped"), std::string::npos);
+  for (size_t p = 0; p < r->policies.size(); ++p) {
+    const PolicyReplayStats &got = r->policies[p], &ref = want->policies[p];
+    ASSERT_EQ(got.decoders.size(), 2u);
+    for (int k = 0; k < 2; ++k) EXPECT_EQ(got.decoders[k].requests, ref.decoders[k].requests) << got.policy << k;
+    ASSERT_EQ(got.distinct_by_batch.size(), ref.distinct_by_batch.size());
+    for (size_t b = 0; b < got.distinct_by_batch.size(); ++b) {
+      EXPECT_EQ(got.distinct_by_batch[b].steps, ref.distinct_by_batch[b].steps);
+      EXPECT_EQ(got.distinct_by_batch[b].mean_distinct_experts, ref.distinct_by_batch[b].mean_distinct_experts);
+    }
+  }
+  // locality_top1 keeps the two expert groups apart: 3 requests of experts 0-1 on one decoder, 2 of 5-6 on the other.
+  std::vector<int64_t> split = {r->policies[0].decoders[0].requests, r->policies[0].decoders[1].requests};
+  std::sort(split.begin(), split.end());
+  EXPECT_EQ(split, (std::vector<int64_t>{2, 3}));
   auto none = ReplayRoutes(MakeTrace({{{7}, {}}, {{6}, {}}}), calib, o, "t", "c");
   ASSERT_FALSE(none.ok());
   EXPECT_EQ(none.status().message(), "t: none of its 2 requests has both prompt and decode tokens: nothing to route");

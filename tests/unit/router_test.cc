@@ -628,7 +628,8 @@ TEST(Router, SettingsOfIsWhatEachPolicyReads) {
   m.decode_c = 1e-5;
   m.decode_d = 1e-7;
   enum Setting { kTau, kLoadBound, kHarm, kStepCost };
-  const auto routes = [&](RoutingPolicy p, Setting which, int variant) {
+  // `with_calib`: the router is handed the calibration (required by the policies that read it).
+  const auto routes = [&](RoutingPolicy p, Setting which, int variant, bool with_calib) {
     RouterConfig c;
     c.policy = p;
     c.num_decoders = 3;
@@ -643,7 +644,7 @@ TEST(Router, SettingsOfIsWhatEachPolicyReads) {
     c.load_bound = which == kLoadBound && variant ? 100.0 : 0.01;
     c.harm_weight = which == kHarm && variant ? 1.0 : 0.0;
     if (p == RoutingPolicy::kDomain) c.domains = {"a", "b", "c"};
-    auto r = Router::Create(c, UsesSignature(p) ? &calib : nullptr);
+    auto r = Router::Create(c, with_calib ? &calib : nullptr);
     EXPECT_TRUE(r.ok()) << RoutingPolicyName(p) << ": " << r.status().message();
     std::mt19937 rng(11);  // the same requests and completions for both routers
     std::vector<RoutingDecision> held;
@@ -667,12 +668,15 @@ TEST(Router, SettingsOfIsWhatEachPolicyReads) {
   };
   for (RoutingPolicy p : AllRoutingPolicies()) {
     const PolicySettings reads = SettingsOf(p);
-    EXPECT_EQ(reads.calibration, UsesSignature(p));
+    // A policy that does not read the calibration routes alike with it and without it.
+    if (!reads.calibration) {
+      EXPECT_EQ(routes(p, kTau, 0, true), routes(p, kTau, 0, false)) << RoutingPolicyName(p) << " read the calibration";
+    }
     for (auto [which, read] : {std::pair{kTau, reads.tau},
                                {kLoadBound, reads.load_bound},
                                {kHarm, reads.harm_weight},
                                {kStepCost, reads.step_cost}}) {
-      EXPECT_EQ(routes(p, which, 0) != routes(p, which, 1), read)
+      EXPECT_EQ(routes(p, which, 0, reads.calibration) != routes(p, which, 1, reads.calibration), read)
           << RoutingPolicyName(p) << ", setting " << which << (read ? " is read but changed nothing" : " is not read");
     }
   }
