@@ -56,6 +56,9 @@ Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy) {
     const CLI::Option* opt = cmd.get_option_no_throw(k.option);
     // A required option (eldr route's --calib: its K is the decoder count) is read whatever the policy.
     if (opt == nullptr || opt->count() == 0 || opt->get_required() || SettingsOf(policy).*k.applies) continue;
+    // Given as its default (`--route-on prefill`, what every policy does), an option changes nothing to refuse.
+    if (!opt->get_default_str().empty() && opt->results().size() == 1 && opt->results()[0] == opt->get_default_str())
+      continue;
     std::string users;
     for (RoutingPolicy p : AllRoutingPolicies()) {
       if (!(SettingsOf(p).*k.applies)) continue;

@@ -388,9 +388,9 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
   if (!gzdirect(gz) && !ec && std::filesystem::is_regular_file(in_path, ec)) {
     ELDR_ASSIGN_OR_RETURN(const uint64_t after, BytesAfterGzipMembers(in_path));
     if (after > 0) {
-      return Status::InvalidArgument(in_path + ": " + std::to_string(after) +
-                                     " bytes after the end of the gzip stream are not gzip data (appended to the "
-                                     "file?): remove them, or compress the whole file again");
+      return Status::InvalidArgument(in_path + ": " + std::to_string(after) + (after == 1 ? " byte" : " bytes") +
+                                     " after the end of the gzip stream are not gzip data (appended to the file?): "
+                                     "remove them, or compress the whole file again");
     }
   }
   if (!writer) return Status::InvalidArgument(in_path + ": no requests (the file is empty)");

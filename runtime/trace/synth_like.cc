@@ -431,6 +431,7 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
     cum.push_back(acc += d.mix);
   }
   RequestSampler sampler(s);
+  double entries_so_far = 0;
   std::vector<uint16_t> ids;
   std::vector<float> weights;
   for (int64_t i = 0; i < o.num_requests; ++i) {
@@ -464,6 +465,13 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
       ELDR_RETURN_IF_ERROR(CheckMemoryBudget(static_cast<double>(total) * stride * (o.with_weights ? 6 : 2),
                                              "--length-jitter " + std::to_string(o.length_jitter) + ": a request of " +
                                                  std::to_string(total) + " tokens"));
+    }
+    // The expected size was checked up front; a run of heavy-tailed draws is held to the same bound as it goes.
+    entries_so_far += static_cast<double>(total) * static_cast<double>(stride);
+    if (entries_so_far > kMaxSynthEntries) {
+      return BadOption("the requests drawn so far (" + std::to_string(i + 1) + " of " + std::to_string(o.num_requests) +
+                       ") hold more than 2^34 routing entries, more than a generated " +
+                       "trace may hold; lower --requests or --length-jitter");
     }
     TraceRequest req;
     req.domain = d.name;

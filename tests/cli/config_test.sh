@@ -306,6 +306,10 @@ expect_error "simulate --policy eldr_paper --harm-weight (λ is eldr's)" \
   "$ELDR" simulate -c job.yaml --policy eldr_paper --harm-weight 0.5 --quiet
 expect_error "serve --policy round_robin --load-bound 0.1" "--load-bound does not apply to policy round_robin" - \
   "$ELDR" serve -c job.yaml --policy round_robin --load-bound 0.1 --print-ranks
+expect_error "simulate --policy jsq --route-on decode" "--route-on does not apply to policy jsq" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --policy jsq --route-on decode --quiet
+run_ok "simulate --policy jsq --route-on prefill (the default, what every policy does)" \
+  "$ELDR" simulate -c job.yaml --policy jsq --route-on prefill --no-output --quiet
 run_ok "simulate --policy jsq, the config holding eldr's tau and calibration" \
   "$ELDR" simulate -c job.yaml --policy jsq --no-output --quiet
 run_ok "simulate --policy eldr_paper --tau 0.2 --load-bound 0.1" \
