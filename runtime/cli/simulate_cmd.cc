@@ -107,6 +107,12 @@ Status RunFit(const SimulateArgs& a) {
                                    ", or give prefill.a and prefill.b with --prefill-from COST.yaml");
   }
   ELDR_ASSIGN_OR_RETURN(FitReport r, std::move(fitted));
+  if (r.from_step_logs && r.prefill_samples == 0 && r.prefill_given_by.empty()) {
+    // Step logs of decode lines only: their cost model would price every prefill at 0.
+    return Status::InvalidArgument(
+        "the --fit step logs hold no prefill steps, so prefill.a and prefill.b cannot be "
+        "fitted; give them with --prefill-from COST.yaml");
+  }
   // Step logs time the compute only; hops on this machine's MPI with polling receivers take ~0.1 ms.
   if (r.model.control_latency == 0) r.model.control_latency = 1e-4;
   if (r.model.kv_latency == 0) r.model.kv_latency = 1e-4;

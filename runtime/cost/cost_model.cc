@@ -2,6 +2,7 @@
 
 #include <Eigen/Dense>
 #include <algorithm>
+#include <charconv>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -330,11 +331,46 @@ Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, doubl
   return Status::Ok();
 }
 
-double ToSeconds(double value, const std::string& unit) {
-  if (unit == "ns") return value * 1e-9;
-  if (unit == "us") return value * 1e-6;
-  if (unit == "ms") return value * 1e-3;
-  return value;
+// Google Benchmark's time units in seconds; 0 for an unknown unit.
+double SecondsPer(const std::string& unit) {
+  if (unit == "ns") return 1e-9;
+  if (unit == "us") return 1e-6;
+  if (unit == "ms") return 1e-3;
+  if (unit == "s") return 1;
+  return 0;
+}
+
+// One BM_MoeLayer/<distinct>/<batch> run: its layer time in seconds, and the two numbers of its name within
+// [0, 65535] distinct experts (of the benchmark's own layer, scaled to the model later: any expert count eldr
+// reads) and [1, 2^20] sequences. Errors name the file and the run.
+Status ReadMoeLayerRun(const std::string& where, const nlohmann::json& b, const std::smatch& m, Samples* s) {
+  const auto whole = [&](const std::string& text, int64_t lo, int64_t hi, const char* what) -> Result<double> {
+    int64_t v = 0;
+    const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
+    if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) {
+      return Status::InvalidArgument(where + ": " + what + " must be in [" + std::to_string(lo) + ", " +
+                                     std::to_string(hi) + "], got " + text);
+    }
+    return static_cast<double>(v);
+  };
+  ELDR_ASSIGN_OR_RETURN(const double distinct, whole(m[1], 0, 65535, "the distinct experts (of one layer)"));
+  ELDR_ASSIGN_OR_RETURN(const double batch, whole(m[2], 1, int64_t{1} << 20, "the batch"));
+  const std::string unit =
+      b.contains("time_unit") && b["time_unit"].is_string() ? b["time_unit"].get<std::string>() : "";
+  if (SecondsPer(unit) == 0) {
+    return Status::InvalidArgument(where + ": time_unit must be ns, us, ms or s, got " +
+                                   (b.contains("time_unit") ? b["time_unit"].dump() : std::string("none")));
+  }
+  const double value = b.contains("real_time") && b["real_time"].is_number() ? b["real_time"].get<double>() : -1;
+  const double seconds = value * SecondsPer(unit);
+  if (!(seconds > 0) || seconds > 3600) {
+    return Status::InvalidArgument(where + ": real_time must be a time in (0, 3600] s, got " +
+                                   (b.contains("real_time") ? b["real_time"].dump() : std::string("none")) + " " +
+                                   unit);
+  }
+  s->layer_x.insert(s->layer_x.end(), {1.0, distinct, batch});
+  s->layer_y.push_back(seconds);
+  return Status::Ok();
 }
 
 Status ReadBenchJson(const std::string& path, const nlohmann::json& j, Samples* s) {
@@ -342,14 +378,18 @@ Status ReadBenchJson(const std::string& path, const nlohmann::json& j, Samples* 
     return Status::InvalidArgument(path + ": not Google Benchmark JSON (no 'benchmarks' array)");
   }
   const std::regex moe(R"(^BM_MoeLayer/(\d+)/(\d+)(/.*)?$)");
-  for (const auto& b : j["benchmarks"]) {
-    const std::string name = b.value("name", "");
-    if (b.value("run_type", "iteration") != "iteration") continue;  // repetitions' aggregates: use the runs
+  for (size_t i = 0; i < j["benchmarks"].size(); ++i) {
+    const auto& b = j["benchmarks"][i];
+    const std::string where = path + ": benchmarks[" + std::to_string(i) + "]";
+    if (!b.is_object() || !b.contains("name") || !b["name"].is_string()) {
+      return Status::InvalidArgument(where + ": not a benchmark run (no string 'name')");
+    }
+    const std::string name = b["name"].get<std::string>();
+    const bool iteration = !b.contains("run_type") || (b["run_type"].is_string() && b["run_type"] == "iteration");
+    if (!iteration) continue;  // repetitions' aggregates: use the runs
     std::smatch m;
     if (std::regex_match(name, m, moe)) {
-      const double seconds = ToSeconds(b.value("real_time", 0.0), b.value("time_unit", "ns"));
-      s->layer_x.insert(s->layer_x.end(), {1.0, std::stod(m[1]), std::stod(m[2])});
-      s->layer_y.push_back(seconds);
+      ELDR_RETURN_IF_ERROR(ReadMoeLayerRun(where + " (" + name.substr(0, 80) + ")", b, m, s));
     } else if (name.rfind("BM_Read", 0) == 0 && b.contains("GBps")) {
       // d is the KV of a token over this bandwidth: an implausible one (a unit slip) gives an implausible d.
       const double bps = b["GBps"].is_number() ? b["GBps"].get<double>() * 1e9 : std::nan("");
@@ -581,6 +621,14 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     return Status::InvalidArgument("--cores must be " + kCores.Describe() + kCores.Reason(cores));
   }
   if (files.empty()) return Status::InvalidArgument("--fit needs at least one steps.jsonl or moe_layer_bench JSON");
+  for (size_t i = 0; i < files.size(); ++i) {  // a file given twice would count its steps twice
+    for (size_t k = 0; k < i; ++k) {
+      std::error_code ec;
+      if (files[k] == files[i] || std::filesystem::equivalent(files[k], files[i], ec)) {
+        return Status::InvalidArgument(files[i] + ": given to --fit twice (its steps would count twice)");
+      }
+    }
+  }
   Samples s;
   for (const std::string& f : files) {
     ELDR_RETURN_IF_ERROR(CheckInputFile(f, "a steps.jsonl or moe_layer_bench JSON file"));
@@ -625,6 +673,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     m.decode_c = beta[2];
     m.decode_d = beta[3];
     r.decode_samples = static_cast<int>(s.decode_y.size());
+    r.from_step_logs = true;
     r.decode_r2 = RSquared(s.decode_x, s.decode_y, 4, beta);
     r.within_batch = FitWithinBatch(s.decode_x, s.decode_y, s.decode_source);
     std::vector<double> rel;

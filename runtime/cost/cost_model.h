@@ -136,6 +136,7 @@ WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<do
 struct FitReport {
   CostModel model;
   int decode_samples = 0, prefill_samples = 0;
+  bool from_step_logs = false;  // the decode terms were fitted to steps.jsonl steps (not moe_layer_bench results)
   // prefill.a and prefill.b were given (FitCostModel's `prefill`), not fitted: the prefill samples were not used.
   std::string prefill_given_by;
   double decode_r2 = 0, prefill_r2 = 0;

@@ -188,6 +188,43 @@ assert abs(d['a'] - 2e-3) < 1e-9 and abs(d['b'] - 2e-5) < 1e-11 and abs(d['c'] -
 assert abs(d['d'] - 384 / 10e9) < 1e-15, d
 " && ok "bench fit scaled to the model" || bad "bench fit scaled to the model" "$(cat fit.json)"
 
+# A bench run that is not a time is refused by name (was: a missing real_time read as 0 s, an unknown unit as
+# seconds, batch 0 and a 400-digit name fitted or "stod"); a file given twice would count twice; a step log of
+# decode lines only would price every prefill at 0.
+$PY - <<'PY'
+import json
+good = json.load(open("bench.json"))["benchmarks"]
+def variant(name, i, change):
+    b = [dict(x) for x in good]
+    change(b[i])
+    json.dump({"benchmarks": b}, open(name, "w"))
+variant("b_notime.json", 1, lambda r: r.pop("real_time"))
+variant("b_neg.json", 2, lambda r: r.update(real_time=-50))
+variant("b_unit.json", 1, lambda r: r.update(time_unit="fortnight"))
+variant("b_batch0.json", 1, lambda r: r.update(name="BM_MoeLayer/16/0/real_time"))
+variant("b_long.json", 1, lambda r: r.update(name="BM_MoeLayer/" + "9" * 400 + "/1"))
+variant("b_name.json", 1, lambda r: r.update(name=5))
+with open("steps.jsonl") as f, open("decode_only.jsonl", "w") as o:
+    o.writelines(l for l in f if '"kind":"decode"' in l.replace(" ", ""))
+PY
+TINY="$SRC/configs/models/tiny.yaml"
+expect_error "bench fit: no real_time" "b_notime.json: benchmarks\[1\] \(BM_MoeLayer/16/16/real_time\): real_time must be a time in \(0, 3600\] s, got none" \
+  bf.yaml "$ELDR" simulate --fit b_notime.json --model "$TINY" -o bf.yaml
+expect_error "bench fit: a negative time" "b_neg.json: benchmarks\[2\] .*real_time must be a time in \(0, 3600\] s, got -50 ms" \
+  bf.yaml "$ELDR" simulate --fit b_neg.json --model "$TINY" -o bf.yaml
+expect_error "bench fit: an unknown unit" "b_unit.json: benchmarks\[1\] .*time_unit must be ns, us, ms or s, got \"fortnight\"" \
+  bf.yaml "$ELDR" simulate --fit b_unit.json --model "$TINY" -o bf.yaml
+expect_error "bench fit: batch 0" "b_batch0.json: benchmarks\[1\] .*the batch must be in \[1, 1048576\], got 0" \
+  bf.yaml "$ELDR" simulate --fit b_batch0.json --model "$TINY" -o bf.yaml
+expect_error "bench fit: a 400-digit count (was: 'stod')" "b_long.json: benchmarks\[1\] .*distinct experts .* must be in \[0, 65535\]" \
+  bf.yaml "$ELDR" simulate --fit b_long.json --model "$TINY" -o bf.yaml
+expect_error "bench fit: a name that is a number (was: a JSON exception)" "b_name.json: benchmarks\[1\]: not a benchmark run" \
+  bf.yaml "$ELDR" simulate --fit b_name.json --model "$TINY" -o bf.yaml
+expect_error "--fit of one file twice" "steps.jsonl: given to --fit twice" bf.yaml \
+  "$ELDR" simulate --fit steps.jsonl steps.jsonl --model "$TINY" -o bf.yaml
+expect_error "--fit of decode steps only (was: prefill priced at 0)" "hold no prefill steps.*--prefill-from COST.yaml" \
+  bf.yaml "$ELDR" simulate --fit decode_only.jsonl --model "$TINY" -o bf.yaml
+
 # The three modes' options do not mix: one that another mode would ignore is refused (it was ignored silently:
 # --fit with --derive fitted, --derive with -c derived, -c with --cores simulated without it).
 expect_error "--fit and --derive" "--fit and --derive are two modes; give one" fitx.yaml \
