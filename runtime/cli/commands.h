@@ -7,6 +7,7 @@
 #include <charconv>
 #include <cstdint>
 #include <functional>
+#include <initializer_list>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -73,7 +74,14 @@ inline CLI::Validator SeedValue() {
 // Refuses an option given on the command line that `policy` ignores (router.h SettingsOf): --calib and --route-on
 // (signature policies), --tau, --load-bound, --harm-weight, naming the option, the policy and the ones it applies to.
 // A required option is never refused.
-Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy);
+// `own`: options of the command itself that a setting governs (route's --cost-model: eldr's price, where simulate's
+// is the simulator's).
+struct PolicyOption {
+  const char* option;
+  bool PolicySettings::*applies;
+  const char* what;  // "the band width": what the policies that read it read
+};
+Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy, std::initializer_list<PolicyOption> own = {});
 
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);

@@ -3,6 +3,7 @@
 #include <cstdio>
 #include <cstring>
 #include <iostream>
+#include <vector>
 
 #include "runtime/cli/commands.h"
 #include "runtime/common/check.h"
@@ -41,18 +42,14 @@ nlohmann::json OptionsJson(const CLI::App& cmd) {
   return {{"command", path}, {"options", options}};
 }
 
-Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy) {
-  struct Knob {
-    const char* option;
-    bool PolicySettings::*applies;
-    const char* what;
-  };
-  const Knob knobs[] = {{"--calib", &PolicySettings::calibration, "a calibration"},
-                        {"--route-on", &PolicySettings::calibration, "a signature"},
-                        {"--tau", &PolicySettings::tau, "the band width"},
-                        {"--load-bound", &PolicySettings::load_bound, "the bounded load"},
-                        {"--harm-weight", &PolicySettings::harm_weight, "the harm weight"}};
-  for (const Knob& k : knobs) {
+Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy, std::initializer_list<PolicyOption> own) {
+  std::vector<PolicyOption> knobs = {{"--calib", &PolicySettings::calibration, "a calibration"},
+                                     {"--route-on", &PolicySettings::calibration, "a signature"},
+                                     {"--tau", &PolicySettings::tau, "the band width"},
+                                     {"--load-bound", &PolicySettings::load_bound, "the bounded load"},
+                                     {"--harm-weight", &PolicySettings::harm_weight, "the harm weight"}};
+  knobs.insert(knobs.end(), own.begin(), own.end());
+  for (const PolicyOption& k : knobs) {
     const CLI::Option* opt = cmd.get_option_no_throw(k.option);
     // A required option (eldr route's --calib: its K is the decoder count) is read whatever the policy.
     if (opt == nullptr || opt->count() == 0 || opt->get_required() || SettingsOf(policy).*k.applies) continue;

@@ -57,15 +57,9 @@ void AddRouteCommand(CLI::App& app, Action* action) {
       if (a->policy != "all") {
         ELDR_ASSIGN_OR_RETURN(RoutingPolicy p, ParseRoutingPolicy(a->policy));
         o.policies = {p};
-        ELDR_RETURN_IF_ERROR(CheckPolicyOptions(*cmd, p));
-        // route's own: the routing cost model and max batch are eldr's price (in simulate they are the simulator's).
-        for (const char* option : {"--cost-model", "--max-batch"}) {
-          if (cmd->count(option) > 0 && !SettingsOf(p).step_cost) {
-            return Status::InvalidArgument(
-                std::string(option) + " does not apply to policy " + RoutingPolicyName(p) +
-                ", which would ignore it (it is eldr's price); drop it or use --policy eldr");
-          }
-        }
+        ELDR_RETURN_IF_ERROR(CheckPolicyOptions(*cmd, p,
+                                                {{"--cost-model", &PolicySettings::step_cost, "the price's cost model"},
+                                                 {"--max-batch", &PolicySettings::step_cost, "the price's batch"}}));
       }
       if (!a->cost_model.empty()) {
         ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(a->cost_model));
