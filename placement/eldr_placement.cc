@@ -104,7 +104,8 @@ class EldrLayerPlacer {
     node_load_.resize(N_);
     node_groups_.resize(N_);
     home_load_.resize(static_cast<size_t>(R_) * N_);
-    buckets_.resize(static_cast<size_t>(N_) * N_ * P_);
+    buckets_.resize(P_);
+    bucket_start_.resize(static_cast<size_t>(N_) * N_ + 1);
     bucket_size_.resize(static_cast<size_t>(N_) * N_);
     rank_map_.resize(R_);
     tmp_slot_.resize(static_cast<size_t>(R_) * spr_);
@@ -1057,21 +1058,31 @@ class EldrLayerPlacer {
 
   // Swaps that bring two replicas home at once: a on node n1 homed at n2 with b on node n2 homed at n1,
   // keeping every rank <= cap and replicas of one expert on distinct ranks. Candidates are bucketed by
-  // (node, home node), so a pass costs about P + Σ |bucket|² instead of P * P/N.
+  // (node, home node), so a pass costs about P + N² + Σ |bucket|² instead of P * P/N.
   void HomeSwaps(double cap) {
+    // A counting sort of the P slots into the N * N buckets, each in ascending slot order. Replicas at home go
+    // to the bucket (n, n), which no pair reads: no branch on the data.
     std::fill(bucket_size_.begin(), bucket_size_.end(), 0);
     for (int r = 0; r < R_; ++r) {
-      const int n = NodeOf(r);
+      const size_t row = static_cast<size_t>(NodeOf(r)) * N_;
+      for (int k = 0; k < spr_; ++k) ++bucket_size_[row + home_[At(r, k)]];
+    }
+    bucket_start_[0] = 0;
+    for (size_t b = 0; b < bucket_size_.size(); ++b) {
+      bucket_start_[b + 1] = bucket_start_[b] + bucket_size_[b];
+      bucket_size_[b] = 0;
+    }
+    for (int r = 0; r < R_; ++r) {
+      const size_t row = static_cast<size_t>(NodeOf(r)) * N_;
       for (int k = 0; k < spr_; ++k) {
-        // Replicas at home go to the bucket (n, n), which no pair reads: no branch on the data.
-        const size_t b = static_cast<size_t>(n) * N_ + home_[At(r, k)];
-        buckets_[b * P_ + bucket_size_[b]++] = r * spr_ + k;
+        const size_t b = row + home_[At(r, k)];
+        buckets_[bucket_start_[b] + bucket_size_[b]++] = r * spr_ + k;
       }
     }
     for (int n1 = 0; n1 < N_; ++n1) {
       for (int n2 = n1 + 1; n2 < N_; ++n2) {
         const size_t b1 = static_cast<size_t>(n1) * N_ + n2, b2 = static_cast<size_t>(n2) * N_ + n1;
-        int32_t* there = buckets_.data() + b2 * P_;  // on n2, homed at n1
+        int32_t* there = buckets_.data() + bucket_start_[b2];  // on n2, homed at n1
         int num_there = bucket_size_[b2];
         // Their loads, which no swap changes, ranks and experts side by side for the scan.
         double* there_w = bucket_w_.data();
@@ -1082,8 +1093,10 @@ class EldrLayerPlacer {
           there_w[j] = per_replica_[there_e[j]];
           there_r[j] = there[j] / spr_;
         }
-        for (int i = 0; i < bucket_size_[b1] && num_there > 0; ++i) {
-          const int pos_a = buckets_[b1 * P_ + i], r1 = pos_a / spr_;
+        const int32_t* here = buckets_.data() + bucket_start_[b1];  // on n1, homed at n2
+        const int num_here = bucket_size_[b1];
+        for (int i = 0; i < num_here && num_there > 0; ++i) {
+          const int pos_a = here[i], r1 = pos_a / spr_;
           const int a = slot_[pos_a];
           const double wa = per_replica_[a], wb_max = cap - rank_load_[r1] + wa;
           const uint8_t* has_a = has_.data() + static_cast<size_t>(a) * R_;
@@ -1355,19 +1368,21 @@ class EldrLayerPlacer {
     double second;   // the load of its second most loaded rank
     double dx;       // growth of its other replicas if it loses one
   };
-  std::vector<MultiReplica> multi_;   // [E]
-  std::vector<double> share_plus_;    // [E] load / (replicas + 1) during a re-replication search
-  std::vector<double> share_minus_;   // [E] load / (replicas - 1), 0 for one replica
-  std::vector<double> group_load_;    // [G]
-  std::vector<int32_t> group_order_;  // [G]
-  std::vector<double> node_load_;     // [N]
-  std::vector<int32_t> node_groups_;  // [N]
-  std::vector<double> home_load_;     // [R, N] load a rank's content would serve at home on each node
-  std::vector<int32_t> buckets_;      // [N, N, P] slots (r * P/R + k) on node n homed at node h (unread if h = n)
-  std::vector<int32_t> bucket_size_;  // [N, N]
-  std::vector<double> bucket_w_;      // [P] loads of one bucket's replicas during HomeSwaps
-  std::vector<int32_t> bucket_r_;     // [P] their ranks
-  std::vector<int32_t> bucket_e_;     // [P] their experts
+  std::vector<MultiReplica> multi_;    // [E]
+  std::vector<double> share_plus_;     // [E] load / (replicas + 1) during a re-replication search
+  std::vector<double> share_minus_;    // [E] load / (replicas - 1), 0 for one replica
+  std::vector<double> group_load_;     // [G]
+  std::vector<int32_t> group_order_;   // [G]
+  std::vector<double> node_load_;      // [N]
+  std::vector<int32_t> node_groups_;   // [N]
+  std::vector<double> home_load_;      // [R, N] load a rank's content would serve at home on each node
+  std::vector<int32_t> buckets_;       // [P] slots (r * P/R + k), bucket (n, h) = those on node n homed at node h
+                                       // (unread if h = n), at [bucket_start_[n * N + h], ... + bucket_size_)
+  std::vector<int32_t> bucket_start_;  // [N * N + 1]
+  std::vector<int32_t> bucket_size_;   // [N, N]
+  std::vector<double> bucket_w_;       // [P] loads of one bucket's replicas during HomeSwaps
+  std::vector<int32_t> bucket_r_;      // [P] their ranks
+  std::vector<int32_t> bucket_e_;      // [P] their experts
   // Previous placement.
   std::vector<int32_t> prev_cnt_;      // [R, E] replicas on each rank before
   std::vector<int32_t> kept_;          // [E] previous replicas kept
@@ -1429,7 +1444,7 @@ bool ReplicationMayImprove(const RankState& st) {
   return false;
 }
 
-Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
+Result<Placement> PlaceEldr(const PlacementProblem& p, const Placement* previous, LayerHooks* hooks) {
   const int L = p.num_layers, E = p.num_experts, P = p.num_slots;
   ELDR_CHECK(P / p.num_ranks <= E, "slots per rank " << P / p.num_ranks << " > experts " << E);
   Placement out = NewPlacement(p);
@@ -1447,7 +1462,7 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   std::atomic<int> max_count{0};
   auto place_share = [&](int) {
     EldrLayerPlacer placer(p);
-    for (int l = next_layer.fetch_add(1, std::memory_order_relaxed); l < L;
+    for (int l = next_layer.fetch_add(1, std::memory_order_relaxed); l < L && hooks->Continue();
          l = next_layer.fetch_add(1, std::memory_order_relaxed)) {
       int32_t* logcnt = out.logcnt.data() + static_cast<size_t>(l) * E;
       placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
@@ -1458,6 +1473,7 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
       while (layer_max > seen && !max_count.compare_exchange_weak(seen, layer_max, std::memory_order_relaxed)) {
       }
       placed[l].store(1, std::memory_order_release);
+      hooks->LayerDone();
     }
   };
   // The calling thread places share 0 itself (ParallelFor would start a thread for it and wait): one thread
@@ -1482,9 +1498,14 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   // at the largest replica count seen so far; if a later layer raises it, log2phy is written again at the end.
   std::vector<uint8_t> written(L, 0);
   std::vector<int32_t> next(E);
+  // The log2phy written early is checked against the memory budget too; when the check fails, the workers finish
+  // their layers and the check is made again at the end.
+  bool early_log2phy = false;
   try {
     place_share(0);
-    if (!workers.empty()) {
+    early_log2phy = !workers.empty() && hooks->status().ok() &&
+                    CheckLog2PhyMemory(L, E, std::max(1, max_count.load(std::memory_order_relaxed))).ok();
+    if (early_log2phy) {
       out.max_replicas = std::max(1, max_count.load(std::memory_order_relaxed));
       out.log2phy.assign(static_cast<size_t>(L) * E * out.max_replicas, -1);
       for (int l = 0; l < L; ++l) {
@@ -1500,7 +1521,9 @@ Placement PlaceEldr(const PlacementProblem& p, const Placement* previous) {
   }
   for (std::thread& w : workers) w.join();
   if (first_error) std::rethrow_exception(first_error);
-  if (workers.empty() || MaxReplicas(out) != out.max_replicas) {
+  ELDR_RETURN_IF_ERROR(hooks->status());
+  if (!early_log2phy || MaxReplicas(out) != out.max_replicas) {
+    ELDR_RETURN_IF_ERROR(CheckLog2PhyMemory(L, E, MaxReplicas(out)));
     FinishPlacement(&out, nullptr);
   } else {
     for (int l = 0; l < L; ++l) {

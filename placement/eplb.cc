@@ -99,7 +99,7 @@ void ReplicateExperts(const double* load, int num_log, int num_phy, int32_t* phy
 
 }  // namespace
 
-Placement PlaceDeepSeek(const PlacementProblem& p, int num_groups, int num_nodes) {
+Result<Placement> PlaceDeepSeek(const PlacementProblem& p, int num_groups, int num_nodes, LayerHooks* hooks) {
   const int L = p.num_layers, E = p.num_experts, P = p.num_slots, R = p.num_ranks;
   const int G = num_groups, N = num_nodes;
   ELDR_CHECK(E % G == 0 && G % N == 0 && R % N == 0 && P % R == 0 && P >= E,
@@ -129,6 +129,7 @@ Placement PlaceDeepSeek(const PlacementProblem& p, int num_groups, int num_nodes
   std::vector<int32_t> replica_rank(static_cast<size_t>(L) * P);
 
   for (int l = 0; l < L; ++l) {
+    if (!hooks->Continue()) return hooks->status();
     const double* load = p.load.data() + static_cast<size_t>(l) * E;
     // Step 1: whole groups onto nodes.
     for (int g = 0; g < G; ++g) {
@@ -167,7 +168,9 @@ Placement PlaceDeepSeek(const PlacementProblem& p, int num_groups, int num_nodes
     }
     int32_t* cnt = out.logcnt.data() + static_cast<size_t>(l) * E;
     for (int e = 0; e < E; ++e) cnt[e] = ws.mlogcnt[ws.log2mlog[e]];
+    hooks->LayerDone();
   }
+  ELDR_RETURN_IF_ERROR(CheckLog2PhyMemory(L, E, MaxReplicas(out)));
   FinishPlacement(&out, &replica_rank);
   return out;
 }

@@ -8,6 +8,8 @@
 
 #include "placement/placement_internal.h"
 #include "runtime/common/check.h"
+#include "runtime/common/memory_budget.h"
+#include "runtime/common/parallel.h"
 
 namespace eldr {
 
@@ -101,6 +103,37 @@ void FinishPlacement(Placement* pl, const std::vector<int32_t>* replica_rank) {
   }
 }
 
+bool LayerHooks::Continue() {
+  if (stopped_.load(std::memory_order_acquire)) return false;
+  if (hooks_ == nullptr || !hooks_->check) return true;
+  Status s = hooks_->check();
+  if (s.ok()) return true;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!stopped_.load(std::memory_order_relaxed)) {
+    status_ = std::move(s);
+    stopped_.store(true, std::memory_order_release);
+  }
+  return false;
+}
+
+void LayerHooks::LayerDone() {
+  if (hooks_ == nullptr || !hooks_->on_layer) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  hooks_->on_layer(++layers_done_);
+}
+
+Status CheckPlacementMemory(double bytes, const std::string& what) {
+  // Reading the budget (/proc/meminfo) takes about as long as placing a small problem: below the floor, no check.
+  constexpr double kFloor = 64.0 * (1 << 20);
+  return bytes < kFloor ? Status::Ok() : CheckMemoryBudget(bytes, what);
+}
+
+Status CheckLog2PhyMemory(int num_layers, int num_experts, int max_replicas) {
+  return CheckPlacementMemory(4.0 * num_layers * num_experts * max_replicas,
+                              "the placement's log2phy [L = " + Str(num_layers) + ", E = " + Str(num_experts) +
+                                  ", max replicas = " + Str(max_replicas) + "]");
+}
+
 void Assignment::Solve(const int64_t* cost, int n, int32_t* row_to_col) {
   // Kuhn–Munkres with potentials, 1-based with a virtual column 0 (rows are matched one at a time along
   // shortest augmenting paths).
@@ -175,21 +208,44 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm) {
   return "";
 }
 
-Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm, const Placement* previous) {
+double PlacementMemoryBytes(const PlacementProblem& p, PlacementAlgorithm algorithm, bool with_previous) {
+  const double L = p.num_layers, E = p.num_experts, P = p.num_slots, R = p.num_ranks, N = p.num_nodes;
+  const double result = 4.0 * L * (P + E);  // phy2log and logcnt; log2phy: CheckLog2PhyMemory
+  if (algorithm != PlacementAlgorithm::kEldr) {
+    return result + 4.0 * L * P + 64.0 * (E + P + R + p.num_groups);  // replica_rank [L, P] and the workspace
+  }
+  // One EldrLayerPlacer per thread (eldr_placement.cc): the [E, R] membership tables (has_ and ranks_of_), about
+  // a dozen [P] and [E] arrays, the [R, P/R rounded up to 8] slot loads, the [R, N] home loads and the [N, N]
+  // buckets; with a previous placement also its [R, E] counts and the [R/N, R/N] and [N, N] assignment costs.
+  const double threads = std::max(1, std::min(DefaultThreads(), p.num_layers / 16));
+  const double slot_width = (p.num_slots / p.num_ranks + 7) / 8 * 8;
+  double placer = 5.0 * E * R + 128.0 * E + 64.0 * P + 8.0 * R * slot_width + 8.0 * R * N + 8.0 * N * N + 128.0 * R;
+  if (with_previous) placer += 4.0 * R * E + 8.0 * (R / N) * (R / N) + 8.0 * N * N;
+  return result + 2.0 * L + threads * placer;
+}
+
+Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm, const Placement* previous,
+                        const PlaceHooks* hooks) {
   using placement_internal::PlaceDeepSeek;
   using placement_internal::PlaceEldr;
   ELDR_RETURN_IF_ERROR(placement_internal::ValidateProblem(problem));
   const PlacementProblem& p = problem;
+  ELDR_RETURN_IF_ERROR(placement_internal::CheckPlacementMemory(
+      PlacementMemoryBytes(p, algorithm, previous != nullptr),
+      std::string(PlacementAlgorithmName(algorithm)) + " placement of L = " + std::to_string(p.num_layers) +
+          " layers x E = " + std::to_string(p.num_experts) + " experts into P = " + std::to_string(p.num_slots) +
+          " slots on R = " + std::to_string(p.num_ranks) + " ranks"));
+  placement_internal::LayerHooks layer_hooks(hooks);
   switch (algorithm) {
     case PlacementAlgorithm::kDeepSeekGlobal:
-      return PlaceDeepSeek(p, 1, 1);
+      return PlaceDeepSeek(p, 1, 1, &layer_hooks);
     case PlacementAlgorithm::kDeepSeekHierarchical:
       if (p.num_groups % p.num_nodes != 0) {
         return Status::InvalidArgument(
             "deepseek-hierarchical packs whole groups onto nodes: groups G = " + std::to_string(p.num_groups) +
             " must be a multiple of nodes N = " + std::to_string(p.num_nodes) + " (use deepseek-global or eldr)");
       }
-      return PlaceDeepSeek(p, p.num_groups, p.num_nodes);
+      return PlaceDeepSeek(p, p.num_groups, p.num_nodes, &layer_hooks);
     case PlacementAlgorithm::kEldr: {
       const int spr = p.num_slots / p.num_ranks;
       if (spr > p.num_experts) {
@@ -218,7 +274,7 @@ Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algo
           }
         }
       }
-      return PlaceEldr(p, previous);
+      return PlaceEldr(p, previous, &layer_hooks);
     }
   }
   return Status::InvalidArgument("unknown placement algorithm " + std::to_string(static_cast<int>(algorithm)));

@@ -29,6 +29,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -64,6 +65,16 @@ struct Placement {
 
 enum class PlacementAlgorithm { kDeepSeekGlobal, kDeepSeekHierarchical, kEldr };
 
+// Optional observation and cancellation of a long Place call (the command line's progress bar and Ctrl-C). Both are
+// called between layers only: a layer in progress is finished first.
+struct PlaceHooks {
+  // Called before each layer, from any of Place's threads (so it must be thread-safe). A non-OK status stops the
+  // placement: no layer starts after it, and Place returns that status once its threads have stopped.
+  std::function<Status()> check;
+  // Called after each layer with the number of layers placed so far; Place never makes two calls at once.
+  std::function<void(int layers_done)> on_layer;
+};
+
 // "deepseek-global", "deepseek-hierarchical" or "eldr"; InvalidArgument naming the choices otherwise.
 Result<PlacementAlgorithm> ParsePlacementAlgorithm(const std::string& name);
 const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
@@ -71,7 +82,10 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // Places every layer of `problem`. InvalidArgument (naming the values) if a count is < 1, load is not
 // [L, E] or has a negative or non-finite value, P < E, P % R != 0, R % N != 0, E % G != 0; for
 // kDeepSeekHierarchical also G % N != 0; for kEldr also P/R > E (a rank could not avoid holding two
-// replicas of one expert) or a `previous` of another shape.
+// replicas of one expert) or a `previous` of another shape. ResourceExhausted (runtime/common/memory_budget.h)
+// when PlacementMemoryBytes (64 MiB or more) exceeds the memory this process may still allocate, before anything
+// is allocated, and likewise log2phy once its width (the largest replica count) is known.
+// `hooks` (optional): see PlaceHooks; a failed check is returned as it is.
 // `previous` (optional, kEldr only; the DeepSeek variants follow the public algorithm and ignore it):
 // the placement in service now. kEldr then looks for a placement that moves fewer expert weights
 // (CountMoves) while no layer's bottleneck exceeds (1 + move_slack) times the one it reaches without
@@ -111,7 +125,11 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 // 2-core VM (stop 31) 0.97-1.00 ms, then ~0.95x of that with log2phy written by the calling thread while the
 // other finishes its last layers.
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
-                        const Placement* previous = nullptr);
+                        const Placement* previous = nullptr, const PlaceHooks* hooks = nullptr);
+
+// The bytes Place allocates for `problem` (the result and the scratch of all its threads), an upper bound up to
+// small vectors; a double, so that a product of counts cannot overflow. REQUIRES: counts >= 1.
+double PlacementMemoryBytes(const PlacementProblem& problem, PlacementAlgorithm algorithm, bool with_previous);
 
 // DESIGN.md §3: Σ_layers mean-over-ranks load ÷ Σ_layers max-over-ranks load, where rank r holds slots
 // [r*P/R, (r+1)*P/R) and each slot of expert e carries load[l, e] / logcnt[l, e]. 1.0 = perfect; also 1.0

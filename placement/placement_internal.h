@@ -2,8 +2,11 @@
 #pragma once
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <mutex>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -30,12 +33,40 @@ void FinishPlacement(Placement* placement, const std::vector<int32_t>* replica_r
 int MaxReplicas(const Placement& placement);
 void FillLog2PhyLayer(Placement* placement, int layer, const int32_t* replica_rank_row, int32_t* next);
 
+// PlaceHooks (null: none) for the algorithms' threads: the first failed check is kept, and every later
+// Continue() is false. Thread-safe.
+class LayerHooks {
+ public:
+  explicit LayerHooks(const PlaceHooks* hooks) : hooks_(hooks) {}
+  // Before a layer: false when the placement must stop (a check failed, now or earlier).
+  bool Continue();
+  // After a layer.
+  void LayerDone();
+  // The failed check's status, else OK. Call after the threads stopped.
+  Status status() const { return status_; }
+
+ private:
+  const PlaceHooks* hooks_;
+  std::mutex mu_;
+  std::atomic<bool> stopped_{false};
+  Status status_;
+  int layers_done_ = 0;
+};
+
+// CheckMemoryBudget (runtime/common/memory_budget.h) for `bytes` of 64 MiB or more; OK below.
+Status CheckPlacementMemory(double bytes, const std::string& what);
+
+// CheckPlacementMemory of log2phy [L, E, max_replicas] (known once the replica counts are).
+Status CheckLog2PhyMemory(int num_layers, int num_experts, int max_replicas);
+
 // eplb.py rebalance_experts_hierarchical with the given groups and nodes (1 and 1 for the global policy).
-// REQUIRES: ValidateProblem passed and num_groups % num_nodes == 0.
-Placement PlaceDeepSeek(const PlacementProblem& problem, int num_groups, int num_nodes);
+// REQUIRES: ValidateProblem passed and num_groups % num_nodes == 0. Errors: a failed hook check, or
+// CheckLog2PhyMemory's.
+Result<Placement> PlaceDeepSeek(const PlacementProblem& problem, int num_groups, int num_nodes, LayerHooks* hooks);
 
 // The kEldr algorithm. REQUIRES: ValidateProblem passed, P / R <= E, `previous` null or of the same shape.
-Placement PlaceEldr(const PlacementProblem& problem, const Placement* previous);
+// Errors as PlaceDeepSeek's.
+Result<Placement> PlaceEldr(const PlacementProblem& problem, const Placement* previous, LayerHooks* hooks);
 
 // One layer of a kEldr placement in progress, as the bottleneck search sees it.
 struct RankState {

@@ -1,5 +1,6 @@
 #include "runtime/calib/placement_store.h"
 
+#include <algorithm>
 #include <filesystem>
 
 #include "runtime/common/atomic_file.h"
@@ -81,6 +82,74 @@ Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, Sto
   out->num_slots = static_cast<int>(P);
   out->num_nodes = static_cast<int>(nodes);
   out->num_groups = static_cast<int>(groups);
+  // The clusters the placements were made for are this file's own /clusters (eldr place calib writes both):
+  // another count means the /placement is left from another clustering.
+  if (f.HasAttribute(kRoot, "num_clusters") && f.Exists("/clusters/sizes")) {
+    ELDR_ASSIGN_OR_RETURN(const int64_t K, f.ReadIntAttribute(kRoot, "num_clusters"));
+    ELDR_ASSIGN_OR_RETURN(const h5::Dims sizes, f.Shape("/clusters/sizes"));
+    if (sizes.size() != 1 || static_cast<int64_t>(sizes[0]) != K) {
+      return Status::Corrupt(path + ": /placement was made for num_clusters = " + std::to_string(K) +
+                             " clusters but /clusters has " + (sizes.size() == 1 ? std::to_string(sizes[0]) : "?") +
+                             "; re-run eldr place calib");
+    }
+  }
+  return Status::Ok();
+}
+
+// logcnt and log2phy, where the file has them, must say what phy2log says (`pl`, rebuilt from it): readers use
+// phy2log, but other tools read these, so a file whose copies contradict it is refused rather than passed on.
+// log2phy [L, E, max_replicas] lists an expert's slots in any order (the DeepSeek variants write eplb.py's replica
+// order), -1 padded.
+Status CheckWrittenForOthers(const h5::File& f, const std::string& path, const std::string& g, const Placement& pl) {
+  const int L = pl.num_layers, E = pl.num_experts;
+  auto corrupt = [&](const std::string& what) {
+    return Status::Corrupt(path + ": " + g + "/" + what + "; re-run eldr place calib");
+  };
+  h5::Dims dims;
+  if (f.Exists(g + "/logcnt")) {
+    ELDR_ASSIGN_OR_RETURN(std::vector<int32_t> logcnt, f.Read<int32_t>(g + "/logcnt", &dims, 2));
+    if (dims[0] != static_cast<hsize_t>(L) || dims[1] != static_cast<hsize_t>(E)) {
+      return corrupt("logcnt is [" + std::to_string(dims[0]) + ", " + std::to_string(dims[1]) +
+                     "], expected [L = " + std::to_string(L) + ", E = " + std::to_string(E) + "]");
+    }
+    for (size_t i = 0; i < logcnt.size(); ++i) {
+      if (logcnt[i] != pl.logcnt[i]) {
+        return corrupt("logcnt[" + std::to_string(i / E) + ", " + std::to_string(i % E) +
+                       "] = " + std::to_string(logcnt[i]) + " but phy2log gives that expert " +
+                       std::to_string(pl.logcnt[i]) + " slots");
+      }
+    }
+  }
+  if (!f.Exists(g + "/log2phy")) return Status::Ok();
+  ELDR_ASSIGN_OR_RETURN(const h5::Dims shape, f.Shape(g + "/log2phy"));
+  if (shape.size() != 3 || shape[0] != static_cast<hsize_t>(L) || shape[1] != static_cast<hsize_t>(E) ||
+      shape[2] != static_cast<hsize_t>(pl.max_replicas)) {
+    std::string got;
+    for (hsize_t d : shape) got += (got.empty() ? "" : ", ") + std::to_string(d);
+    return corrupt("log2phy is [" + got + "], expected [L = " + std::to_string(L) + ", E = " + std::to_string(E) +
+                   ", max replicas = " + std::to_string(pl.max_replicas) + "]");
+  }
+  ELDR_ASSIGN_OR_RETURN(std::vector<int32_t> log2phy, f.Read<int32_t>(g + "/log2phy", &dims, 3));
+  const size_t width = dims[2];
+  std::vector<int32_t> slots;
+  for (int l = 0; l < L; ++l) {
+    for (int e = 0; e < E; ++e) {
+      const int32_t* row = log2phy.data() + (static_cast<size_t>(l) * E + e) * width;
+      const int32_t* want = pl.log2phy.data() + (static_cast<size_t>(l) * E + e) * pl.max_replicas;
+      const int cnt = pl.logcnt[static_cast<size_t>(l) * E + e];
+      slots.assign(row, row + cnt);
+      std::sort(slots.begin(), slots.end());  // `want` is ascending (PlacementFromPhy2Log)
+      const bool padded = std::all_of(row + cnt, row + width, [](int32_t v) { return v == -1; });
+      if (!padded || !std::equal(slots.begin(), slots.end(), want)) {
+        std::string listed;
+        for (size_t k = 0; k < width; ++k) listed += (k ? ", " : "") + std::to_string(row[k]);
+        std::string held;
+        for (int k = 0; k < cnt; ++k) held += (k ? ", " : "") + std::to_string(want[k]);
+        return corrupt("log2phy[" + std::to_string(l) + ", " + std::to_string(e) + "] = [" + listed +
+                       "] but phy2log puts that expert in slots " + held + " (then -1 padding)");
+      }
+    }
+  }
   return Status::Ok();
 }
 
@@ -96,6 +165,7 @@ Result<Placement> ReadGroup(const h5::File& f, const std::string& path, const st
   }
   auto pl = PlacementFromPhy2Log(L, E, root.num_ranks, std::move(phy2log));
   if (!pl.ok()) return Status::Corrupt(path + ": " + g + "/phy2log: " + pl.status().message());
+  ELDR_RETURN_IF_ERROR(CheckWrittenForOthers(f, path, g, pl.value()));
   return pl;
 }
 
@@ -111,19 +181,28 @@ std::vector<double> GlobalExpertLoad(const Calibration& calib) {
   return global;
 }
 
-Result<ClusterPlacements> PlaceClusters(const Calibration& calib, const PlacementSpec& spec) {
+Result<ClusterPlacements> PlaceClusters(const Calibration& calib, const PlacementSpec& spec, const PlaceHooks* hooks) {
   const size_t row = static_cast<size_t>(calib.shape.num_layers) * calib.shape.num_experts;
   ClusterPlacements out;
   out.spec = spec;
   PlacementProblem p = ProblemOf(calib, spec);
+  // The hooks of placement k count its layers after the k * L of the placements before it.
+  int placed_before = 0;
+  PlaceHooks each;
+  if (hooks != nullptr) {
+    each.check = hooks->check;
+    if (hooks->on_layer) each.on_layer = [&](int done) { hooks->on_layer(placed_before + done); };
+  }
+  const PlaceHooks* each_hooks = hooks != nullptr ? &each : nullptr;
   for (int k = 0; k < calib.num_clusters; ++k) {
     p.load.assign(calib.expert_load.begin() + k * row, calib.expert_load.begin() + (k + 1) * row);
-    ELDR_ASSIGN_OR_RETURN(Placement placed, Place(p, spec.algorithm));
+    ELDR_ASSIGN_OR_RETURN(Placement placed, Place(p, spec.algorithm, nullptr, each_hooks));
     out.balancedness.push_back(Balancedness(placed, p.load));
     out.per_cluster.push_back(std::move(placed));
+    placed_before += calib.shape.num_layers;
   }
   p.load = GlobalExpertLoad(calib);
-  ELDR_ASSIGN_OR_RETURN(out.global, Place(p, spec.algorithm));
+  ELDR_ASSIGN_OR_RETURN(out.global, Place(p, spec.algorithm, nullptr, each_hooks));
   out.balancedness.push_back(Balancedness(out.global, p.load));
   return out;
 }

@@ -14,7 +14,9 @@
 //   /placement/global/          the same for the global load Σ_k sizes[k] · /clusters/expert_load[k]
 //                               (GlobalExpertLoad: every member request weighs the same)
 // phy2log is authoritative: readers rebuild logcnt and log2phy (ascending slots) from it; log2phy and logcnt
-// are written for other tools (h5py, an inference engine's EPLB loader). Readers require num_ranks,
+// are written for other tools (h5py, an inference engine's EPLB loader), so readers refuse a file where they are
+// present and contradict phy2log (log2phy's rows may list an expert's slots in any order), and one whose
+// num_clusters differs from its own /clusters (a /placement left from another clustering). Readers require num_ranks,
 // num_slots and /placement/global; algorithm, num_nodes, num_groups and num_clusters are optional (files
 // written by hand or by earlier versions lack some of them; nodes and groups default to 1).
 //
@@ -56,8 +58,10 @@ struct ClusterPlacements {
 };
 
 // Places every cluster's load and the global load with `spec` (the global load computed once). Errors are
-// Place's (InvalidArgument naming the values).
-Result<ClusterPlacements> PlaceClusters(const Calibration& calib, const PlacementSpec& spec);
+// Place's (InvalidArgument naming the values, ResourceExhausted, a failed hook check). `hooks` (optional) as
+// Place's, over the K + 1 placements together: on_layer counts up to (K + 1) * L.
+Result<ClusterPlacements> PlaceClusters(const Calibration& calib, const PlacementSpec& spec,
+                                        const PlaceHooks* hooks = nullptr);
 
 // Writes `placements` as /placement of a copy of `calib_path` renamed onto `out_path` (which may be
 // calib_path: the file is then updated atomically). A /placement already there is replaced. IoError naming
@@ -80,7 +84,8 @@ struct StoredPlacements {
 // Reads /placement of `path` for clusters [cluster_begin, cluster_end), each by the fallback rule. The
 // placements must fit L = num_layers MoE layers of E = num_experts experts. present = false (and OK) when
 // the file has no /placement. Corrupt, naming the file and the object: a missing or out-of-range num_ranks
-// or num_slots, no /placement/global, a phy2log that is not [L, P] or not a placement of E experts on R ranks.
+// or num_slots, no /placement/global, a phy2log that is not [L, P] or not a placement of E experts on R ranks,
+// a logcnt or log2phy that contradicts it, a num_clusters other than the file's /clusters count.
 // REQUIRES: 0 <= cluster_begin <= cluster_end.
 Result<StoredPlacements> ReadPlacements(const std::string& path, int num_layers, int num_experts, int cluster_begin,
                                         int cluster_end);

@@ -17,6 +17,7 @@
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/memory_budget.h"
+#include "runtime/common/progress.h"
 #include "runtime/common/signals.h"
 #include "runtime/eval/placement_replay.h"
 #include "runtime/trace/trace.h"
@@ -36,25 +37,53 @@ struct GivenSpec {
   bool slots = false, ranks = false, nodes = false, groups = false, algorithm = false;
 };
 
-// The bounds of -P (physical expert slots, all ranks together) and of -R, -N, -G (as the job config's topology keys).
-const IntRange kSlots = IntRange::Between(1, 1 << 20);
-const IntRange kPoolCount = IntRange::Between(1, 65536);
+// The bounds of -P (physical expert slots per layer, all ranks together), -R and -N (one EP group's ranks and
+// nodes) and -G. The largest public decode EP group is 320 ranks (DeepSeek-V3), the largest expert count 384 (Kimi
+// K2): the bounds leave room for 3x and 85x that, and keep one layer's eldr placement near a second (at P = 32768,
+// R = 1024 and E = 2048, 0.8 s here; twice either bound costs 3-5x that). Place checks its memory.
+const IntRange kSlots = IntRange::Between(1, 32768);
+const IntRange kRanks = IntRange::Between(1, 1024);
+const IntRange kGroups = IntRange::Between(1, 65535);
 
 // -P, -R, -N, -G and --algorithm. `required`: -P and -R must be given.
 void AddSpecOptions(CLI::App* cmd, SpecArgs* s, bool required, const std::string& slots_help,
                     const std::string& ranks_help) {
   cmd->add_option("--algorithm", s->algorithm, "deepseek-global, deepseek-hierarchical or eldr")->capture_default_str();
   auto* slots = cmd->add_option("--slots,-P", s->slots, slots_help)->check(InRange(kSlots));
-  auto* ranks = cmd->add_option("--ranks,-R", s->ranks, ranks_help)->check(InRange(kPoolCount));
+  auto* ranks = cmd->add_option("--ranks,-R", s->ranks, ranks_help)->check(InRange(kRanks));
   if (required) {
     slots->required();
     ranks->required();
   }
-  cmd->add_option("--nodes,-N", s->nodes, "nodes")->capture_default_str()->check(InRange(kPoolCount));
-  cmd->add_option("--groups,-G", s->groups, "expert groups (hierarchical packing)")
+  cmd->add_option("--nodes,-N", s->nodes,
+                  "nodes the ranks are spread over (deepseek-global places as if on one; they still set the reported "
+                  "group_locality)")
       ->capture_default_str()
-      ->check(InRange(kPoolCount));
+      ->check(InRange(kRanks));
+  cmd->add_option("--groups,-G", s->groups,
+                  "expert groups of E/G consecutive experts (deepseek-hierarchical packs them onto nodes, eldr "
+                  "homes them; deepseek-global places as if G = 1, they still set the reported group_locality)")
+      ->capture_default_str()
+      ->check(InRange(kGroups));
 }
+
+// A progress bar over `total_layers` layers of placement (on a terminal) and Ctrl-C between layers (after
+// InstallInterruptHandlers): the hooks of Place, PlaceClusters and PlaceForEvaluation.
+class PlaceProgress {
+ public:
+  explicit PlaceProgress(int64_t total_layers) : bar_("placing layers", total_layers) {
+    hooks_.check = [] { return Interrupted() ? InterruptStatus() : Status::Ok(); };
+    hooks_.on_layer = [this](int done) { bar_.Update(done); };
+  }
+  PlaceProgress(const PlaceProgress&) = delete;
+  PlaceProgress& operator=(const PlaceProgress&) = delete;
+  const PlaceHooks* hooks() const { return &hooks_; }
+  void Finish() { bar_.Finish(); }
+
+ private:
+  ProgressBar bar_;
+  PlaceHooks hooks_;
+};
 
 GivenSpec GivenOf(const CLI::App* cmd) {
   return {cmd->count("--slots") > 0, cmd->count("--ranks") > 0, cmd->count("--nodes") > 0, cmd->count("--groups") > 0,
@@ -150,6 +179,21 @@ std::string ProfileText(const PlacementProblem& p, const Placement& pl, Placemen
 
 Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
   ELDR_ASSIGN_OR_RETURN(PlacementSpec spec, SpecOf(a.spec));
+  // Options that only a re-plan reads are refused without one (they would be ignored).
+  for (const char* name : {"--move-slack", "--expert-bytes"}) {
+    if (cmd.count(name) > 0 && a.previous.empty()) {
+      return Status::InvalidArgument(std::string(name) +
+                                     " applies to a re-plan only: give --previous (an earlier `eldr place profile "
+                                     "--json` output) or drop it");
+    }
+  }
+  if (cmd.count("--move-slack") > 0 && spec.algorithm != PlacementAlgorithm::kEldr) {
+    return Status::InvalidArgument(std::string("--move-slack does not apply to ") +
+                                   PlacementAlgorithmName(spec.algorithm) +
+                                   ", which follows the public algorithm and ignores --previous (its moves are still "
+                                   "counted); drop it or use --algorithm eldr");
+  }
+  InstallInterruptHandlers();
   PlacementProblem p;
   ELDR_RETURN_IF_ERROR(ReadProfileLoad(a, &p));
   p.num_slots = spec.num_slots;
@@ -158,9 +202,12 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
   p.num_groups = spec.num_groups;
   p.move_slack = a.move_slack;
   ELDR_ASSIGN_OR_RETURN(std::unique_ptr<Placement> previous, ReadPrevious(a.previous));
+  PlaceProgress progress(p.num_layers);
   const auto t0 = std::chrono::steady_clock::now();
-  auto placed = Place(p, spec.algorithm, previous.get());
+  auto placed = Place(p, spec.algorithm, previous.get(), progress.hooks());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+  progress.Finish();
+  if (Interrupted()) return InterruptStatus();
   if (!placed.ok()) return placed.status().WithPrefix(a.load + (previous ? " with --previous " + a.previous : ""));
   const Placement& pl = placed.value();
   nlohmann::json j = ProfileJson(p, pl, spec.algorithm, ms);
@@ -230,7 +277,10 @@ Status RunCalib(const CalibArgs& a, const CLI::App& cmd) {
   InstallInterruptHandlers();
   ELDR_RETURN_IF_ERROR(AtomicOutput(out_path).CheckWritable());
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
-  auto placed = PlaceClusters(calib, spec);
+  PlaceProgress progress(static_cast<int64_t>(calib.num_clusters + 1) * calib.shape.num_layers);
+  auto placed = PlaceClusters(calib, spec, progress.hooks());
+  progress.Finish();
+  if (Interrupted()) return InterruptStatus().WithPrefix(out_path);
   if (!placed.ok()) return placed.status().WithPrefix(a.calib);
   ELDR_RETURN_IF_ERROR(WritePlacements(placed.value(), a.calib, out_path));
   PrintClusterPlacements(a, placed.value(), out_path, cmd);
@@ -289,7 +339,13 @@ Result<PlacementSpec> ResolveSpec(const EvaluateArgs& a, const GivenSpec& given,
 // The stored placements when they were written for `spec`, else placed now.
 Result<ComparedPlacements> LoadComparedPlacements(const EvaluateArgs& a, const PlacementSpec& spec,
                                                   const Calibration& calib, StoredPlacements stored) {
-  if (!stored.Matches(spec)) return PlaceForEvaluation(calib, spec, a.calib);
+  if (!stored.Matches(spec)) {
+    PlaceProgress progress(static_cast<int64_t>(calib.num_clusters + 1) * calib.shape.num_layers);
+    auto placed = PlaceForEvaluation(calib, spec, a.calib, progress.hooks());
+    progress.Finish();
+    if (Interrupted()) return InterruptStatus();
+    return placed;
+  }
   ComparedPlacements out;
   auto contiguous = ContiguousPlacement(calib.shape.num_layers, calib.shape.num_experts, spec.num_ranks);
   if (!contiguous.ok()) return contiguous.status().WithPrefix(a.calib);
@@ -307,6 +363,7 @@ Result<ComparedPlacements> LoadComparedPlacements(const EvaluateArgs& a, const P
 
 Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given, const CLI::App& cmd) {
   if (a.batch < 1) return Status::InvalidArgument("--batch must be >= 1, got " + std::to_string(a.batch));
+  InstallInterruptHandlers();
   ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, {{a.trace, "--trace"}, {a.calib, "--calib"}}));
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
   ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));

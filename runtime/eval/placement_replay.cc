@@ -94,12 +94,12 @@ std::string Cell(double v, int decimals) { return std::isfinite(v) ? Fmt(v, deci
 }  // namespace
 
 Result<ComparedPlacements> PlaceForEvaluation(const Calibration& calib, const PlacementSpec& spec,
-                                              const std::string& calib_name) {
+                                              const std::string& calib_name, const PlaceHooks* hooks) {
   ComparedPlacements out;
   auto contiguous = ContiguousPlacement(calib.shape.num_layers, calib.shape.num_experts, spec.num_ranks);
   if (!contiguous.ok()) return contiguous.status().WithPrefix(calib_name);
   out.contiguous = std::move(contiguous).value();
-  auto placed = PlaceClusters(calib, spec);
+  auto placed = PlaceClusters(calib, spec, hooks);
   if (!placed.ok()) return placed.status().WithPrefix(calib_name);
   out.global = std::move(placed.value().global);
   out.per_cluster = std::move(placed.value().per_cluster);

@@ -53,9 +53,10 @@ struct ComparedPlacements {
 
 // Places per-cluster and global (calib/placement_store.h PlaceClusters) with `spec`, and builds the
 // contiguous placement for spec.num_ranks. Errors (InvalidArgument from Place, E % R != 0) are prefixed with
-// `calib_name`. The stored placements, when they match, come from ReadPlacements (the CLI chooses).
+// `calib_name`. The stored placements, when they match, come from ReadPlacements (the CLI chooses). `hooks` as
+// PlaceClusters'.
 Result<ComparedPlacements> PlaceForEvaluation(const Calibration& calib, const PlacementSpec& spec,
-                                              const std::string& calib_name);
+                                              const std::string& calib_name, const PlaceHooks* hooks = nullptr);
 
 // Step 3 of the replay: the decode steps of one decoder whose requests are `request_indices` (rows of
 // trace.requests, batched in this order). Returns the global token rows of each step.

@@ -94,6 +94,31 @@ PYEOF
 run_ok "a placed calibration still loads" "$ELDR" inspect placed.h5
 expect_error "place: slots not divisible by ranks" "P = 150 must be a multiple of ranks R = 16" - "$ELDR" place profile --load "$PROFILE" -P 150 -R 16
 expect_error "place: missing load file" "nope.json" - "$ELDR" place profile --load nope.json -P 160 -R 16
+# The bounds of one EP group (-R 1024, -P 32768) and options that only a re-plan reads.
+expect_error "place: -R above its bound" "--ranks: must be an integer in \[1, 1024\], got '2048'" - \
+  "$ELDR" place profile --load "$PROFILE" -P 4096 -R 2048
+expect_error "place: -P above its bound" "--slots: must be an integer in \[1, 32768\], got '65536'" - \
+  "$ELDR" place profile --load "$PROFILE" -P 65536 -R 16
+for opt in "--move-slack 0.1" "--expert-bytes 1000"; do
+  expect_error "place: $opt without --previous" "${opt% *} applies to a re-plan only: give --previous" - \
+    "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 $opt
+done
+expect_error "place: --move-slack with deepseek-global" "--move-slack does not apply to deepseek-global" - \
+  "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --algorithm deepseek-global \
+  --previous place_eldr.json --move-slack 0.1
+run_ok "place: --expert-bytes with --previous" "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 \
+  --algorithm deepseek-global --previous place_eldr.json --expert-bytes 1000 --json
+$PY -c "import json; j = json.load(open('$WORK/out.txt')); assert j['moved_bytes'] == 1000 * j['moved_experts'] > 0" \
+  && ok "place: moved bytes = moved experts x --expert-bytes" || bad "place: moved bytes" "$(head -c 300 "$WORK/out.txt")"
+# eldr's [E, R] tables for E = 16384 experts on R = 1024 ranks take 84 MB a thread: over a 16 MB budget, one line
+# before anything is allocated.
+$PY -c "
+import h5py, numpy as np
+with h5py.File('wide_load.h5', 'w') as f: f['/load'] = np.ones((1, 16384))
+"
+ELDR_MEMORY_BUDGET=16M expect_error "place: memory checked before placing" \
+  "wide_load.h5: eldr placement of L = 1 layers x E = 16384 experts into P = 16384 slots on R = 1024 ranks: needs [0-9.]+ MB, this machine has 16.8 MB available" \
+  - "$ELDR" place profile --load wide_load.h5 -P 16384 -R 1024
 
 # ---- the files as h5py and h5dump see them (names, types, shapes of DESIGN.md §5) ----
 if $PY - "$WORK" <<'PYEOF'

@@ -618,6 +618,21 @@ if check_run "SIGHUP during calibrate" 129 "cm.h5: interrupted by SIGHUP"; then
   else ok "SIGHUP during calibrate"; fi
 fi
 
+# A long placement (each layer of E = 2048 experts into 32768 slots on 1024 ranks takes about a second) stops
+# between layers: place calib leaves neither its output nor a temporary.
+"$ELDR" trace synth --requests 200 --layers 4 --experts 2048 --top-k 8 --prompt-len 16 --output-len 16 \
+  --out wide.h5 >/dev/null && "$ELDR" calibrate --trace wide.h5 -K 2 --out wide_c.h5 --quiet
+"$ELDR" place calib --calib wide_c.h5 --out wide_p.h5 -P 32768 -R 1024 >"$WORK/out.txt" 2>"$WORK/err.txt" &
+pid=$!
+sleep 1
+kill -s INT $pid
+wait $pid
+rc=$?
+if check_run "SIGINT during place calib" 130 "wide_p.h5: interrupted by SIGINT"; then
+  if [ -e wide_p.h5 ] || [ -n "$(temps_of wide_p.h5)" ]; then bad "SIGINT during place calib" "output or temporary left"
+  else ok "SIGINT during place calib"; fi
+fi
+
 # Nothing else was left in the work directory.
 stray=$(ls -a | grep "\.tmp\." || true)
 [ -z "$stray" ] && ok "no temporary anywhere" || bad "no temporary anywhere" "$stray"

@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -142,6 +143,86 @@ TEST_F(PlacementStoreTest, MissingClusterUsesGlobalAndCorruptGroupsAreErrors) {
   ASSERT_FALSE(out_of_range.ok());
   EXPECT_NE(out_of_range.status().message().find(path_ + ": /placement/cluster_0/phy2log: "), std::string::npos)
       << out_of_range.status().message();
+}
+
+// logcnt and log2phy are copies written for other tools: where present they must say what phy2log says (in any
+// slot order), and num_clusters must be the file's own cluster count. Each damage is made by hand below.
+TEST_F(PlacementStoreTest, CopiesThatContradictPhy2LogAndAStaleClusterCountAreCorrupt) {
+  const ClusterPlacements p = PlaceClusters(calib_, Spec()).value();
+  const std::string g = "/placement/cluster_0";
+  const Placement& pl = p.per_cluster[0];
+  const hsize_t L = 3, E = 16, W = pl.max_replicas;
+  ASSERT_GE(W, 2u) << "the test needs an expert with two replicas";
+  // Replaces one dataset of cluster_0 (or removes it when `data` is empty) in a fresh copy of the placement.
+  auto rewrite = [&](const std::string& name, const std::vector<int32_t>& data, const h5::Dims& dims) {
+    ASSERT_TRUE(WritePlacements(p, path_, path_).ok());
+    auto f = h5::File::OpenReadWrite(path_, path_);
+    ASSERT_TRUE(f.ok());
+    ASSERT_TRUE(f.value().Remove(g + "/" + name).ok());
+    if (!data.empty()) {
+      ASSERT_TRUE(f.value().Write(g + "/" + name, data, dims).ok());
+    }
+    ASSERT_TRUE(f.value().Close().ok());
+  };
+  auto error_of = [&] {
+    auto s = ReadPlacements(path_, 3, 16, 0, 3);
+    return s.ok() ? std::string("OK") : s.status().message();
+  };
+  // The first expert of layer 0 with two or more replicas, and its row of log2phy.
+  int e2 = 0;
+  while (pl.logcnt[e2] < 2) ++e2;
+  const size_t row = static_cast<size_t>(e2) * W;
+
+  // Its slots listed in reverse order (as the DeepSeek variants may list them): the same placement.
+  std::vector<int32_t> log2phy = pl.log2phy;
+  std::reverse(log2phy.begin() + row, log2phy.begin() + row + pl.logcnt[e2]);
+  rewrite("log2phy", log2phy, {L, E, W});
+  EXPECT_EQ(error_of(), "OK");
+  // One of its slots replaced by a slot of another expert.
+  log2phy = pl.log2phy;
+  log2phy[row] = pl.log2phy[e2 == 0 ? W : 0];
+  rewrite("log2phy", log2phy, {L, E, W});
+  EXPECT_NE(error_of().find(path_ + ": " + g + "/log2phy[0, " + std::to_string(e2) + "] = ["), std::string::npos)
+      << error_of();
+  // A slot in the padding.
+  log2phy = pl.log2phy;
+  int e1 = 0;
+  while (pl.logcnt[e1] != 1) ++e1;
+  log2phy[static_cast<size_t>(e1) * W + 1] = pl.log2phy[row];
+  rewrite("log2phy", log2phy, {L, E, W});
+  EXPECT_NE(error_of().find(g + "/log2phy[0, " + std::to_string(e1) + "]"), std::string::npos) << error_of();
+  // Another width.
+  log2phy.assign(L * E * (W + 1), -1);
+  rewrite("log2phy", log2phy, {L, E, W + 1});
+  EXPECT_NE(error_of().find(g + "/log2phy is [3, 16, " + std::to_string(W + 1) + "]"), std::string::npos) << error_of();
+  // A replica count moved from one expert to another (the sum still P).
+  std::vector<int32_t> logcnt = pl.logcnt;
+  --logcnt[e2];
+  ++logcnt[e1];
+  rewrite("logcnt", logcnt, {L, E});
+  EXPECT_NE(error_of().find(path_ + ": " + g + "/logcnt[0, " + std::to_string(std::min(e1, e2)) + "]"),
+            std::string::npos)
+      << error_of();
+  // Without the copies, phy2log alone is the placement.
+  rewrite("logcnt", {}, {});
+  {
+    auto f = h5::File::OpenReadWrite(path_, path_);
+    ASSERT_TRUE(f.value().Remove(g + "/log2phy").ok());
+    ASSERT_TRUE(f.value().Close().ok());
+  }
+  auto alone = ReadPlacements(path_, 3, 16, 0, 3);
+  ASSERT_TRUE(alone.ok()) << alone.status().message();
+  EXPECT_EQ(alone.value().per_cluster[0].log2phy, pl.log2phy);
+  // A /placement made for another clustering (here: four clusters, the file's /clusters has three).
+  ASSERT_TRUE(WritePlacements(p, path_, path_).ok());
+  {
+    auto f = h5::File::OpenReadWrite(path_, path_);
+    ASSERT_TRUE(f.value().WriteAttribute("/placement", "num_clusters", int64_t{4}).ok());
+    ASSERT_TRUE(f.value().Close().ok());
+  }
+  EXPECT_NE(error_of().find(path_ + ": /placement was made for num_clusters = 4 clusters but /clusters has 3"),
+            std::string::npos)
+      << error_of();
 }
 
 }  // namespace

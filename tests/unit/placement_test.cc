@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -747,6 +748,87 @@ TEST(PlacementTest, EldrPlacementDoesNotDependOnTheThreadCount) {
     setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
   } else {
     unsetenv("ELDR_NUM_THREADS");
+  }
+}
+
+// PlaceHooks: on_layer counts every layer once, 1..L in order and never two calls at once; a failed check stops the
+// placement (no layer starts after it) and is returned as it is. On one thread and on four.
+TEST(PlacementTest, HooksCountLayersAndAFailedCheckStopsThePlacement) {
+  const int L = 64;
+  const PlacementProblem p = Problem(L, 32, 40, 8, 2, 8, SkewedLoad(L, 32, 5));
+  const char* saved = std::getenv("ELDR_NUM_THREADS");
+  const std::string saved_value = saved ? saved : "";
+  for (const char* threads : {"1", "4"}) {
+    setenv("ELDR_NUM_THREADS", threads, 1);
+    for (PlacementAlgorithm algo : kAll) {
+      std::vector<int> seen;
+      std::atomic<int> in_call{0}, overlaps{0};
+      PlaceHooks hooks;
+      hooks.on_layer = [&](int done) {
+        if (in_call.fetch_add(1) != 0) ++overlaps;
+        seen.push_back(done);
+        in_call.fetch_sub(1);
+      };
+      auto placed = Place(p, algo, nullptr, &hooks);
+      ASSERT_TRUE(placed.ok()) << placed.status().message();
+      std::vector<int> expected(L);
+      std::iota(expected.begin(), expected.end(), 1);
+      EXPECT_EQ(seen, expected) << PlacementAlgorithmName(algo) << ", " << threads << " threads";
+      EXPECT_EQ(overlaps.load(), 0);
+      EXPECT_EQ(placed.value().phy2log, PlaceOrDie(p, algo).phy2log) << "the hooks change nothing";
+
+      // The fifth check fails, and so does every later one: the layers placed are the four before it and at most
+      // one in progress on each other thread.
+      std::atomic<int> checks{0};
+      int layers_done = 0;
+      hooks.check = [&] { return checks.fetch_add(1) >= 4 ? Status::ResourceExhausted("stop here") : Status::Ok(); };
+      hooks.on_layer = [&](int done) { layers_done = done; };
+      auto stopped = Place(p, algo, nullptr, &hooks);
+      ASSERT_FALSE(stopped.ok()) << PlacementAlgorithmName(algo);
+      EXPECT_EQ(stopped.status().code(), StatusCode::kResourceExhausted);
+      EXPECT_EQ(stopped.status().message(), "stop here");
+      EXPECT_GE(layers_done, 4);
+      EXPECT_LE(layers_done, 4 + std::atoi(threads) - 1) << PlacementAlgorithmName(algo) << ", " << threads;
+    }
+  }
+  if (saved) {
+    setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
+  } else {
+    unsetenv("ELDR_NUM_THREADS");
+  }
+}
+
+// The memory a placement takes is checked before it is allocated (ELDR_MEMORY_BUDGET stands for the machine):
+// eldr's [E, R] tables at E = 8192, R = 2048 are 5 * 2^24 bytes = 84 MB, over a 64 MB budget and under 1 GB; the
+// DeepSeek variants need no such table. A log2phy whose width is only known after placing is checked too: with no
+// load, deepseek-global gives every redundant slot to expert 0 (4 * L * E * (P - E + 1) bytes = 2.1 GB here).
+TEST(PlacementTest, MemoryIsCheckedBeforeItIsAllocated) {
+  const char* saved = std::getenv("ELDR_MEMORY_BUDGET");
+  const std::string saved_value = saved ? saved : "";
+  const PlacementProblem big = Problem(1, 8192, 16384, 2048, 1, 1, std::vector<double>(8192, 1.0));
+  EXPECT_GT(PlacementMemoryBytes(big, PlacementAlgorithm::kEldr, false), 5.0 * 8192 * 2048);
+  EXPECT_LT(PlacementMemoryBytes(big, PlacementAlgorithm::kEldr, false), 1e9);
+  EXPECT_LT(PlacementMemoryBytes(big, PlacementAlgorithm::kDeepSeekGlobal, false), 1e7);
+  setenv("ELDR_MEMORY_BUDGET", "64M", 1);
+  auto refused = Place(big, PlacementAlgorithm::kEldr);
+  ASSERT_FALSE(refused.ok());
+  EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
+  EXPECT_NE(refused.status().message().find("eldr placement of L = 1 layers x E = 8192 experts into P = 16384 slots "
+                                            "on R = 2048 ranks: needs"),
+            std::string::npos)
+      << refused.status().message();
+  EXPECT_TRUE(Place(big, PlacementAlgorithm::kDeepSeekGlobal).ok());
+  const PlacementProblem zero = Problem(1, 16384, 32768, 1, 1, 1, std::vector<double>(16384, 0.0));
+  auto wide = Place(zero, PlacementAlgorithm::kDeepSeekGlobal);
+  ASSERT_FALSE(wide.ok());
+  EXPECT_NE(wide.status().message().find("log2phy [L = 1, E = 16384, max replicas = 16385]"), std::string::npos)
+      << wide.status().message();
+  setenv("ELDR_MEMORY_BUDGET", "1G", 1);
+  EXPECT_TRUE(Place(big, PlacementAlgorithm::kEldr).ok());
+  if (saved) {
+    setenv("ELDR_MEMORY_BUDGET", saved_value.c_str(), 1);
+  } else {
+    unsetenv("ELDR_MEMORY_BUDGET");
   }
 }
 
