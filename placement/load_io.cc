@@ -93,22 +93,35 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
                              "\" comes \"" + std::to_string(layers[l].first) + "\")");
     }
   }
-  const int E = static_cast<int>(layers.front().second->size());
-  if (E == 0) return Status::Corrupt(path + ": layer " + std::to_string(layers.front().first) + " has no experts");
+  // E is one more than the largest expert key of any layer, so that a layer lacking an expert is named as such
+  // (taking E from the first layer's size would report the other layers' last expert as out of range).
+  int64_t max_expert = -1;
+  for (const auto& [id, row] : layers) {
+    for (auto it = row->begin(); it != row->end(); ++it) {
+      int64_t e = 0;
+      if (!ParseIndex(it.key(), &e) || e >= static_cast<int64_t>(kMaxLoadExperts)) {
+        return Status::Corrupt(path + ": token_scores[\"" + std::to_string(id) + "\"] has expert key \"" + it.key() +
+                               "\"; expert keys are whole numbers 0.." + std::to_string(kMaxLoadExperts - 1));
+      }
+      max_expert = std::max(max_expert, e);
+    }
+  }
+  if (max_expert < 0) return Status::Corrupt(path + ": no layer of token_scores has an expert");
+  const int E = static_cast<int>(max_expert + 1);
   std::vector<double> load(static_cast<size_t>(L) * E, -1.0);
   for (int l = 0; l < L; ++l) {
     const std::string layer = "token_scores[\"" + std::to_string(layers[l].first) + "\"]";
     const json& row = *layers[l].second;
-    if (static_cast<int>(row.size()) != E) {
-      return Status::Corrupt(path + ": " + layer + " has " + std::to_string(row.size()) + " experts, the first layer " +
-                             std::to_string(E));
+    if (static_cast<int>(row.size()) != E) {  // keys are distinct and < E: some expert is missing
+      int missing = 0;
+      while (row.contains(std::to_string(missing))) ++missing;
+      return Status::Corrupt(path + ": " + layer + " lacks expert \"" + std::to_string(missing) +
+                             "\" (every layer needs the experts 0.." + std::to_string(E - 1) +
+                             ", the largest key of any layer)");
     }
     for (auto it = row.begin(); it != row.end(); ++it) {
       int64_t e = 0;
-      if (!ParseIndex(it.key(), &e) || e >= E) {
-        return Status::Corrupt(path + ": " + layer + " has expert key \"" + it.key() + "\", expected 0.." +
-                               std::to_string(E - 1));
-      }
+      ParseIndex(it.key(), &e);  // checked above
       if (!it.value().is_number()) {
         return Status::Corrupt(path + ": " + layer + "[\"" + it.key() + "\"] is not a number");
       }

@@ -266,6 +266,25 @@ double CountField(const nlohmann::json& j, const char* key, const IntRange& rang
 // Far beyond any batch, context or prompt, below where doubles skip integers.
 constexpr int64_t kMaxStepCount = 1'000'000'000'000'000;
 
+// --fit reads text: a binary file given by mistake (a trace, a calibration, a gzip) is named as such from its first
+// bytes, instead of a JSON parse error that quotes them. Rewinds `in`.
+Status CheckTextInput(const std::string& path, std::ifstream& in) {
+  char head[512];
+  in.read(head, sizeof(head));
+  const std::string bytes(head, static_cast<size_t>(in.gcount()));
+  in.clear();
+  in.seekg(0);
+  const std::string what = "; --fit reads eldr serve steps.jsonl and moe_layer_bench JSON files";
+  if (bytes.rfind("\x89HDF\r\n\x1a\n", 0) == 0) {
+    return Status::InvalidArgument(path + ": is an HDF5 file (a trace or a calibration?), not text" + what);
+  }
+  if (bytes.rfind("\x1f\x8b", 0) == 0) return Status::InvalidArgument(path + ": is gzip-compressed, not text" + what);
+  if (bytes.find('\0') != std::string::npos) {
+    return Status::InvalidArgument(path + ": is a binary file (it holds NUL bytes), not text" + what);
+  }
+  return Status::Ok();
+}
+
 // max_distinct: the distinct experts a decode step can touch, the model's MoE layers x routed experts.
 // `log_index`: this log's place among the fit's files (its decode steps' sources are log_index · 2^32 + worker).
 Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, double cores, int64_t max_distinct) {
@@ -634,6 +653,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     ELDR_RETURN_IF_ERROR(CheckInputFile(f, "a steps.jsonl or moe_layer_bench JSON file"));
     std::ifstream in(f);
     if (!in) return Status::NotFound(f + ": no such file");
+    ELDR_RETURN_IF_ERROR(CheckTextInput(f, in));
     std::string first;
     in >> std::ws;
     std::getline(in, first);
@@ -696,7 +716,13 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     m.decode_a = L * beta[0];
     m.decode_b = beta[1];
     m.decode_c = L * beta[2];
-    m.decode_d = s.read_bandwidth > 0 ? KvBytesPerToken(mc) / s.read_bandwidth : 0.0;
+    if (!(s.read_bandwidth > 0)) {
+      return Status::InvalidArgument(
+          "the moe_layer_bench results hold no BM_Read run with GBps: decode.d (s per context token) is a token's KV "
+          "bytes over that read bandwidth, and would be fitted as 0; run moe_layer_bench with BM_Read (its "
+          "--benchmark_filter must match it) and give its JSON to --fit");
+    }
+    m.decode_d = KvBytesPerToken(mc) / s.read_bandwidth;
     r.decode_samples = static_cast<int>(s.layer_y.size());
     r.decode_r2 = RSquared(s.layer_x, s.layer_y, 3, beta);
     // No prefill measurements in the bench: a prompt token costs what a batch token costs.

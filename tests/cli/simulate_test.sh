@@ -225,6 +225,27 @@ expect_error "--fit of one file twice" "steps.jsonl: given to --fit twice" bf.ya
 expect_error "--fit of decode steps only (was: prefill priced at 0)" "hold no prefill steps.*--prefill-from COST.yaml" \
   bf.yaml "$ELDR" simulate --fit decode_only.jsonl --model "$TINY" -o bf.yaml
 
+# moe_layer_bench results without BM_Read would fit decode.d = 0 (the context term): refused, naming the run it needs.
+$PY -c "
+import json
+b = json.load(open('bench.json'))
+b['benchmarks'] = [r for r in b['benchmarks'] if not r['name'].startswith('BM_Read')]
+json.dump(b, open('b_noread.json', 'w'))
+"
+expect_error "bench fit without BM_Read (was: decode.d = 0)" "no BM_Read run with GBps: decode.d .* would be fitted as 0" \
+  bf.yaml "$ELDR" simulate --fit b_noread.json --model "$TINY" -o bf.yaml
+# A binary file given to --fit is named as such (was: a JSON parse error quoting its raw bytes).
+gzip -c steps.jsonl > steps.jsonl.gz
+printf '\x89\x01 not json\n' > latin.jsonl
+expect_error "--fit of an HDF5 file" "trace.h5: is an HDF5 file \(a trace or a calibration\?\), not text; --fit reads" \
+  bf.yaml "$ELDR" simulate --fit trace.h5 --model "$TINY" -o bf.yaml
+expect_error "--fit of a gzip file" "steps.jsonl.gz: is gzip-compressed, not text" \
+  bf.yaml "$ELDR" simulate --fit steps.jsonl.gz --model "$TINY" -o bf.yaml
+expect_error "--fit of a line with binary bytes: quoted as \\xNN" 'latin.jsonl:1: not a step record: not valid JSON .*\\x89' \
+  bf.yaml "$ELDR" simulate --fit latin.jsonl --model "$TINY" -o bf.yaml
+LC_ALL=C grep -q $'\x89' "$WORK/err.txt" && bad "no raw bytes in the --fit error" "$(cat -v "$WORK/err.txt")" \
+  || ok "no raw bytes in the --fit error"
+
 # The three modes' options do not mix: one that another mode would ignore is refused (it was ignored silently:
 # --fit with --derive fitted, --derive with -c derived, -c with --cores simulated without it).
 expect_error "--fit and --derive" "--fit and --derive are two modes; give one" fitx.yaml \

@@ -936,6 +936,26 @@ TEST(PlacementTest, JsonReaderReportsBadFiles) {
     EXPECT_EQ(r.status().code(), code) << text << ": " << r.status().message();
     EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
   }
+  // A missing expert is named as missing, in whichever layer lacks it (the first one included), with the expert
+  // count taken from the largest key of any layer.
+  const std::vector<std::pair<std::string, std::string>> missing_cases = {
+      {R"({"token_scores": {"1": {"0": 0.5, "2": 0.5}}})",
+       R"(token_scores["1"] lacks expert "1" (every layer needs the experts 0..2)"},
+      {R"({"token_scores": {"1": {"0": 0.5, "1": 0.5}, "2": {"0": 1}}})",
+       R"(token_scores["2"] lacks expert "1" (every layer needs the experts 0..1)"},
+      {R"({"token_scores": {"0": {"0": 1, "1": 1}, "1": {"0": 1, "1": 1, "2": 1}}})",
+       R"(token_scores["0"] lacks expert "2")"},
+      {R"({"token_scores": {"0": {"1": 1}, "1": {}}})", R"(token_scores["0"] lacks expert "0")"},
+      {R"({"token_scores": {"0": {"70000": 1}}})",
+       R"(token_scores["0"] has expert key "70000"; expert keys are whole numbers 0..65534)"},
+      {R"({"token_scores": {"0": {}}})", "no layer of token_scores has an expert"},
+  };
+  for (const auto& [text, message] : missing_cases) {
+    WriteText(path, text);
+    auto r = ReadLoadJson(path, &L, &E);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(path + ": " + message), std::string::npos) << r.status().message();
+  }
   // Layer ids sort numerically ("10" after "9") and need not start at 0.
   WriteText(path, R"({"token_scores": {"10": {"0": 3, "1": 4}, "9": {"1": 2, "0": 1}}})");
   auto ok = ReadLoadJson(path, &L, &E);
