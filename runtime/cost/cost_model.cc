@@ -509,12 +509,26 @@ WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<do
   return w;
 }
 
+// A decode step that costs nothing (every decode term 0) simulates no TPOT at all and leaves eldr nothing to price:
+// each term alone may be 0, not all four.
+namespace {
+Status CheckDecodeCosts(const CostModel& m, const std::string& what) {
+  if (m.decode_a == 0 && m.decode_b == 0 && m.decode_c == 0 && m.decode_d == 0) {
+    return Status::InvalidArgument(what +
+                                   ": decode.a, b, c and d are all 0, so a decode step would take no time (no TPOT "
+                                   "to simulate, nothing for eldr to price); give at least one of them");
+  }
+  return Status::Ok();
+}
+}  // namespace
+
 Result<CostModel> LoadCostModel(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(YAML::Node y, LoadYamlFile(path, "a cost model"));
   CostModel m;
   m.name = fs::path(path).stem().string();
   m.source = "given (" + path + ")";
   ELDR_RETURN_IF_ERROR(ApplyYaml(y, path, /*required=*/true, /*job_keys=*/false, &m));
+  ELDR_RETURN_IF_ERROR(CheckDecodeCosts(m, path));
   return m;
 }
 
@@ -538,6 +552,7 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
     m.source = "given (" + job_path + " simulate:)";
   }
   ELDR_RETURN_IF_ERROR(ApplyYaml(sim, job_path, /*required=*/!has_file, /*job_keys=*/true, &m));
+  ELDR_RETURN_IF_ERROR(CheckDecodeCosts(m, job_path + " simulate:"));
   return m;
 }
 
@@ -559,7 +574,7 @@ Status CheckCostModel(const CostModel& m, const std::string& what) {
       return Status::InvalidArgument(text.str());
     }
   }
-  return Status::Ok();
+  return CheckDecodeCosts(m, what);
 }
 
 std::string CostModelYaml(const CostModel& m) {

@@ -77,7 +77,8 @@ struct CostModel {
   double KvTransfer(double bytes) const { return kv_latency + (kv_bandwidth > 0 ? bytes / kv_bandwidth : 0.0); }
 };
 
-// Reads a cost model YAML (configs/costs/*.yaml). Errors name the file and key.
+// Reads a cost model YAML (configs/costs/*.yaml). Errors name the file and key; a model whose decode terms are all 0
+// (a step that takes no time) is InvalidArgument, here, in LoadJobCostModel and in CheckCostModel.
 Result<CostModel> LoadCostModel(const std::string& path);
 // The cost model of a job config's `simulate:` section: its `cost_model:` file (relative to the config)
 // with the section's inline keys on top. NotFound when the section is missing.

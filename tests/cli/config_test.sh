@@ -188,6 +188,17 @@ for f in readbw readneg; do
     "error: $f.json: BM_Read: a read bandwidth of .* GB/s; a memory bandwidth must be in \[1e9, 1e14\] $mem_why$" \
     fit-read.yaml "$ELDR" simulate --fit "$f.json" --model "$SRC/configs/models/tiny.yaml" -o fit-read.yaml
 done
+# A decode step that costs nothing (all four terms 0) is refused wherever a cost model is read: route's eldr price
+# (was: accepted, the tie rule decided every request), simulate, and the inline simulate: keys of a job config.
+printf 'decode: {a: 0, b: 0, c: 0, d: 0}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > zero.yaml
+zero_why="decode.a, b, c and d are all 0, so a decode step would take no time"
+expect_error "cost model: all decode terms 0 (route)" "error: zero.yaml: $zero_why" - \
+  "$ELDR" route --calib cal2.h5 --trace trace.h5 --policy eldr --cost-model zero.yaml
+expect_error "cost model: all decode terms 0 (simulate)" "error: zero.yaml: $zero_why" run/metrics.json \
+  "$ELDR" simulate -c job.yaml --cost-model zero.yaml --quiet
+printf 'decode: {a: 0, b: 1.0e-5, c: 0, d: 0}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > b_only.yaml
+run_ok "cost model: one decode term alone" "$ELDR" route --calib cal2.h5 --trace trace.h5 --policy eldr \
+  --cost-model b_only.yaml
 # Valid figures still load: every shipped cost model, 0 for "none" (no transfer cost, a device per worker), the
 # bounds themselves, fractional cores, a derived model at 1 TB/s, a bench fit at 10 GB/s.
 for f in "$SRC"/configs/costs/*.yaml; do
