@@ -29,20 +29,161 @@ namespace {
 
 using nlohmann::json;
 
-// Reads lines of any length from a plain or gzip file.
+// The content of a plain or gzip input (a regular file or a pipe), read once. A gzip input is inflated member by
+// member, concatenated members being one stream as gunzip reads them. Bytes after the last member that do not
+// start another (something appended to a .gz file) are counted and refused, a member cut short is reported as
+// truncated and damaged data as damaged. (zlib's gzread ends quietly at appended bytes, and a pipe cannot be read
+// a second time to find them.)
+class InputBytes {
+ public:
+  // Takes ownership of `fd`. `path` names the input in errors.
+  InputBytes(int fd, std::string path) : fd_(fd), path_(std::move(path)), in_(1 << 18) {}
+  ~InputBytes() {
+    if (inflating_) inflateEnd(&z_);
+    ::close(fd_);
+  }
+  InputBytes(const InputBytes&) = delete;
+  InputBytes& operator=(const InputBytes&) = delete;
+
+  // Reads up to `cap` bytes of content into `out`: the count, 0 at the end of the input, -1 on an error (status()).
+  int64_t Read(char* out, size_t cap) {
+    if (!status_.ok()) return -1;
+    if (mode_ == Mode::kUnknown && !Start()) return -1;
+    if (mode_ == Mode::kPlain) {
+      if (avail_ == 0 && !Fill()) return status_.ok() ? 0 : -1;
+      const size_t n = std::min(cap, avail_);
+      std::memcpy(out, next_, n);
+      next_ += n;
+      avail_ -= n;
+      return static_cast<int64_t>(n);
+    }
+    while (true) {
+      if (member_start_) {
+        if (avail_ < 2 && !eof_) Fill();
+        if (!status_.ok()) return -1;
+        if (avail_ == 0) return 0;  // the end, at a member boundary
+        if (avail_ < 2 || next_[0] != 0x1f || static_cast<unsigned char>(next_[1]) != 0x8b) return Trailing();
+        member_start_ = false;
+      }
+      if (avail_ == 0 && !Fill()) {
+        if (!status_.ok()) return -1;
+        status_ = Status::IoError(path_ + ": the gzip stream ends early (the file is truncated)");
+        truncated_ = true;
+        return -1;
+      }
+      z_.next_in = reinterpret_cast<Bytef*>(next_);
+      z_.avail_in = static_cast<uInt>(std::min<size_t>(avail_, std::numeric_limits<uInt>::max()));
+      z_.next_out = reinterpret_cast<Bytef*>(out);
+      z_.avail_out = static_cast<uInt>(std::min<size_t>(cap, std::numeric_limits<uInt>::max()));
+      const uInt in_before = z_.avail_in, out_before = z_.avail_out;
+      const int rc = inflate(&z_, Z_NO_FLUSH);
+      next_ += in_before - z_.avail_in;
+      avail_ -= in_before - z_.avail_in;
+      const int64_t produced = out_before - z_.avail_out;
+      if (rc == Z_STREAM_END) {
+        member_start_ = true;
+        if (inflateReset(&z_) != Z_OK) return Fail("cannot inflate");
+      } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        return Fail(std::string("the gzip data is damaged (") + (z_.msg ? z_.msg : "inflate error") + ")");
+      }
+      if (produced > 0) return produced;
+      // Z_BUF_ERROR with nothing produced: inflate needs more input (the loop reads it, or reports the cut).
+    }
+  }
+
+  const Status& status() const { return status_; }
+  bool truncated() const { return truncated_; }
+  uint64_t bytes_read() const { return bytes_read_; }  // of the input as stored (compressed), for progress
+
+ private:
+  enum class Mode { kUnknown, kPlain, kGzip };
+
+  // Reads more of the input after the bytes not yet used. False at its end or on an error (status_).
+  bool Fill() {
+    if (eof_) return false;
+    if (avail_ > 0 && next_ != in_.data()) std::memmove(in_.data(), next_, avail_);
+    next_ = in_.data();
+    while (true) {
+      const ssize_t n = ::read(fd_, in_.data() + avail_, in_.size() - avail_);
+      if (n < 0 && errno == EINTR) {
+        if (Interrupted()) {
+          status_ = InterruptStatus();
+          return false;
+        }
+        continue;
+      }
+      if (n < 0) {
+        status_ = Status::IoError(path_ + ": read error: " + std::strerror(errno));
+        return false;
+      }
+      if (n == 0) eof_ = true;
+      avail_ += static_cast<size_t>(n);
+      bytes_read_ += static_cast<uint64_t>(n);
+      return n > 0;
+    }
+  }
+
+  // The first bytes tell gzip (1f 8b) from plain text.
+  bool Start() {
+    while (avail_ < 2 && Fill()) {
+    }
+    if (!status_.ok()) return false;
+    const bool gzip = avail_ >= 2 && next_[0] == 0x1f && static_cast<unsigned char>(next_[1]) == 0x8b;
+    mode_ = gzip ? Mode::kGzip : Mode::kPlain;
+    if (gzip) {
+      if (inflateInit2(&z_, 15 + 16) != Z_OK) {
+        Fail("cannot inflate: out of memory");
+        return false;
+      }
+      inflating_ = true;
+    }
+    return true;
+  }
+
+  // Bytes after the last member: counted to the end of the input, then refused.
+  int64_t Trailing() {
+    uint64_t rest = avail_;
+    avail_ = 0;
+    while (Fill()) {
+      rest += avail_;
+      avail_ = 0;
+    }
+    if (!status_.ok()) return -1;
+    status_ = Status::InvalidArgument(path_ + ": " + std::to_string(rest) + (rest == 1 ? " byte" : " bytes") +
+                                      " after the end of the gzip stream are not gzip data (appended to the file?): "
+                                      "remove them, or compress the whole file again");
+    return -1;
+  }
+
+  int64_t Fail(const std::string& what) {
+    status_ = Status::IoError(path_ + ": " + what);
+    return -1;
+  }
+
+  int fd_;
+  std::string path_;
+  std::vector<char> in_;
+  char* next_ = nullptr;  // the bytes of in_ not used yet: [next_, next_ + avail_)
+  size_t avail_ = 0;
+  bool eof_ = false;
+  uint64_t bytes_read_ = 0;
+  Mode mode_ = Mode::kUnknown;
+  z_stream z_{};
+  bool inflating_ = false, member_start_ = true, truncated_ = false;
+  Status status_;
+};
+
+// Reads lines of any length from an InputBytes.
 class LineReader {
  public:
-  explicit LineReader(gzFile f) : f_(f), buf_(1 << 20) {}
-  // Returns false at end of file; sets *error on a read error.
-  bool Next(std::string* line, bool* error) {
+  explicit LineReader(InputBytes* in) : in_(in), buf_(1 << 20) {}
+  // Returns false at the end of the input or on an error (in->status()).
+  bool Next(std::string* line) {
     line->clear();
     while (true) {
       if (pos_ == len_) {
-        int n = gzread(f_, buf_.data(), static_cast<unsigned>(buf_.size()));
-        if (n < 0) {
-          *error = true;
-          return false;
-        }
+        const int64_t n = in_->Read(buf_.data(), buf_.size());
+        if (n < 0) return false;
         if (n == 0) {
           unterminated_ = !line->empty();
           return unterminated_;
@@ -66,72 +207,11 @@ class LineReader {
   bool unterminated() const { return unterminated_; }
 
  private:
-  gzFile f_;
+  InputBytes* in_;
   std::vector<char> buf_;
   size_t pos_ = 0, len_ = 0;
   bool unterminated_ = false;
 };
-
-// zlib reports a stream cut short as a clean end of input with Z_BUF_ERROR pending.
-bool GzStreamCutShort(gzFile gz) {
-  int err = Z_OK;
-  gzerror(gz, &err);
-  return err != Z_OK && err != Z_STREAM_END;
-}
-
-// zlib's gzread ends quietly at bytes after a gzip member that are not another member (something appended to a .gz
-// file), dropping them. So a gzip input that is a regular file is inflated once more, output discarded, member by
-// member: 0 when every byte belongs to a member, else how many bytes follow the last one. (This second pass costs
-// less than the first one's JSON parsing; a pipe cannot be read twice and is not checked.)
-Result<uint64_t> BytesAfterGzipMembers(const std::string& path) {
-  std::FILE* f = std::fopen(path.c_str(), "rb");
-  if (f == nullptr) return Status::IoError(path + ": cannot reopen: " + std::strerror(errno));
-  z_stream z{};
-  if (inflateInit2(&z, 15 + 16) != Z_OK) {
-    std::fclose(f);
-    return Status::IoError(path + ": cannot inflate: out of memory");
-  }
-  struct Closer {
-    std::FILE* f;
-    z_stream* z;
-    ~Closer() {
-      inflateEnd(z);
-      std::fclose(f);
-    }
-  } closer{f, &z};
-  std::vector<unsigned char> in(1 << 18), out(1 << 18);
-  bool eof = false, member_start = true;
-  while (true) {
-    if (z.avail_in < 2 && !eof) {  // refill, keeping what is left (a gzip magic may straddle two reads)
-      if (z.avail_in > 0) std::memmove(in.data(), z.next_in, z.avail_in);
-      const size_t n = std::fread(in.data() + z.avail_in, 1, in.size() - z.avail_in, f);
-      if (n == 0) eof = true;
-      z.next_in = in.data();
-      z.avail_in += static_cast<uInt>(n);
-    }
-    if (z.avail_in == 0) return uint64_t{0};  // every byte was a member's
-    if (member_start) {
-      if (z.avail_in < 2 || z.next_in[0] != 0x1f || z.next_in[1] != 0x8b) {
-        uint64_t rest = z.avail_in;  // not a member: the bytes from here on, counted to the end
-        for (size_t n; (n = std::fread(in.data(), 1, in.size(), f)) > 0;) rest += n;
-        return rest;
-      }
-      member_start = false;
-    }
-    z.next_out = out.data();
-    z.avail_out = static_cast<uInt>(out.size());
-    const uInt before = z.avail_in;
-    const int rc = inflate(&z, Z_NO_FLUSH);
-    if (rc == Z_STREAM_END) {
-      member_start = true;
-      if (inflateReset(&z) != Z_OK) return Status::IoError(path + ": cannot inflate");
-    } else if (rc == Z_BUF_ERROR && eof && z.avail_in == before) {
-      return uint64_t{0};  // a stream cut short: the first pass has reported it
-    } else if (rc != Z_OK && rc != Z_BUF_ERROR) {
-      return Status::IoError(path + ": the gzip data is damaged (" + (z.msg ? z.msg : "inflate error") + ")");
-    }
-  }
-}
 
 struct ParsedRequest {
   TraceRequest meta;
@@ -315,40 +395,25 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
   ELDR_RETURN_IF_ERROR(CheckOutputs({{out_path, "--out"}}, {{in_path, "--in"}}));
   int fd = -1;
   ELDR_RETURN_IF_ERROR(OpenInputStream(in_path, "a JSONL trace", &fd));
-  gzFile gz = gzdopen(fd, "rb");  // owns fd from here
-  if (!gz) {
-    ::close(fd);
-    return Status::IoError(in_path + ": cannot open: out of memory");
-  }
-  struct GzCloser {
-    gzFile f;
-    ~GzCloser() { gzclose(f); }
-  } closer{gz};
-  gzbuffer(gz, 1 << 20);
-  LineReader reader(gz);
+  InputBytes input(fd, in_path);  // owns fd from here
+  LineReader reader(&input);
 
   std::unique_ptr<TraceWriter> writer;
   TraceShape shape;
   bool with_weights = false;
   std::unordered_set<std::string> ids;
   std::string line;
-  bool read_error = false;
   int64_t line_no = 0;
   ParsedRequest req;
   std::error_code ec;
   const auto file_size = std::filesystem::file_size(in_path, ec);
   ProgressBar progress("importing " + std::filesystem::path(in_path).filename().string(),
                        ec ? 0 : static_cast<int64_t>(file_size));
-  while (reader.Next(&line, &read_error)) {
+  while (reader.Next(&line)) {
     if (Interrupted()) return InterruptStatus().WithPrefix(out_path);
     ++line_no;
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;  // blank line
     Status st = ParseLine(line, &req);
-    if (!st.ok() && reader.unterminated() && GzStreamCutShort(gz)) {
-      // The last line is cut, not malformed: say so instead of reporting its JSON.
-      return Status::IoError(in_path + ":" + std::to_string(line_no) +
-                             ": the gzip stream ends early (the file is truncated): " + gzerror(gz, nullptr));
-    }
     if (!st.ok()) return Status::InvalidArgument(in_path + ":" + std::to_string(line_no) + ": " + st.message());
     const std::string where = in_path + ":" + std::to_string(line_no) + ": ";
     if (!writer) {
@@ -374,26 +439,20 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
       return Status::InvalidArgument(where + "duplicate request id '" + req.meta.id + "'");
     }
     ELDR_RETURN_IF_ERROR(writer->Append(req.meta, req.ids.data(), with_weights ? req.weights.data() : nullptr));
-    progress.Update(static_cast<int64_t>(gzoffset(gz)));
+    progress.Update(static_cast<int64_t>(input.bytes_read()));
   }
-  progress.Finish();
-  if (GzStreamCutShort(gz)) read_error = true;
-  if (read_error) {
-    int errnum = 0;
-    const char* msg = gzerror(gz, &errnum);
-    return Status::IoError(in_path + ":" + std::to_string(line_no + 1) + ": read error: " + (msg ? msg : "unknown") +
-                           " (truncated gzip?)");
-  }
-  // Every byte of a gzip file is read, or the file is refused (concatenated members are one stream, read whole).
-  if (!gzdirect(gz) && !ec && std::filesystem::is_regular_file(in_path, ec)) {
-    ELDR_ASSIGN_OR_RETURN(const uint64_t after, BytesAfterGzipMembers(in_path));
-    if (after > 0) {
-      return Status::InvalidArgument(in_path + ": " + std::to_string(after) + (after == 1 ? " byte" : " bytes") +
-                                     " after the end of the gzip stream are not gzip data (appended to the file?): "
-                                     "remove them, or compress the whole file again");
+  // A line cut by the end of a gzip member that ends early is not parsed: the truncation is reported, naming the
+  // line it cut (a read error, appended bytes or damaged data name the input).
+  if (!input.status().ok()) {
+    if (Interrupted()) return InterruptStatus().WithPrefix(out_path);
+    if (input.truncated()) {
+      return Status::IoError(in_path + ":" + std::to_string(line_no + 1) +
+                             ": the gzip stream ends early (the file is truncated)");
     }
+    return input.status();
   }
   if (!writer) return Status::InvalidArgument(in_path + ": no requests (the file is empty)");
+  progress.Finish();
   if (summary) {
     summary->num_requests = writer->num_requests();
     summary->num_tokens = writer->num_tokens();

@@ -1,6 +1,7 @@
 // JSONL import and the HDF5 trace store: round trip against the JSON content, every validation rule
 // with its line number, and no output file on failure.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -8,6 +9,7 @@
 #include <fstream>
 #include <functional>
 #include <nlohmann/json.hpp>
+#include <thread>
 
 #include "runtime/trace/trace.h"
 
@@ -184,6 +186,77 @@ TEST_F(TraceIoTest, MissingTruncatedAndCorruptFiles) {
   Status st = ImportJsonlTrace(in, Path("no/such/dir/out.h5"), nullptr);
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.message().find("does not exist"), std::string::npos) << st.message();
+}
+
+// One gzip member of `text` (zlib's deflate with a gzip wrapper), written by hand so that the test controls every
+// byte: a member cut short, bytes after it, a second member.
+std::string GzipMember(const std::string& text) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&z, text.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size());
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  out.resize(out.size() - z.avail_out);
+  deflateEnd(&z);
+  return out;
+}
+
+// The gzip framing, read once from a regular file and from a FIFO (a pipe cannot be read twice): concatenated
+// members are one stream; bytes after the last member are refused with their count; a member cut short is
+// reported as truncated with the line it cut; damaged data as damaged. Each error leaves no output.
+TEST_F(TraceIoTest, GzipMembersTrailingBytesAndCutsFromAFileAndAPipe) {
+  const std::string a = Request("a", 1, {{{1, 2}}, {{3, 4}}}).dump() + "\n";
+  const std::string b = Request("b", 1, {{{5, 6}}, {{7, 0}}}).dump() + "\n";
+  const std::string ab = GzipMember(a) + GzipMember(b);
+  std::string damaged = GzipMember(a + b);
+  damaged[damaged.size() / 2] ^= 0x55;
+  damaged[damaged.size() / 2 + 1] ^= 0x55;
+  struct Case {
+    std::string name, bytes, error;  // error: "" = imports both requests
+  };
+  const std::vector<Case> cases = {
+      {"two members", ab, ""},
+      {"plain lines after a member", GzipMember(a) + b,
+       std::to_string(b.size()) + " bytes after the end of the gzip stream"},
+      {"one stray byte", ab + "x", ": 1 byte after the end of the gzip stream are not gzip data"},
+      {"a member cut short", ab.substr(0, GzipMember(a).size() + 12),
+       ":2: the gzip stream ends early (the file is truncated)"},
+      {"a trailer cut short", ab.substr(0, ab.size() - 5), ":3: the gzip stream ends early"},
+      {"damaged data", damaged, "the gzip data is damaged"},
+  };
+  for (bool fifo : {false, true}) {
+    for (const Case& c : cases) {
+      SCOPED_TRACE(c.name + (fifo ? " (FIFO)" : " (file)"));
+      const std::string in = Path("in.jsonl.gz"), out = Path("out.h5");
+      fs::remove(in);
+      fs::remove(out);
+      std::thread writer;
+      if (fifo) {
+        ASSERT_EQ(::mkfifo(in.c_str(), 0600), 0);
+        writer = std::thread([&] {
+          std::ofstream f(in, std::ios::binary);  // blocks until the import opens the FIFO
+          f.write(c.bytes.data(), static_cast<std::streamsize>(c.bytes.size()));
+        });
+      } else {
+        std::ofstream(in, std::ios::binary).write(c.bytes.data(), static_cast<std::streamsize>(c.bytes.size()));
+      }
+      ImportSummary summary;
+      const Status st = ImportJsonlTrace(in, out, &summary);
+      if (writer.joinable()) writer.join();
+      if (c.error.empty()) {
+        ASSERT_TRUE(st.ok()) << st.message();
+        EXPECT_EQ(summary.num_requests, 2);
+      } else {
+        ASSERT_FALSE(st.ok());
+        EXPECT_NE(st.message().find(in), std::string::npos) << st.message();
+        EXPECT_NE(st.message().find(c.error), std::string::npos) << st.message();
+        EXPECT_FALSE(fs::exists(out));
+      }
+    }
+  }
 }
 
 TEST_F(TraceIoTest, WriteTraceRejectsInvalidTraces) {
