@@ -69,8 +69,11 @@ struct LoadRank {
 
 class EldrLayerPlacer {
  public:
-  explicit EldrLayerPlacer(const PlacementProblem& p)
-      : E_(p.num_experts),
+  // `hooks` (not null): polled inside the bottleneck search, where a large layer spends its time, so that a stop
+  // takes effect within a layer; the layer is then left unfinished (Place returns the hook's status).
+  EldrLayerPlacer(const PlacementProblem& p, LayerHooks* hooks)
+      : hooks_(hooks),
+        E_(p.num_experts),
         P_(p.num_slots),
         R_(p.num_ranks),
         N_(p.num_nodes),
@@ -673,10 +676,13 @@ class EldrLayerPlacer {
     // quickly, the fresh placement (relabelled) is the fallback.
     int swaps_left = stay_aware_ ? P_ : kSwapsPerSlot * P_;
     const int max_rounds = stay_aware_ ? kStayAwareReplicationMoves : kMaxReplicationMoves;
+    constexpr int kSwapsPerPoll = 64;  // a swap of a large layer takes ~1 ms (P = 32768, R = 1024)
     for (int round = 0; round <= max_rounds; ++round) {
+      if (!hooks_->Continue()) return false;
       BuildSlotLoads();   // MayImprove reads them; a re-replication changes them
       SortRanksByLoad();  // kept sorted by the swaps: its last entry is the maximum
       while (swaps_left-- > 0 && by_load_.back().first > target && BottleneckSwap()) {
+        if (swaps_left % kSwapsPerPoll == 0 && !hooks_->Continue()) return false;
       }
       if (MaxLoad() <= target) return true;
       if (round == max_rounds || !ReplicationMayImprove() || !ReplicationMove()) break;
@@ -1335,6 +1341,7 @@ class EldrLayerPlacer {
     }
   }
 
+  LayerHooks* const hooks_;
   const int E_, P_, R_, N_, G_, spr_, rpn_;
   const bool use_home_;
   const double move_slack_;              // PlacementProblem::move_slack
@@ -1461,13 +1468,14 @@ Result<Placement> PlaceEldr(const PlacementProblem& p, const Placement* previous
   std::unique_ptr<std::atomic<uint8_t>[]> placed(new std::atomic<uint8_t>[L]());
   std::atomic<int> max_count{0};
   auto place_share = [&](int) {
-    EldrLayerPlacer placer(p);
+    EldrLayerPlacer placer(p, hooks);
     for (int l = next_layer.fetch_add(1, std::memory_order_relaxed); l < L && hooks->Continue();
          l = next_layer.fetch_add(1, std::memory_order_relaxed)) {
       int32_t* logcnt = out.logcnt.data() + static_cast<size_t>(l) * E;
       placer.PlaceLayer(p.load.data() + static_cast<size_t>(l) * E,
                         previous ? previous->phy2log.data() + static_cast<size_t>(l) * P : nullptr,
                         out.phy2log.data() + static_cast<size_t>(l) * P, logcnt);
+      if (hooks->stopped()) break;  // the layer may be unfinished: never marked placed
       const int layer_max = *std::max_element(logcnt, logcnt + E);
       int seen = max_count.load(std::memory_order_relaxed);
       while (layer_max > seen && !max_count.compare_exchange_weak(seen, layer_max, std::memory_order_relaxed)) {
@@ -1503,7 +1511,7 @@ Result<Placement> PlaceEldr(const PlacementProblem& p, const Placement* previous
   bool early_log2phy = false;
   try {
     place_share(0);
-    early_log2phy = !workers.empty() && hooks->status().ok() &&
+    early_log2phy = !workers.empty() && !hooks->stopped() &&
                     CheckLog2PhyMemory(L, E, std::max(1, max_count.load(std::memory_order_relaxed))).ok();
     if (early_log2phy) {
       out.max_replicas = std::max(1, max_count.load(std::memory_order_relaxed));

@@ -65,11 +65,12 @@ struct Placement {
 
 enum class PlacementAlgorithm { kDeepSeekGlobal, kDeepSeekHierarchical, kEldr };
 
-// Optional observation and cancellation of a long Place call (the command line's progress bar and Ctrl-C). Both are
-// called between layers only: a layer in progress is finished first.
+// Optional observation and cancellation of a long Place call (the command line's progress bar and Ctrl-C).
 struct PlaceHooks {
-  // Called before each layer, from any of Place's threads (so it must be thread-safe). A non-OK status stops the
-  // placement: no layer starts after it, and Place returns that status once its threads have stopped.
+  // Called before each layer, from any of Place's threads (so it must be thread-safe), and for kEldr also every few
+  // dozen moves of its bottleneck search (where a large layer spends its time; at most about a second apart at the
+  // command line's bounds). A non-OK status stops the placement: no layer starts after it, a layer in progress is
+  // left unfinished, and Place returns that status once its threads have stopped.
   std::function<Status()> check;
   // Called after each layer with the number of layers placed so far; Place never makes two calls at once.
   std::function<void(int layers_done)> on_layer;

@@ -42,6 +42,8 @@ class LayerHooks {
   bool Continue();
   // After a layer.
   void LayerDone();
+  // Whether a check failed (any thread may ask, at any time).
+  bool stopped() const { return stopped_.load(std::memory_order_acquire); }
   // The failed check's status, else OK. Call after the threads stopped.
   Status status() const { return status_; }
 

@@ -61,6 +61,10 @@ Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, Sto
   out->algorithm.clear();
   if (f.HasAttribute(kRoot, "algorithm")) {
     ELDR_ASSIGN_OR_RETURN(out->algorithm, f.ReadStringAttribute(kRoot, "algorithm"));
+    if (!ParsePlacementAlgorithm(out->algorithm).ok()) {
+      return Status::Corrupt(path + ": /placement has algorithm '" + out->algorithm.substr(0, 80) +
+                             "', not one of deepseek-global, deepseek-hierarchical, eldr; re-run eldr place calib");
+    }
   }
   if (!f.HasAttribute(kRoot, "num_ranks") || !f.HasAttribute(kRoot, "num_slots")) {
     return Status::Corrupt(path + ": /placement lacks its num_ranks or num_slots attribute; re-run eldr place calib");
@@ -77,6 +81,13 @@ Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, Sto
                            ", num_groups = " + std::to_string(groups) + " (needs ranks, nodes and groups in [1, " +
                            std::to_string(kMaxRanks) + "] and slots in [E = " + std::to_string(num_experts) + ", " +
                            std::to_string(kMaxSlots) + "]); re-run eldr place calib");
+  }
+  // The divisibility every placement has (placement.h): P % R, R % N and E % G.
+  if (P % R != 0 || R % nodes != 0 || num_experts % groups != 0) {
+    return Status::Corrupt(path + ": /placement has num_slots = " + std::to_string(P) +
+                           ", num_ranks = " + std::to_string(R) + ", num_nodes = " + std::to_string(nodes) +
+                           ", num_groups = " + std::to_string(groups) + " for E = " + std::to_string(num_experts) +
+                           " experts, but a placement needs P % R = R % N = E % G = 0; re-run eldr place calib");
   }
   out->num_ranks = static_cast<int>(R);
   out->num_slots = static_cast<int>(P);
@@ -240,7 +251,11 @@ Result<StoredPlacements> ReadPlacements(const std::string& path, int num_layers,
   ELDR_ASSIGN_OR_RETURN(out.global, ReadGroup(f, path, kGlobal, num_layers, num_experts, out));
   for (int k = cluster_begin; k < cluster_end; ++k) {
     const std::string g = ClusterGroup(k);
-    if (!f.Exists(g + "/phy2log")) {  // the fallback rule
+    if (f.Exists(g) && !f.Exists(g + "/phy2log")) {
+      return Status::Corrupt(path + ": " + g + " has no phy2log (a cluster without a placement has no " + g +
+                             " at all, and uses global); re-run eldr place calib");
+    }
+    if (!f.Exists(g)) {  // the fallback rule
       out.from_global.push_back(k);
       out.per_cluster.push_back(out.global);
       continue;

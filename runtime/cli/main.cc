@@ -114,11 +114,14 @@ int main(int argc, char** argv) {
     // temporaries by now: one line, and the shell's exit code of a run killed by that signal.
     if (eldr::Interrupted()) {
       std::fprintf(stderr, "eldr: %s\n",
-                   st.ok() ? eldr::InterruptStatus().message().c_str() : ("error: " + st.message()).c_str());
+                   st.ok() ? eldr::InterruptStatus().message().c_str()
+                           : ("error: " + eldr::PrintableMessage(st.message())).c_str());
       return eldr::InterruptExitCode();
     }
     if (!st.ok()) {
-      if (!st.message().empty()) std::fprintf(stderr, "eldr: error: %s\n", st.message().c_str());  // empty: printed
+      if (!st.message().empty()) {  // empty: printed already
+        std::fprintf(stderr, "eldr: error: %s\n", eldr::PrintableMessage(st.message()).c_str());
+      }
       return 1;
     }
     // A report that did not reach stdout (a full disk, a closed pipe) is a failed run, not exit 0 with a truncated
@@ -135,13 +138,13 @@ int main(int argc, char** argv) {
       return 1;
     }
   } catch (const eldr::Error& e) {
-    std::fprintf(stderr, "eldr: internal error: %s\n", e.what());
+    std::fprintf(stderr, "eldr: internal error: %s\n", eldr::PrintableMessage(e.what()).c_str());
     return 3;
   } catch (const std::bad_alloc&) {
     std::fprintf(stderr, "eldr: error: out of memory (an input is larger than this machine can hold)\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "eldr: error: %s\n", e.what());
+    std::fprintf(stderr, "eldr: error: %s\n", eldr::PrintableMessage(e.what()).c_str());
     return 1;
   }
   return 0;

@@ -9,6 +9,7 @@
 #include <iterator>
 #include <limits>
 #include <memory>
+#include <optional>
 
 #include "placement/placement.h"
 #include "runtime/calib/calibration.h"
@@ -39,8 +40,9 @@ struct GivenSpec {
 
 // The bounds of -P (physical expert slots per layer, all ranks together), -R and -N (one EP group's ranks and
 // nodes) and -G. The largest public decode EP group is 320 ranks (DeepSeek-V3), the largest expert count 384 (Kimi
-// K2): the bounds leave room for 3x and 85x that, and keep one layer's eldr placement near a second (at P = 32768,
-// R = 1024 and E = 2048, 0.8 s here; twice either bound costs 3-5x that). Place checks its memory.
+// K2): the bounds leave room for 3x and 85x that, and keep one layer's eldr placement within seconds (at P = 32768
+// and R = 1024, 0.1-0.8 s here for synthetic loads and 5 s for a calibration cluster's load of E = 2048; twice
+// either bound costs 3-5x that). Place checks its memory; Ctrl-C stops it within a layer.
 const IntRange kSlots = IntRange::Between(1, 32768);
 const IntRange kRanks = IntRange::Between(1, 1024);
 const IntRange kGroups = IntRange::Between(1, 65535);
@@ -78,7 +80,10 @@ class PlaceProgress {
   PlaceProgress(const PlaceProgress&) = delete;
   PlaceProgress& operator=(const PlaceProgress&) = delete;
   const PlaceHooks* hooks() const { return &hooks_; }
-  void Finish() { bar_.Finish(); }
+  // Draws the bar full when the placement succeeded; otherwise it ends where it stands.
+  void Finish(bool placed) {
+    if (placed) bar_.Finish();
+  }
 
  private:
   ProgressBar bar_;
@@ -140,13 +145,19 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
       const nlohmann::json& e = entries[i];
       if (!e.is_number_integer() || e.get<int64_t>() < 0 || e.get<int64_t>() > std::numeric_limits<int32_t>::max() ||
           (e.is_number_unsigned() && e.get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int32_t>::max()))) {
-        return Status::InvalidArgument(path + ": phy2log[" + std::to_string(i) + "] = " + e.dump() +
+        return Status::InvalidArgument(path + ": phy2log[" + std::to_string(i) + "] = " + e.dump().substr(0, 40) +
                                        " is not an expert id (a whole number >= 0)");
       }
       phy2log.push_back(static_cast<int32_t>(e.get<int64_t>()));
     }
     auto prev = PlacementFromPhy2Log(j.at("num_layers"), j.at("num_experts"), j.at("num_ranks"), std::move(phy2log));
     if (!prev.ok()) return prev.status().WithPrefix(path);
+    // num_slots is written beside phy2log [L, P]: a file where they disagree was edited and is not trusted.
+    if (j.contains("num_slots") && j["num_slots"] != prev.value().num_slots) {
+      return Status::InvalidArgument(path + ": num_slots = " + j["num_slots"].dump().substr(0, 40) +
+                                     " but phy2log holds " + std::to_string(prev.value().num_slots) +
+                                     " slots per layer");
+    }
     return std::make_unique<Placement>(std::move(prev).value());
   } catch (const nlohmann::json::exception& e) {
     return Status::InvalidArgument(path + ": not the JSON output of eldr place profile (" + e.what() + ")");
@@ -206,20 +217,28 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
   const auto t0 = std::chrono::steady_clock::now();
   auto placed = Place(p, spec.algorithm, previous.get(), progress.hooks());
   const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
-  progress.Finish();
+  progress.Finish(placed.ok());
   if (Interrupted()) return InterruptStatus();
   if (!placed.ok()) return placed.status().WithPrefix(a.load + (previous ? " with --previous " + a.previous : ""));
   const Placement& pl = placed.value();
-  nlohmann::json j = ProfileJson(p, pl, spec.algorithm, ms);
-  std::string text = ProfileText(p, pl, spec.algorithm, ms);
-  if (previous) {
-    const MoveStats m = CountMoves(*previous, pl, a.expert_bytes);
-    j["moved_experts"] = m.moved_experts;
-    j["moved_bytes"] = m.moved_bytes;
-    text +=
-        "moves from --previous: " + std::to_string(m.moved_experts) + " experts, " + FormatBytes(m.moved_bytes) + "\n";
+  std::optional<MoveStats> moves;
+  if (previous) moves = CountMoves(*previous, pl, a.expert_bytes);
+  // The JSON holds log2phy [L, E, max_replicas] (tens of bytes per entry as a JSON value): built only when asked for.
+  if (a.as_json) {
+    nlohmann::json j = ProfileJson(p, pl, spec.algorithm, ms);
+    if (moves) {
+      j["moved_experts"] = moves->moved_experts;
+      j["moved_bytes"] = moves->moved_bytes;
+    }
+    PrintResult(true, "", DumpJson(WithProvenance(j, cmd)));
+    return Status::Ok();
   }
-  PrintResult(a.as_json, text, DumpJson(WithProvenance(j, cmd)));
+  std::string text = ProfileText(p, pl, spec.algorithm, ms);
+  if (moves) {
+    text += "moves from --previous: " + std::to_string(moves->moved_experts) + " experts, " +
+            FormatBytes(moves->moved_bytes) + "\n";
+  }
+  PrintResult(false, text, "");
   return Status::Ok();
 }
 
@@ -279,7 +298,7 @@ Status RunCalib(const CalibArgs& a, const CLI::App& cmd) {
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
   PlaceProgress progress(static_cast<int64_t>(calib.num_clusters + 1) * calib.shape.num_layers);
   auto placed = PlaceClusters(calib, spec, progress.hooks());
-  progress.Finish();
+  progress.Finish(placed.ok());
   if (Interrupted()) return InterruptStatus().WithPrefix(out_path);
   if (!placed.ok()) return placed.status().WithPrefix(a.calib);
   ELDR_RETURN_IF_ERROR(WritePlacements(placed.value(), a.calib, out_path));
@@ -342,7 +361,7 @@ Result<ComparedPlacements> LoadComparedPlacements(const EvaluateArgs& a, const P
   if (!stored.Matches(spec)) {
     PlaceProgress progress(static_cast<int64_t>(calib.num_clusters + 1) * calib.shape.num_layers);
     auto placed = PlaceForEvaluation(calib, spec, a.calib, progress.hooks());
-    progress.Finish();
+    progress.Finish(placed.ok());
     if (Interrupted()) return InterruptStatus();
     return placed;
   }

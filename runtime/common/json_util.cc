@@ -44,25 +44,6 @@ std::string Fmt(double value, int decimals) {
   return buf;
 }
 
-namespace {
-
-// The parser's message quotes the bytes it last read: a binary input would put raw bytes (control characters,
-// invalid UTF-8) on the user's terminal. Bytes outside printable ASCII are written as \xNN.
-std::string PrintableAscii(const std::string& text) {
-  std::string out;
-  for (unsigned char c : text) {
-    if (c >= 0x20 && c < 0x7f) {
-      out += static_cast<char>(c);
-    } else {
-      static const char kHex[] = "0123456789abcdef";
-      out += {'\\', 'x', kHex[c >> 4], kHex[c & 15]};
-    }
-  }
-  return out;
-}
-
-}  // namespace
-
 Result<nlohmann::json> ParseJson(const std::string& text) {
   using json = nlohmann::json;
   std::vector<std::unordered_set<std::string>> keys;  // [open objects] the keys seen in each
@@ -82,7 +63,7 @@ Result<nlohmann::json> ParseJson(const std::string& text) {
   try {
     j = json::parse(text, check);
   } catch (const json::exception& e) {
-    return Status::InvalidArgument("not valid JSON (" + PrintableAscii(e.what()) + ")");
+    return Status::InvalidArgument("not valid JSON (" + PrintableMessage(e.what()) + ")");
   }
   if (!duplicate.empty()) return Status::InvalidArgument("duplicate key \"" + duplicate + "\" in a JSON object");
   return j;

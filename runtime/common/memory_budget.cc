@@ -84,8 +84,10 @@ Status CheckMemoryBudget(double bytes, const std::string& what) {
   const uint64_t avail = AvailableMemoryBytes();
   if (avail == 0 && std::getenv("ELDR_MEMORY_BUDGET") == nullptr) return Status::Ok();  // unknown: no bound
   if (!(bytes <= static_cast<double>(avail))) {
+    const bool from_environment = std::getenv("ELDR_MEMORY_BUDGET") != nullptr;
     return Status::ResourceExhausted(what + ": needs " + FormatBytes(bytes) + ", this machine has " +
-                                     FormatBytes(static_cast<double>(avail)) + " available");
+                                     FormatBytes(static_cast<double>(avail)) + " available" +
+                                     (from_environment ? " (as ELDR_MEMORY_BUDGET says)" : ""));
   }
   return Status::Ok();
 }

@@ -24,7 +24,8 @@ uint64_t AvailableMemoryBytes();
 // command line checks it before any work, so a typo is never read as 0 bytes or as no budget at all).
 Result<std::optional<uint64_t>> MemoryBudgetFromEnvironment();
 
-// ResourceExhausted "WHAT: needs N GB, this machine has M GB available" when `bytes` exceed
+// ResourceExhausted "WHAT: needs N GB, this machine has M GB available" (with " (as ELDR_MEMORY_BUDGET says)" when
+// that variable set the budget) when `bytes` exceed
 // AvailableMemoryBytes() (doubles, so that a product of counts cannot overflow). OK when the budget is unknown.
 Status CheckMemoryBudget(double bytes, const std::string& what);
 

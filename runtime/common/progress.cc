@@ -11,7 +11,9 @@ ProgressBar::ProgressBar(std::string label, int64_t total, bool enabled)
   start_ = last_draw_ = std::chrono::steady_clock::now();
 }
 
-ProgressBar::~ProgressBar() { Finish(); }
+ProgressBar::~ProgressBar() {
+  if (enabled_ && drawn_) std::fprintf(stderr, "\n");
+}
 
 void ProgressBar::Update(int64_t done) {
   done_ = done;

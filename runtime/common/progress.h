@@ -11,9 +11,11 @@ class ProgressBar {
  public:
   // `total` units of work labelled `label`. Pass enabled=false to force it off.
   ProgressBar(std::string label, int64_t total, bool enabled = true);
-  ~ProgressBar();  // finishes the line if anything was drawn
+  // Ends the line where the bar stands if anything was drawn: an interrupted or failed run does not show 100 %.
+  ~ProgressBar();
   void Update(int64_t done);
   void Advance(int64_t n = 1) { Update(done_ + n); }
+  // The work is done: draws the bar full and ends the line. Call it on success only.
   void Finish();
 
  private:

@@ -9,7 +9,6 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
-#include <regex>
 #include <sstream>
 
 #include "runtime/common/atomic_file.h"
@@ -359,21 +358,39 @@ double SecondsPer(const std::string& unit) {
   return 0;
 }
 
+// The two arguments of a BM_MoeLayer run's name, as Google Benchmark writes them: "BM_MoeLayer/16/64/real_time", or
+// with moe_layer_bench's ArgNames "BM_MoeLayer/experts:16/batch:64/min_time:1.000/real_time". Empty strings when
+// the name has fewer than two further components.
+std::pair<std::string, std::string> MoeLayerArgs(const std::string& name) {
+  std::vector<std::string> parts;
+  size_t start = name.find('/');
+  while (start != std::string::npos && parts.size() < 2) {
+    const size_t end = name.find('/', start + 1);
+    std::string part = name.substr(start + 1, end == std::string::npos ? std::string::npos : end - start - 1);
+    const size_t colon = part.find(':');
+    parts.push_back(colon == std::string::npos ? part : part.substr(colon + 1));
+    start = end;
+  }
+  parts.resize(2);
+  return {parts[0], parts[1]};
+}
+
 // One BM_MoeLayer/<distinct>/<batch> run: its layer time in seconds, and the two numbers of its name within
 // [0, 65535] distinct experts (of the benchmark's own layer, scaled to the model later: any expert count eldr
 // reads) and [1, 2^20] sequences. Errors name the file and the run.
-Status ReadMoeLayerRun(const std::string& where, const nlohmann::json& b, const std::smatch& m, Samples* s) {
+Status ReadMoeLayerRun(const std::string& where, const nlohmann::json& b, const std::pair<std::string, std::string>& m,
+                       Samples* s) {
   const auto whole = [&](const std::string& text, int64_t lo, int64_t hi, const char* what) -> Result<double> {
     int64_t v = 0;
     const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), v);
     if (ec != std::errc() || end != text.data() + text.size() || v < lo || v > hi) {
       return Status::InvalidArgument(where + ": " + what + " must be in [" + std::to_string(lo) + ", " +
-                                     std::to_string(hi) + "], got " + text);
+                                     std::to_string(hi) + "], got " + (text.empty() ? "none" : text.substr(0, 40)));
     }
     return static_cast<double>(v);
   };
-  ELDR_ASSIGN_OR_RETURN(const double distinct, whole(m[1], 0, 65535, "the distinct experts (of one layer)"));
-  ELDR_ASSIGN_OR_RETURN(const double batch, whole(m[2], 1, int64_t{1} << 20, "the batch"));
+  ELDR_ASSIGN_OR_RETURN(const double distinct, whole(m.first, 0, 65535, "the distinct experts (of one layer)"));
+  ELDR_ASSIGN_OR_RETURN(const double batch, whole(m.second, 1, int64_t{1} << 20, "the batch"));
   const std::string unit =
       b.contains("time_unit") && b["time_unit"].is_string() ? b["time_unit"].get<std::string>() : "";
   if (SecondsPer(unit) == 0) {
@@ -396,7 +413,6 @@ Status ReadBenchJson(const std::string& path, const nlohmann::json& j, Samples* 
   if (!j.contains("benchmarks") || !j["benchmarks"].is_array()) {
     return Status::InvalidArgument(path + ": not Google Benchmark JSON (no 'benchmarks' array)");
   }
-  const std::regex moe(R"(^BM_MoeLayer/(\d+)/(\d+)(/.*)?$)");
   for (size_t i = 0; i < j["benchmarks"].size(); ++i) {
     const auto& b = j["benchmarks"][i];
     const std::string where = path + ": benchmarks[" + std::to_string(i) + "]";
@@ -406,15 +422,16 @@ Status ReadBenchJson(const std::string& path, const nlohmann::json& j, Samples* 
     const std::string name = b["name"].get<std::string>();
     const bool iteration = !b.contains("run_type") || (b["run_type"].is_string() && b["run_type"] == "iteration");
     if (!iteration) continue;  // repetitions' aggregates: use the runs
-    std::smatch m;
-    if (std::regex_match(name, m, moe)) {
-      ELDR_RETURN_IF_ERROR(ReadMoeLayerRun(where + " (" + name.substr(0, 80) + ")", b, m, s));
+    // Names are quoted in errors cut to 80 characters (a name is a file's content, of any length).
+    const std::string run = where + " (" + name.substr(0, 80) + (name.size() > 80 ? "..." : "") + ")";
+    if (name == "BM_MoeLayer" || name.rfind("BM_MoeLayer/", 0) == 0) {
+      ELDR_RETURN_IF_ERROR(ReadMoeLayerRun(run, b, MoeLayerArgs(name), s));
     } else if (name.rfind("BM_Read", 0) == 0 && b.contains("GBps")) {
       // d is the KV of a token over this bandwidth: an implausible one (a unit slip) gives an implausible d.
       const double bps = b["GBps"].is_number() ? b["GBps"].get<double>() * 1e9 : std::nan("");
       if (!kMemoryBandwidth.Contains(bps)) {
         std::ostringstream text;
-        text << path << ": " << name << ": a read bandwidth of " << b["GBps"].dump()
+        text << run << ": a read bandwidth of " << b["GBps"].dump().substr(0, 40)
              << " GB/s; a memory bandwidth must be " << kMemoryBandwidth.Describe() << kMemoryBandwidth.Reason(bps);
         return Status::InvalidArgument(text.str());
       }
@@ -509,14 +526,19 @@ WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<do
   return w;
 }
 
-// A decode step that costs nothing (every decode term 0) simulates no TPOT at all and leaves eldr nothing to price:
-// each term alone may be 0, not all four.
+// A decode step that costs nothing simulates no TPOT at all and leaves eldr nothing to price: each term alone may be
+// 0, but a step of one sequence over one expert (a + b + c) takes at least a nanosecond on any device (microseconds
+// on a GPU, as the derived and fitted models say).
 namespace {
 Status CheckDecodeCosts(const CostModel& m, const std::string& what) {
-  if (m.decode_a == 0 && m.decode_b == 0 && m.decode_c == 0 && m.decode_d == 0) {
-    return Status::InvalidArgument(what +
-                                   ": decode.a, b, c and d are all 0, so a decode step would take no time (no TPOT "
-                                   "to simulate, nothing for eldr to price); give at least one of them");
+  constexpr double kMinStep = 1e-9;
+  const double step = m.decode_a + m.decode_b + m.decode_c;
+  if (!(step >= kMinStep)) {
+    std::ostringstream text;
+    text << what << ": decode.a + b + c = " << step
+         << " s, so a decode step of one sequence over one expert would take under a nanosecond (no TPOT to "
+            "simulate, nothing for eldr to price); give the step's real cost (at least 1e-9 s)";
+    return Status::InvalidArgument(text.str());
   }
   return Status::Ok();
 }
@@ -552,7 +574,8 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
     m.source = "given (" + job_path + " simulate:)";
   }
   ELDR_RETURN_IF_ERROR(ApplyYaml(sim, job_path, /*required=*/!has_file, /*job_keys=*/true, &m));
-  ELDR_RETURN_IF_ERROR(CheckDecodeCosts(m, job_path + " simulate:"));
+  if (has_file && sim.size() > 1) m.source += ", with the keys of " + job_path + " simulate: on top";
+  ELDR_RETURN_IF_ERROR(CheckDecodeCosts(m, job_path + " (simulate:)"));
   return m;
 }
 
@@ -664,6 +687,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     }
   }
   Samples s;
+  std::string bench_file, steps_file;  // one of each kind, for the errors below
   for (const std::string& f : files) {
     ELDR_RETURN_IF_ERROR(CheckInputFile(f, "a steps.jsonl or moe_layer_bench JSON file"));
     std::ifstream in(f);
@@ -686,10 +710,21 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     }
     if (whole) {
       ELDR_RETURN_IF_ERROR(ReadBenchJson(f, j, &s));
+      bench_file = f;
     } else {
       ELDR_RETURN_IF_ERROR(ReadStepLog(f, static_cast<int64_t>(&f - files.data()), &s, cores,
                                        static_cast<int64_t>(mc.num_moe_layers()) * mc.num_experts));
+      steps_file = f;
     }
+  }
+  // The two kinds fit the decode terms each on their own: given together, one would be dropped.
+  if (!bench_file.empty() && !steps_file.empty()) {
+    return Status::InvalidArgument(bench_file + " (moe_layer_bench results) and " + steps_file +
+                                   " (a step log) fit the same decode terms: give --fit one kind of file");
+  }
+  if (!bench_file.empty() && cores > 0) {
+    return Status::InvalidArgument("--cores undoes the sharing of cores among logged steps; " + bench_file +
+                                   " holds moe_layer_bench results (timed on their own): drop --cores");
   }
   FitReport r;
   CostModel& m = r.model;

@@ -646,7 +646,7 @@ class RouterRank {
     std::fill(last_heard_.begin(), last_heard_.end(), start_);
     last_tick_ = last_ping_ = start_;
     const Status served = Serve(bar);
-    bar.Finish();
+    if (served.ok()) bar.Finish();
     if (!served.ok()) return FailJob(served, true);
     std::string failure;
     if (frontend_->done()) {
@@ -1091,7 +1091,7 @@ void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* k
 }  // namespace
 
 void PrintRankError(const std::string& rank_name, const std::string& message) {
-  std::fprintf(stderr, "eldr: error: %s: %s\n", rank_name.c_str(), message.c_str());
+  std::fprintf(stderr, "eldr: error: %s: %s\n", rank_name.c_str(), PrintableMessage(message).c_str());
   std::fflush(stderr);
 }
 

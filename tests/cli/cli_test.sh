@@ -508,11 +508,26 @@ expect_error "evaluate: no /placement and no --ranks" "calib.h5 has no /placemen
 expect_error "evaluate: nothing held out" "real.h5: no held-out request" ev.json \
   "$ELDR" place evaluate --trace real.h5 --calib tau.h5 -R 8 --holdout-from-calib --out ev.json
 # /placement's node count out of range: 2^32 + 1 was read as 1 node; -4 was reported as a bad rank or slot count.
-for nodes in 4294967297 -4; do
+for nodes in 4294967297 -4 3; do  # 3 nodes cannot hold R = 8 ranks equally
   cp placed.h5 nodes.h5 && $PY -c "import h5py; h5py.File('nodes.h5', 'r+')['/placement'].attrs['num_nodes'] = $nodes"
   expect_error "evaluate: /placement num_nodes = $nodes" "nodes.h5: /placement has .*num_nodes = $nodes.*re-run eldr place calib" \
     ev.json "$ELDR" place evaluate --trace real.h5 --calib nodes.h5 --out ev.json
 done
+# A /placement that names no known algorithm, or holds a cluster group without its phy2log, is refused by every
+# reader (inspect printed the name and exited 0; the group was taken for an absent one, falling back to global).
+cp placed.h5 algo.h5 && $PY -c "import h5py; h5py.File('algo.h5', 'r+')['/placement'].attrs['algorithm'] = 'foo'"
+expect_error "inspect: /placement algorithm 'foo'" "algo.h5: /placement has algorithm 'foo', not one of" - "$ELDR" inspect algo.h5
+cp placed.h5 nophy.h5 && $PY -c "import h5py; del h5py.File('nophy.h5', 'r+')['/placement/cluster_1/phy2log']"
+expect_error "evaluate: cluster_1 without phy2log" "nophy.h5: /placement/cluster_1 has no phy2log" ev.json \
+  "$ELDR" place evaluate --trace real.h5 --calib nophy.h5 --out ev.json
+# --previous: num_slots beside a phy2log of another width.
+$PY -c "
+import json
+j = json.load(open('place_eldr.json')); j['num_slots'] = 96
+json.dump(j, open('prev_slots.json', 'w'))
+"
+expect_error "place --previous: num_slots contradicts phy2log" "prev_slots.json: num_slots = 96 but phy2log holds 160 slots" - \
+  "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous prev_slots.json
 # A missing required option or subcommand is CLI11's error (and its "Run with --help" line).
 "$ELDR" place evaluate --calib placed.h5 >"$WORK/out.txt" 2>"$WORK/err.txt"
 [ $? -ne 0 ] && grep -q -- "--trace is required" "$WORK/err.txt" && ok "evaluate: without --trace" \

@@ -185,17 +185,20 @@ for name, gbps in (("readbw", 1e-12), ("readneg", -10.0), ("readok", 10.0)):
 PY
 for f in readbw readneg; do
   expect_error "fit: BM_Read of an implausible bandwidth ($f)" \
-    "error: $f.json: BM_Read: a read bandwidth of .* GB/s; a memory bandwidth must be in \[1e9, 1e14\] $mem_why$" \
+    "error: $f.json: benchmarks\[0\] \(BM_Read\): a read bandwidth of .* GB/s; a memory bandwidth must be in \[1e9, 1e14\] $mem_why$" \
     fit-read.yaml "$ELDR" simulate --fit "$f.json" --model "$SRC/configs/models/tiny.yaml" -o fit-read.yaml
 done
 # A decode step that costs nothing (all four terms 0) is refused wherever a cost model is read: route's eldr price
 # (was: accepted, the tie rule decided every request), simulate, and the inline simulate: keys of a job config.
 printf 'decode: {a: 0, b: 0, c: 0, d: 0}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > zero.yaml
-zero_why="decode.a, b, c and d are all 0, so a decode step would take no time"
+zero_why="decode.a \\+ b \\+ c = 0 s, so a decode step of one sequence over one expert would take under a nanosecond"
 expect_error "cost model: all decode terms 0 (route)" "error: zero.yaml: $zero_why" - \
   "$ELDR" route --calib cal2.h5 --trace trace.h5 --policy eldr --cost-model zero.yaml
 expect_error "cost model: all decode terms 0 (simulate)" "error: zero.yaml: $zero_why" run/metrics.json \
   "$ELDR" simulate -c job.yaml --cost-model zero.yaml --quiet
+printf 'decode: {a: 0, b: 1.0e-320, c: 0, d: 0}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > tiny_b.yaml
+expect_error "cost model: a decode step under a nanosecond (b = 1e-320)" "error: tiny_b.yaml: decode.a \\+ b \\+ c = .* under a nanosecond" - \
+  "$ELDR" route --calib cal2.h5 --trace trace.h5 --policy eldr --cost-model tiny_b.yaml
 printf 'decode: {a: 0, b: 1.0e-5, c: 0, d: 0}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > b_only.yaml
 run_ok "cost model: one decode term alone" "$ELDR" route --calib cal2.h5 --trace trace.h5 --policy eldr \
   --cost-model b_only.yaml

@@ -261,6 +261,13 @@ expect_error "bytes after the gzip stream (was: imported 1 of 30 requests)" \
 "$ELDR" trace import --in two.jsonl.gz --out two.h5 >/dev/null 2>&1 && "$ELDR" trace stats two.h5 --json >two.json \
   && /usr/bin/python3 -c 'import json; assert json.load(open("two.json"))["num_requests"] == 30' \
   && ok "two concatenated gzip members are one stream: 30 requests" || bad "two concatenated gzip members"
+# The same appended bytes through a pipe (was: unchecked, since a pipe cannot be read a second time): now the one
+# reading checks them.
+expect_error "bytes after the gzip stream, from a pipe" "[0-9]+ bytes after the end of the gzip stream are not gzip data" \
+  app.h5 "$ELDR" trace import --in <(cat app.jsonl.gz) --out app.h5
+"$ELDR" trace import --in <(cat two.jsonl.gz) --out two_pipe.h5 >/dev/null 2>&1 && "$ELDR" trace stats two_pipe.h5 --json >two.json \
+  && /usr/bin/python3 -c 'import json; assert json.load(open("two.json"))["num_requests"] == 30' \
+  && ok "two gzip members from a pipe: 30 requests" || bad "two gzip members from a pipe"
 PROFILE="$SRC/bench/data/expert-load-profiles/Qwen3-Coder-30B-A3B-Instruct_expert_scores_summary.json"
 echo '{"num_layers": 48, "num_experts": 128, "num_ranks": 16, "phy2log": [0]}' >prev.json
 expect_error "place profile --previous: a bad placement names the file" "^eldr: error: prev.json: " - \

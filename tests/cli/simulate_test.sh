@@ -245,6 +245,41 @@ expect_error "--fit of a line with binary bytes: quoted as \\xNN" 'latin.jsonl:1
   bf.yaml "$ELDR" simulate --fit latin.jsonl --model "$TINY" -o bf.yaml
 LC_ALL=C grep -q $'\x89' "$WORK/err.txt" && bad "no raw bytes in the --fit error" "$(cat -v "$WORK/err.txt")" \
   || ok "no raw bytes in the --fit error"
+# moe_layer_bench names its arguments (ArgNames): "BM_MoeLayer/experts:16/batch:16/min_time:1.000/real_time" fits as
+# "BM_MoeLayer/16/16/real_time" does (was: refused as holding no BM_MoeLayer results).
+$PY - <<'PY'
+import json, re
+b = json.load(open("bench.json"))
+for r in b["benchmarks"]:
+    m = re.match(r"BM_MoeLayer/(\d+)/(\d+)/real_time$", r["name"])
+    if m: r["name"] = f"BM_MoeLayer/experts:{m[1]}/batch:{m[2]}/min_time:1.000/real_time"
+json.dump(b, open("b_named.json", "w"))
+bad = json.load(open("bench.json"))
+bad["benchmarks"][1]["name"] = "BM_MoeLayer/16/16/" + "a" * 100000   # was: a segfault in std::regex
+json.dump(bad, open("b_longtail.json", "w"))
+bad["benchmarks"][1]["name"] = "BM_MoeLayer/-16/16/real_time"           # was: skipped without a word
+json.dump(bad, open("b_negname.json", "w"))
+bad["benchmarks"][1]["name"] = "BM_MoeLayer/16/16\u001b[31m\nX"        # ESC and a newline in a quoted name
+json.dump(bad, open("b_esc.json", "w"))
+PY
+run_ok "fit to moe_layer_bench JSON with named arguments" "$ELDR" simulate --fit b_named.json --model "$TINY" --json -o fitn.json
+cmp -s <($PY -c "import json; print(json.load(open('fit.json'))['decode'])") \
+  <($PY -c "import json; print(json.load(open('fitn.json'))['decode'])") \
+  && ok "named arguments fit the same decode terms" || bad "named arguments fit the same decode terms"
+run_ok "a 100000-character run name after the arguments (was: a segfault)" "$ELDR" simulate --fit b_longtail.json \
+  --model "$TINY" -o bf.yaml
+rm -f bf.yaml
+expect_error "a BM_MoeLayer run whose arguments do not parse" \
+  "b_negname.json: benchmarks\[1\] \(BM_MoeLayer/-16/16/real_time\): the distinct experts .* got -16" \
+  bf.yaml "$ELDR" simulate --fit b_negname.json --model "$TINY" -o bf.yaml
+expect_error "a quoted name with ESC and a newline: one line, escaped" \
+  'b_esc.json: benchmarks\[1\] \(BM_MoeLayer/16/16\\x1b\[31m\\x0aX\): the batch must be' bf.yaml \
+  "$ELDR" simulate --fit b_esc.json --model "$TINY" -o bf.yaml
+expect_error "steps and bench results together (was: the bench file dropped)" \
+  "bench.json \(moe_layer_bench results\) and steps.jsonl \(a step log\) fit the same decode terms" \
+  bf.yaml "$ELDR" simulate --fit bench.json steps.jsonl --model "$TINY" -o bf.yaml
+expect_error "--cores with bench results (was: written into the model)" "--cores undoes the sharing .* drop --cores" \
+  bf.yaml "$ELDR" simulate --fit bench.json --cores 2 --model "$TINY" -o bf.yaml
 
 # The three modes' options do not mix: one that another mode would ignore is refused (it was ignored silently:
 # --fit with --derive fitted, --derive with -c derived, -c with --cores simulated without it).

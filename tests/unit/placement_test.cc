@@ -777,24 +777,42 @@ TEST(PlacementTest, HooksCountLayersAndAFailedCheckStopsThePlacement) {
       EXPECT_EQ(overlaps.load(), 0);
       EXPECT_EQ(placed.value().phy2log, PlaceOrDie(p, algo).phy2log) << "the hooks change nothing";
 
-      // The fifth check fails, and so does every later one: the layers placed are the four before it and at most
-      // one in progress on each other thread.
-      std::atomic<int> checks{0};
-      int layers_done = 0;
-      hooks.check = [&] { return checks.fetch_add(1) >= 4 ? Status::ResourceExhausted("stop here") : Status::Ok(); };
+      // Every check after the fourth layer is placed fails: the layers placed are those four and at most one in
+      // progress on each other thread (which finishes it, or for eldr may leave it unfinished and uncounted).
+      std::atomic<int> layers_done{0};
+      hooks.check = [&] { return layers_done.load() >= 4 ? Status::ResourceExhausted("stop here") : Status::Ok(); };
       hooks.on_layer = [&](int done) { layers_done = done; };
       auto stopped = Place(p, algo, nullptr, &hooks);
       ASSERT_FALSE(stopped.ok()) << PlacementAlgorithmName(algo);
       EXPECT_EQ(stopped.status().code(), StatusCode::kResourceExhausted);
       EXPECT_EQ(stopped.status().message(), "stop here");
-      EXPECT_GE(layers_done, 4);
-      EXPECT_LE(layers_done, 4 + std::atoi(threads) - 1) << PlacementAlgorithmName(algo) << ", " << threads;
+      EXPECT_GE(layers_done.load(), 4);
+      EXPECT_LE(layers_done.load(), 4 + std::atoi(threads) - 1) << PlacementAlgorithmName(algo) << ", " << threads;
     }
   }
   if (saved) {
     setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
   } else {
     unsetenv("ELDR_NUM_THREADS");
+  }
+}
+
+// kEldr polls the check inside a layer too (its bottleneck search): with one layer, a check that fails from its second
+// call on stops the placement although the layer had started; the DeepSeek variants check between layers only.
+TEST(PlacementTest, EldrStopsInsideALayer) {
+  const PlacementProblem p = Problem(1, 128, 160, 32, 4, 8, SkewedLoad(1, 128, 3));
+  for (PlacementAlgorithm algo : kAll) {
+    int calls = 0;
+    PlaceHooks hooks;
+    hooks.check = [&] { return ++calls >= 2 ? Status::ResourceExhausted("stop inside") : Status::Ok(); };
+    auto placed = Place(p, algo, nullptr, &hooks);
+    if (algo == PlacementAlgorithm::kEldr) {
+      ASSERT_FALSE(placed.ok());
+      EXPECT_EQ(placed.status().message(), "stop inside");
+    } else {
+      EXPECT_TRUE(placed.ok()) << PlacementAlgorithmName(algo) << ": " << placed.status().message();
+      EXPECT_EQ(calls, 1) << PlacementAlgorithmName(algo);
+    }
   }
 }
 
