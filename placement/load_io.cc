@@ -83,6 +83,10 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
     }
     layers.emplace_back(id, &it.value());
   }
+  if (layers.size() > kMaxLoadLayers) {
+    return Status::InvalidArgument(path + ": token_scores has " + std::to_string(layers.size()) +
+                                   " layers; a load has at most " + std::to_string(kMaxLoadLayers));
+  }
   std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
   const int L = static_cast<int>(layers.size());
   for (int l = 1; l < L; ++l) {

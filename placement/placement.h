@@ -65,6 +65,14 @@ struct Placement {
 
 enum class PlacementAlgorithm { kDeepSeekGlobal, kDeepSeekHierarchical, kEldr };
 
+// The largest EP group eldr places and reads placements for (`eldr place` -R/-N and -P, /placement of
+// calibration.h5, decode.ep_size of a job). The largest public decode EP group is 320 ranks (DeepSeek-V3), the largest
+// expert count 384 (Kimi K2): these leave room for 3x and 85x that, and keep one layer's kEldr placement within
+// seconds (at P = 32768 and R = 1024, 0.1-0.8 s on a 2-core VM for synthetic loads, 5 s for a calibration cluster's
+// load of E = 2048; twice either bound costs 3-5x that).
+inline constexpr int kMaxPlacementRanks = 1024;
+inline constexpr int kMaxPlacementSlots = 32768;
+
 // Optional observation and cancellation of a long Place call (the command line's progress bar and Ctrl-C).
 struct PlaceHooks {
   // Called before each layer, from any of Place's threads (so it must be thread-safe), and for kEldr also every few
@@ -128,8 +136,10 @@ const char* PlacementAlgorithmName(PlacementAlgorithm algorithm);
 Result<Placement> Place(const PlacementProblem& problem, PlacementAlgorithm algorithm,
                         const Placement* previous = nullptr, const PlaceHooks* hooks = nullptr);
 
-// The bytes Place allocates for `problem` (the result and the scratch of all its threads), an upper bound up to
-// small vectors; a double, so that a product of counts cannot overflow. REQUIRES: counts >= 1.
+// The bytes Place allocates for `problem` before it knows the replica counts: phy2log and logcnt of the result and the
+// scratch of all its threads, an upper bound up to small vectors (log2phy, whose width is known only after placing,
+// is checked then; the load and `previous` are the caller's). A double, so that a product of counts cannot overflow.
+// REQUIRES: counts >= 1.
 double PlacementMemoryBytes(const PlacementProblem& problem, PlacementAlgorithm algorithm, bool with_previous);
 
 // DESIGN.md §3: Σ_layers mean-over-ranks load ÷ Σ_layers max-over-ranks load, where rank r holds slots

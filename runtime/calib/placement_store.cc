@@ -73,14 +73,15 @@ Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, Sto
   ELDR_ASSIGN_OR_RETURN(const int64_t P, f.ReadIntAttribute(kRoot, "num_slots"));
   ELDR_ASSIGN_OR_RETURN(const int64_t nodes, OptionalInt(f, "num_nodes", 1));
   ELDR_ASSIGN_OR_RETURN(const int64_t groups, OptionalInt(f, "num_groups", 1));
-  constexpr int64_t kMaxRanks = 1 << 20, kMaxSlots = 1 << 24;
+  constexpr int64_t kMaxRanks = kMaxPlacementRanks, kMaxSlots = kMaxPlacementSlots, kMaxGroups = 65535;
   if (R < 1 || R > kMaxRanks || P < num_experts || P > kMaxSlots || nodes < 1 || nodes > kMaxRanks || groups < 1 ||
-      groups > kMaxRanks) {
+      groups > kMaxGroups) {
     return Status::Corrupt(path + ": /placement has num_ranks = " + std::to_string(R) +
                            ", num_slots = " + std::to_string(P) + ", num_nodes = " + std::to_string(nodes) +
-                           ", num_groups = " + std::to_string(groups) + " (needs ranks, nodes and groups in [1, " +
-                           std::to_string(kMaxRanks) + "] and slots in [E = " + std::to_string(num_experts) + ", " +
-                           std::to_string(kMaxSlots) + "]); re-run eldr place calib");
+                           ", num_groups = " + std::to_string(groups) + " (needs ranks and nodes in [1, " +
+                           std::to_string(kMaxRanks) + "], groups in [1, " + std::to_string(kMaxGroups) +
+                           "] and slots in [E = " + std::to_string(num_experts) + ", " + std::to_string(kMaxSlots) +
+                           "]); re-run eldr place calib");
   }
   // The divisibility every placement has (placement.h): P % R, R % N and E % G.
   if (P % R != 0 || R % nodes != 0 || num_experts % groups != 0) {
@@ -152,10 +153,13 @@ Status CheckWrittenForOthers(const h5::File& f, const std::string& path, const s
       std::sort(slots.begin(), slots.end());  // `want` is ascending (PlacementFromPhy2Log)
       const bool padded = std::all_of(row + cnt, row + width, [](int32_t v) { return v == -1; });
       if (!padded || !std::equal(slots.begin(), slots.end(), want)) {
-        std::string listed;
-        for (size_t k = 0; k < width; ++k) listed += (k ? ", " : "") + std::to_string(row[k]);
-        std::string held;
-        for (int k = 0; k < cnt; ++k) held += (k ? ", " : "") + std::to_string(want[k]);
+        // At most 8 entries of each list: a row is max_replicas long.
+        auto list = [](const int32_t* v, size_t n) {
+          std::string out;
+          for (size_t k = 0; k < std::min<size_t>(n, 8); ++k) out += (k ? ", " : "") + std::to_string(v[k]);
+          return n > 8 ? out + ", ... (" + std::to_string(n) + " in all)" : out;
+        };
+        const std::string listed = list(row, width), held = list(want, static_cast<size_t>(cnt));
         return corrupt("log2phy[" + std::to_string(l) + ", " + std::to_string(e) + "] = [" + listed +
                        "] but phy2log puts that expert in slots " + held + " (then -1 padding)");
       }

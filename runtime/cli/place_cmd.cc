@@ -39,12 +39,10 @@ struct GivenSpec {
 };
 
 // The bounds of -P (physical expert slots per layer, all ranks together), -R and -N (one EP group's ranks and
-// nodes) and -G. The largest public decode EP group is 320 ranks (DeepSeek-V3), the largest expert count 384 (Kimi
-// K2): the bounds leave room for 3x and 85x that, and keep one layer's eldr placement within seconds (at P = 32768
-// and R = 1024, 0.1-0.8 s here for synthetic loads and 5 s for a calibration cluster's load of E = 2048; twice
-// either bound costs 3-5x that). Place checks its memory; Ctrl-C stops it within a layer.
-const IntRange kSlots = IntRange::Between(1, 32768);
-const IntRange kRanks = IntRange::Between(1, 1024);
+// nodes): placement.h's kMaxPlacementSlots and kMaxPlacementRanks. Place checks its memory; Ctrl-C stops it within
+// a layer.
+const IntRange kSlots = IntRange::Between(1, kMaxPlacementSlots);
+const IntRange kRanks = IntRange::Between(1, kMaxPlacementRanks);
 const IntRange kGroups = IntRange::Between(1, 65535);
 
 // -P, -R, -N, -G and --algorithm. `required`: -P and -R must be given.
@@ -204,7 +202,6 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
                                    ", which follows the public algorithm and ignores --previous (its moves are still "
                                    "counted); drop it or use --algorithm eldr");
   }
-  InstallInterruptHandlers();
   PlacementProblem p;
   ELDR_RETURN_IF_ERROR(ReadProfileLoad(a, &p));
   p.num_slots = spec.num_slots;
@@ -213,6 +210,7 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
   p.num_groups = spec.num_groups;
   p.move_slack = a.move_slack;
   ELDR_ASSIGN_OR_RETURN(std::unique_ptr<Placement> previous, ReadPrevious(a.previous));
+  InstallInterruptHandlers();  // the placement polls Ctrl-C (the reads above end by the default action)
   PlaceProgress progress(p.num_layers);
   const auto t0 = std::chrono::steady_clock::now();
   auto placed = Place(p, spec.algorithm, previous.get(), progress.hooks());
@@ -223,8 +221,12 @@ Status RunProfile(const ProfileArgs& a, const CLI::App& cmd) {
   const Placement& pl = placed.value();
   std::optional<MoveStats> moves;
   if (previous) moves = CountMoves(*previous, pl, a.expert_bytes);
-  // The JSON holds log2phy [L, E, max_replicas] (tens of bytes per entry as a JSON value): built only when asked for.
+  // The JSON holds log2phy [L, E, max_replicas] too: built only when asked for, and checked first (a value of the JSON
+  // tree and its text take about 64 bytes, against 4 in the placement).
   if (a.as_json) {
+    const double values = static_cast<double>(pl.phy2log.size() + pl.log2phy.size() + pl.logcnt.size());
+    ELDR_RETURN_IF_ERROR(CheckMemoryBudget(
+        64.0 * values, "the --json output (phy2log, log2phy and logcnt: " + Fmt(values, 0) + " values)"));
     nlohmann::json j = ProfileJson(p, pl, spec.algorithm, ms);
     if (moves) {
       j["moved_experts"] = moves->moved_experts;
@@ -249,7 +251,9 @@ void AddProfileCommand(CLI::App* place, Action* action) {
                   "load [L, E]: a JSON expert-load profile ({\"token_scores\": {layer: {expert: share}}}) or HDF5")
       ->required()
       ->check(NonEmptyPath());
-  cmd->add_option("--dataset", a->dataset, "HDF5 dataset holding the [L, E] load")->capture_default_str();
+  cmd->add_option("--dataset", a->dataset, "HDF5 dataset holding the [L, E] load")
+      ->capture_default_str()
+      ->check(NonEmptyPath());
   AddSpecOptions(cmd, &a->spec, true, "physical expert slots per layer (experts + redundant)", "expert-parallel ranks");
   cmd->add_option("--previous", a->previous,
                   "JSON output of an earlier eldr place profile (its phy2log): minimise moves")
@@ -382,7 +386,6 @@ Result<ComparedPlacements> LoadComparedPlacements(const EvaluateArgs& a, const P
 
 Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given, const CLI::App& cmd) {
   if (a.batch < 1) return Status::InvalidArgument("--batch must be >= 1, got " + std::to_string(a.batch));
-  InstallInterruptHandlers();
   ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, {{a.trace, "--trace"}, {a.calib, "--calib"}}));
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
   ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
@@ -393,11 +396,15 @@ Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given, const CLI::App
   ELDR_ASSIGN_OR_RETURN(StoredPlacements stored, ReadPlacements(a.calib, calib.shape.num_layers,
                                                                 calib.shape.num_experts, 0, calib.num_clusters));
   ELDR_ASSIGN_OR_RETURN(PlacementSpec spec, ResolveSpec(a, given, stored, calib));
+  // From here on the placement and the replay poll Ctrl-C (the reads above end it by the default action).
+  InstallInterruptHandlers();
   ELDR_ASSIGN_OR_RETURN(ComparedPlacements placements, LoadComparedPlacements(a, spec, calib, std::move(stored)));
   PlacementReplayOptions o;
   o.batch_size = a.batch;
   o.holdout_only = a.holdout_from_calib;
-  ELDR_ASSIGN_OR_RETURN(PlacementReplayReport rep, ReplayPlacements(trace, calib, placements, o, a.trace, a.calib));
+  auto replayed = ReplayPlacements(trace, calib, placements, o, a.trace, a.calib);
+  if (Interrupted()) return InterruptStatus();
+  ELDR_ASSIGN_OR_RETURN(PlacementReplayReport rep, std::move(replayed));
   const nlohmann::json j = WithProvenance(rep.ToJson(), cmd);
   if (!a.out.empty()) ELDR_RETURN_IF_ERROR(WriteJsonFile(a.out, j));
   PrintResult(a.as_json, rep.ToText() + (a.out.empty() ? "" : "report written to " + a.out + "\n"), DumpJson(j));

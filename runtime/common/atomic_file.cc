@@ -5,10 +5,12 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 
 #include "runtime/common/signals.h"
 
@@ -66,6 +68,22 @@ Status CheckInputFile(const std::string& path, const std::string& expected) {
   return Status::InvalidArgument(path + ": is " + kind +
                                  ", not a regular file; eldr reads its inputs from files (reading this one could "
                                  "block forever): copy the data to a file and give that");
+}
+
+Status CheckTextFile(const std::string& path, const std::string& reads) {
+  std::ifstream in(path, std::ios::binary);
+  char head[512];
+  in.read(head, sizeof(head));
+  const std::string bytes(head, static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
+  if (bytes.rfind("\x89HDF\r\n\x1a\n", 0) == 0) {
+    return Status::InvalidArgument(path + ": is an HDF5 file (a trace or a calibration?), not text; " + reads);
+  }
+  if (bytes.rfind("\x1f\x8b", 0) == 0)
+    return Status::InvalidArgument(path + ": is gzip-compressed, not text; " + reads);
+  if (bytes.find('\0') != std::string::npos) {
+    return Status::InvalidArgument(path + ": is a binary file (it holds NUL bytes), not text; " + reads);
+  }
+  return Status::Ok();
 }
 
 Status OpenInputStream(const std::string& path, const std::string& expected, int* fd) {

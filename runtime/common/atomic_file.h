@@ -36,6 +36,12 @@ struct PathArg {
 // for the directory message ("a job config file"); may be empty.
 Status CheckInputFile(const std::string& path, const std::string& expected = "");
 
+// A text input given a binary file by mistake (a trace or calibration, a gzip, anything with NUL bytes) is named as
+// such from its first bytes, instead of a parse error that quotes them: InvalidArgument "PATH: is an HDF5 file (a
+// trace or a calibration?), not text; READS". `reads` says what the command reads ("--fit reads eldr serve
+// steps.jsonl ..."). OK when the file cannot be opened (the caller's open reports that). REQUIRES: CheckInputFile.
+Status CheckTextFile(const std::string& path, const std::string& reads);
+
 // Opens a streamed input for reading (*fd, O_CLOEXEC, blocking): a regular file or a FIFO (a shell pipe,
 // `<(zcat trace.jsonl.gz)`, /dev/stdin on a pipe). Other paths are refused as CheckInputFile refuses them. A FIFO
 // is opened without blocking and waited on with poll(), so a reader waiting for its writer ends on SIGINT,

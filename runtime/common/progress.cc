@@ -19,6 +19,8 @@ void ProgressBar::Update(int64_t done) {
   done_ = done;
   if (!enabled_) return;
   auto now = std::chrono::steady_clock::now();
+  // Work that ends within a blink draws nothing; after that, at most ten redraws a second.
+  if (!drawn_ && now - start_ < std::chrono::milliseconds(300)) return;
   if (drawn_ && done_ < total_ && now - last_draw_ < std::chrono::milliseconds(100)) return;
   last_draw_ = now;
   drawn_ = true;

@@ -1,4 +1,5 @@
-// A progress bar on stderr, drawn only when stderr is a terminal (so logs and CI stay clean).
+// A progress bar on stderr, drawn only when stderr is a terminal (so logs and CI stay clean) and the work has run
+// for 300 ms (so a quick command prints no bar).
 #pragma once
 
 #include <chrono>

@@ -1,10 +1,11 @@
 // Deferred SIGINT / SIGTERM / SIGHUP for commands that write files (DESIGN.md §5, issue 14).
 //
 // The handler only records which signal arrived (a volatile sig_atomic_t); it never unlinks, prints or
-// exits. Long loops (JSONL import, trace synthesis, HDF5 chunked writes, calibration, simulation) poll
-// Interrupted() and return InterruptStatus(); the Status unwinds through the writers, whose AtomicOutput
-// destructors remove the temporaries, AtomicOutput::Commit() refuses to rename once a signal arrived, and
-// main() prints one line and exits with InterruptExitCode() (128 + signal, the shell's convention).
+// exits. Long loops (JSONL import, trace synthesis, HDF5 chunked writes, calibration, simulation, expert placement
+// through PlaceHooks, the placement replay) poll Interrupted() and return InterruptStatus(); the Status unwinds
+// through the writers, whose AtomicOutput destructors remove the temporaries, AtomicOutput::Commit() refuses to
+// rename once a signal arrived, and main() prints one line and exits with InterruptExitCode() (128 + signal, the
+// shell's convention).
 //
 // Thread safety: Interrupted() and InterruptSignal() may be called from any thread and from signal
 // handlers. InstallInterruptHandlers() is called from the main thread before any worker thread starts.

@@ -13,6 +13,7 @@ namespace eldr {
 
 Result<YAML::Node> LoadYamlFile(const std::string& path, const std::string& document) {
   ELDR_RETURN_IF_ERROR(CheckInputFile(path, document + " file"));
+  ELDR_RETURN_IF_ERROR(CheckTextFile(path, "expected " + document + " (YAML)"));
   YAML::Node root;
   try {
     root = YAML::LoadFile(path);

@@ -265,25 +265,6 @@ double CountField(const nlohmann::json& j, const char* key, const IntRange& rang
 // Far beyond any batch, context or prompt, below where doubles skip integers.
 constexpr int64_t kMaxStepCount = 1'000'000'000'000'000;
 
-// --fit reads text: a binary file given by mistake (a trace, a calibration, a gzip) is named as such from its first
-// bytes, instead of a JSON parse error that quotes them. Rewinds `in`.
-Status CheckTextInput(const std::string& path, std::ifstream& in) {
-  char head[512];
-  in.read(head, sizeof(head));
-  const std::string bytes(head, static_cast<size_t>(in.gcount()));
-  in.clear();
-  in.seekg(0);
-  const std::string what = "; --fit reads eldr serve steps.jsonl and moe_layer_bench JSON files";
-  if (bytes.rfind("\x89HDF\r\n\x1a\n", 0) == 0) {
-    return Status::InvalidArgument(path + ": is an HDF5 file (a trace or a calibration?), not text" + what);
-  }
-  if (bytes.rfind("\x1f\x8b", 0) == 0) return Status::InvalidArgument(path + ": is gzip-compressed, not text" + what);
-  if (bytes.find('\0') != std::string::npos) {
-    return Status::InvalidArgument(path + ": is a binary file (it holds NUL bytes), not text" + what);
-  }
-  return Status::Ok();
-}
-
 // max_distinct: the distinct experts a decode step can touch, the model's MoE layers x routed experts.
 // `log_index`: this log's place among the fit's files (its decode steps' sources are log_index · 2^32 + worker).
 Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, double cores, int64_t max_distinct) {
@@ -526,10 +507,10 @@ WithinBatchFit FitWithinBatch(const std::vector<double>& x, const std::vector<do
   return w;
 }
 
+namespace {
 // A decode step that costs nothing simulates no TPOT at all and leaves eldr nothing to price: each term alone may be
 // 0, but a step of one sequence over one expert (a + b + c) takes at least a nanosecond on any device (microseconds
 // on a GPU, as the derived and fitted models say).
-namespace {
 Status CheckDecodeCosts(const CostModel& m, const std::string& what) {
   constexpr double kMinStep = 1e-9;
   const double step = m.decode_a + m.decode_b + m.decode_c;
@@ -542,14 +523,20 @@ Status CheckDecodeCosts(const CostModel& m, const std::string& what) {
   }
   return Status::Ok();
 }
-}  // namespace
 
-Result<CostModel> LoadCostModel(const std::string& path) {
+// LoadCostModel without the decode-step check, which a job's inline keys may still complete.
+Result<CostModel> ReadCostModelFile(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(YAML::Node y, LoadYamlFile(path, "a cost model"));
   CostModel m;
   m.name = fs::path(path).stem().string();
   m.source = "given (" + path + ")";
   ELDR_RETURN_IF_ERROR(ApplyYaml(y, path, /*required=*/true, /*job_keys=*/false, &m));
+  return m;
+}
+}  // namespace
+
+Result<CostModel> LoadCostModel(const std::string& path) {
+  ELDR_ASSIGN_OR_RETURN(CostModel m, ReadCostModelFile(path));
   ELDR_RETURN_IF_ERROR(CheckDecodeCosts(m, path));
   return m;
 }
@@ -568,7 +555,7 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
       const fs::path near = fs::path(job_path).parent_path() / file;
       if (fs::exists(near)) file = near.lexically_normal().string();
     }
-    ELDR_ASSIGN_OR_RETURN(m, LoadCostModel(file));
+    ELDR_ASSIGN_OR_RETURN(m, ReadCostModelFile(file));
   } else {
     m.name = "inline";
     m.source = "given (" + job_path + " simulate:)";
@@ -692,7 +679,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     ELDR_RETURN_IF_ERROR(CheckInputFile(f, "a steps.jsonl or moe_layer_bench JSON file"));
     std::ifstream in(f);
     if (!in) return Status::NotFound(f + ": no such file");
-    ELDR_RETURN_IF_ERROR(CheckTextInput(f, in));
+    ELDR_RETURN_IF_ERROR(CheckTextFile(f, "--fit reads eldr serve steps.jsonl and moe_layer_bench JSON files"));
     std::string first;
     in >> std::ws;
     std::getline(in, first);

@@ -8,6 +8,7 @@
 
 #include "runtime/common/check.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/signals.h"
 #include "runtime/common/usable_request.h"
 #include "runtime/router/router.h"
 #include "runtime/signature/signature.h"
@@ -226,6 +227,7 @@ Result<PlacementReplayReport> ReplayPlacements(const Trace& trace, const Calibra
     c.steps = static_cast<int64_t>(steps.size());
     StepSeries contiguous, global, per_cluster;
     for (const std::vector<int64_t>& step : steps) {
+      if (Interrupted()) return InterruptStatus();
       std::fill(load.begin(), load.end(), 0.0);
       for (int64_t t : step) {
         const uint16_t* ids = trace.token_ids(t);  // [L, k]

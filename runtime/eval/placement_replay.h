@@ -54,7 +54,7 @@ struct ComparedPlacements {
 // Places per-cluster and global (calib/placement_store.h PlaceClusters) with `spec`, and builds the
 // contiguous placement for spec.num_ranks. Errors (InvalidArgument from Place, E % R != 0) are prefixed with
 // `calib_name`. The stored placements, when they match, come from ReadPlacements (the CLI chooses). `hooks` as
-// PlaceClusters'.
+// PlaceClusters' (so a failed check's status, and Place's ResourceExhausted, are errors too).
 Result<ComparedPlacements> PlaceForEvaluation(const Calibration& calib, const PlacementSpec& spec,
                                               const std::string& calib_name, const PlaceHooks* hooks = nullptr);
 
@@ -103,7 +103,8 @@ struct PlacementReplayReport {
 
 // Runs steps 1-5. FailedPrecondition when the trace's model shape differs from the calibration's (naming
 // both files) or the calibration uses gate_prob signatures and the trace has no weights; InvalidArgument
-// for batch_size < 1, placements of another shape, or no request to evaluate (naming the trace).
+// for batch_size < 1, placements of another shape, or no request to evaluate (naming the trace); InterruptStatus()
+// when a signal arrived (runtime/common/signals.h; polled once per step).
 Result<PlacementReplayReport> ReplayPlacements(const Trace& trace, const Calibration& calib,
                                                const ComparedPlacements& placements,
                                                const PlacementReplayOptions& options, const std::string& trace_name,

@@ -77,7 +77,7 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   kv.Get("transport", &c->kv_transport, {"auto", "mpi", "nccl"});
   YamlMap& decode = root.Section("decode");
   decode.Get("max_batch", &c->max_batch, job_limits::kMaxBatch);
-  decode.Get("ep_size", &c->ep_size, job_limits::kRanks);
+  decode.Get("ep_size", &c->ep_size, job_limits::kEpSize);
   decode.Get("placement", &c->placement);
   YamlMap& workload = root.Section("workload");
   workload.Require("trace");

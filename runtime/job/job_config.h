@@ -62,7 +62,10 @@ namespace eldr {
 // The valid values of the keys that the command line also overrides: `eldr serve` and `eldr simulate` check
 // their options against the same ranges.
 namespace job_limits {
-inline const IntRange kRanks = IntRange::Between(1, 65536);       // topology.*, decode.ep_size
+inline const IntRange kRanks = IntRange::Between(1, 65536);  // topology.*
+// decode.ep_size: the EP groups eldr places for (placement/placement.h kMaxPlacementRanks; a larger group could never
+// get its /placement from `eldr place calib`).
+inline const IntRange kEpSize = IntRange::Between(1, 1024);
 inline const IntRange kCount = IntRange::AtLeast(0);              // workload counts, routing.admission_cap
 inline const IntRange kBlocks = IntRange::Between(1, 1 << 30);    // kv_cache.*_blocks
 inline const IntRange kMaxBatch = IntRange::Between(1, 1 << 20);  // decode.max_batch

@@ -196,6 +196,17 @@ expect_error "cost model: all decode terms 0 (route)" "error: zero.yaml: $zero_w
   "$ELDR" route --calib cal2.h5 --trace trace.h5 --policy eldr --cost-model zero.yaml
 expect_error "cost model: all decode terms 0 (simulate)" "error: zero.yaml: $zero_why" run/metrics.json \
   "$ELDR" simulate -c job.yaml --cost-model zero.yaml --quiet
+# A job whose simulate: section completes a zero file with its own decode keys is checked once, after them.
+cat > zero_job.yaml <<YAML
+$(sed '/^simulate:/,$d' job.yaml)
+simulate:
+  cost_model: zero.yaml
+  decode: {a: 2.0e-3, b: 1.0e-4, c: 1.0e-5, d: 1.0e-7}
+YAML
+run_ok "inline decode keys complete a zero cost model file" "$ELDR" simulate -c zero_job.yaml --no-output --quiet
+sed 's/  decode: {a: 2.0e-3, b: 1.0e-4, c: 1.0e-5, d: 1.0e-7}/  control_latency_s: 1.0e-4/' zero_job.yaml > zero_job2.yaml
+expect_error "inline keys that leave the decode step at 0" "error: zero_job2.yaml \(simulate:\): decode.a \\+ b \\+ c = 0 s" - \
+  "$ELDR" simulate -c zero_job2.yaml --no-output --quiet
 printf 'decode: {a: 0, b: 1.0e-320, c: 0, d: 0}\nprefill: {a: 1.0e-3, b: 1.0e-5}\n' > tiny_b.yaml
 expect_error "cost model: a decode step under a nanosecond (b = 1e-320)" "error: tiny_b.yaml: decode.a \\+ b \\+ c = .* under a nanosecond" - \
   "$ELDR" route --calib cal2.h5 --trace trace.h5 --policy eldr --cost-model tiny_b.yaml

@@ -73,13 +73,13 @@ TEST_F(EpConfig, RejectsEpSizeBelowOne) {
   for (const char* bad : {"decode: {ep_size: 0}", "decode: {ep_size: -2}"}) {
     auto c = LoadJobConfig(Write(bad));
     ASSERT_FALSE(c.ok()) << bad;
-    EXPECT_NE(c.status().message().find("decode.ep_size must be an integer in [1, 65536]"), std::string::npos)
+    EXPECT_NE(c.status().message().find("decode.ep_size must be an integer in [1, 1024]"), std::string::npos)
         << c.status().message();
   }
   EXPECT_NE(LoadJobConfig(Write("decode: {ep_size: two}"))
                 .status()
                 .message()
-                .find("decode.ep_size must be an integer in [1, 65536], got 'two'"),
+                .find("decode.ep_size must be an integer in [1, 1024], got 'two'"),
             std::string::npos);
 }
 

@@ -71,6 +71,25 @@ class PlacementStoreTest : public ::testing::Test {
   std::string path_;
 };
 
+// PlaceClusters passes the hooks on: on_layer counts 1..(K + 1) * L over the K + 1 placements in order, and a
+// check that fails once 4 layers are placed stops it there, with that status (the one thread here places a layer
+// at a time: L = 3 < 16 layers per thread).
+TEST_F(PlacementStoreTest, PlaceClustersCountsLayersOverAllPlacementsAndStops) {
+  std::vector<int> seen;
+  PlaceHooks hooks;
+  hooks.on_layer = [&](int done) { seen.push_back(done); };
+  ASSERT_TRUE(PlaceClusters(calib_, Spec(), &hooks).ok());
+  std::vector<int> expected(4 * 3);
+  for (size_t i = 0; i < expected.size(); ++i) expected[i] = static_cast<int>(i) + 1;
+  EXPECT_EQ(seen, expected);
+  seen.clear();
+  hooks.check = [&] { return seen.size() >= 4 ? Status::ResourceExhausted("stop") : Status::Ok(); };
+  auto stopped = PlaceClusters(calib_, Spec(), &hooks);
+  ASSERT_FALSE(stopped.ok());
+  EXPECT_EQ(stopped.status().message(), "stop");
+  EXPECT_EQ(seen, (std::vector<int>{1, 2, 3, 4}));
+}
+
 TEST_F(PlacementStoreTest, WriteThenReadRoundTrips) {
   auto placed = PlaceClusters(calib_, Spec());
   ASSERT_TRUE(placed.ok()) << placed.status().message();

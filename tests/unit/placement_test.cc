@@ -820,14 +820,30 @@ TEST(PlacementTest, EldrStopsInsideALayer) {
 // eldr's [E, R] tables at E = 8192, R = 2048 are 5 * 2^24 bytes = 84 MB, over a 64 MB budget and under 1 GB; the
 // DeepSeek variants need no such table. A log2phy whose width is only known after placing is checked too: with no
 // load, deepseek-global gives every redundant slot to expert 0 (4 * L * E * (P - E + 1) bytes = 2.1 GB here).
+// Sets an environment variable for the life of the guard and restores it after (also when an assertion returns).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old) saved_ = old;
+    had_ = old != nullptr;
+    Set(value);
+  }
+  ~ScopedEnv() { had_ ? Set(saved_.c_str()) : (void)unsetenv(name_); }
+  void Set(const char* value) { setenv(name_, value, 1); }
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
+
 TEST(PlacementTest, MemoryIsCheckedBeforeItIsAllocated) {
-  const char* saved = std::getenv("ELDR_MEMORY_BUDGET");
-  const std::string saved_value = saved ? saved : "";
+  ScopedEnv budget("ELDR_MEMORY_BUDGET", "64M");
   const PlacementProblem big = Problem(1, 8192, 16384, 2048, 1, 1, std::vector<double>(8192, 1.0));
   EXPECT_GT(PlacementMemoryBytes(big, PlacementAlgorithm::kEldr, false), 5.0 * 8192 * 2048);
   EXPECT_LT(PlacementMemoryBytes(big, PlacementAlgorithm::kEldr, false), 1e9);
   EXPECT_LT(PlacementMemoryBytes(big, PlacementAlgorithm::kDeepSeekGlobal, false), 1e7);
-  setenv("ELDR_MEMORY_BUDGET", "64M", 1);
   auto refused = Place(big, PlacementAlgorithm::kEldr);
   ASSERT_FALSE(refused.ok());
   EXPECT_EQ(refused.status().code(), StatusCode::kResourceExhausted);
@@ -841,12 +857,26 @@ TEST(PlacementTest, MemoryIsCheckedBeforeItIsAllocated) {
   ASSERT_FALSE(wide.ok());
   EXPECT_NE(wide.status().message().find("log2phy [L = 1, E = 16384, max replicas = 16385]"), std::string::npos)
       << wide.status().message();
-  setenv("ELDR_MEMORY_BUDGET", "1G", 1);
+  budget.Set("1G");
   EXPECT_TRUE(Place(big, PlacementAlgorithm::kEldr).ok());
-  if (saved) {
-    setenv("ELDR_MEMORY_BUDGET", saved_value.c_str(), 1);
-  } else {
-    unsetenv("ELDR_MEMORY_BUDGET");
+}
+
+// kEldr checks log2phy too, on both of its paths: written by the calling thread while the workers finish (L >= 32
+// layers on two threads) and at the end (one thread). One hot expert in every layer is replicated on all R = 1024
+// ranks, so log2phy is [L = 32, E = 1025, 1024] = 134 MB, over a 100 MB budget; the scratch (E x R tables, 5.2 MB a
+// thread) is not.
+TEST(PlacementTest, EldrChecksItsLog2PhyOnBothPaths) {
+  const int L = 32, E = 1025, R = 1024, P = 2 * R;
+  std::vector<double> load(static_cast<size_t>(L) * E, 1.0);
+  for (int l = 0; l < L; ++l) load[static_cast<size_t>(l) * E] = 1e6;
+  const PlacementProblem p = Problem(L, E, P, R, 1, 1, load);
+  ScopedEnv budget("ELDR_MEMORY_BUDGET", "100M");
+  for (const char* threads : {"1", "2"}) {
+    ScopedEnv env("ELDR_NUM_THREADS", threads);
+    auto placed = Place(p, PlacementAlgorithm::kEldr);
+    ASSERT_FALSE(placed.ok()) << threads << " threads";
+    EXPECT_NE(placed.status().message().find("log2phy [L = 32, E = 1025, max replicas = 1024]"), std::string::npos)
+        << placed.status().message();
   }
 }
 

@@ -1,11 +1,11 @@
 // PrintableMessage (runtime/common/status.h): every error line the command line prints goes through it. Each case
 // is written out by hand: control characters and bytes that are not UTF-8 become \xNN, valid UTF-8 stays, and a
 // long message keeps its head and tail with the count of bytes cut.
+#include "runtime/common/status.h"
+
 #include <gtest/gtest.h>
 
 #include <string>
-
-#include "runtime/common/status.h"
 
 namespace eldr {
 namespace {
