@@ -686,6 +686,7 @@ Result<FitReport> FitCostModel(const std::vector<std::string>& files, const Mode
     in.close();
     nlohmann::json j;
     bool whole = false;
+    if (first.rfind("\xEF\xBB\xBF", 0) == 0) first.erase(0, 3);  // a UTF-8 byte order mark (the parser skips it too)
     if (!first.empty() && first[0] == '{' && first.find("\"kind\"") == std::string::npos) {
       std::ifstream all(f);
       try {

@@ -23,10 +23,10 @@
 //              line. auto: nccl when the binary has NCCL and every worker rank has a device of its own (agreed
 //              collectively), else mpi. The transport used is metrics.json's "kv_transport".
 //   decode:    {max_batch: 64, ep_size: 1, placement: contiguous}
-//              ep_size G: each decoder is an expert-parallel group of G ranks (runtime/serve/expert_parallel.h);
-//              placement: `contiguous` (no redundant slots, expert e on EP rank e / (E/G); needs E % G == 0) or
-//              a calibration.h5 written by `eldr place calib --calib ... --ranks G`: decoder k uses
-//              /placement/cluster_k when present, else /placement/global.
+//              ep_size G (1..1024): each decoder is an expert-parallel group of G ranks
+//              (runtime/serve/expert_parallel.h); placement: `contiguous` (no redundant slots, expert e on EP rank e /
+//              (E/G); needs E % G == 0) or a calibration.h5 written by `eldr place calib --calib ... --ranks G`:
+//              decoder k uses /placement/cluster_k when present, else /placement/global.
 //   workload:  {trace: trace.h5, num_requests: 0, output_len: 0, request_rate: inf, burstiness: 1.0,
 //               max_concurrency: 0, seed: 0}
 //   output:    {dir: run, tokens: false, replace: false}   # tokens: generated ids in requests.jsonl; replace: an

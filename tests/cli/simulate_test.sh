@@ -262,6 +262,10 @@ json.dump(bad, open("b_negname.json", "w"))
 bad["benchmarks"][1]["name"] = "BM_MoeLayer/16/16\u001b[31m\nX"        # ESC and a newline in a quoted name
 json.dump(bad, open("b_esc.json", "w"))
 PY
+printf '\xef\xbb\xbf' | cat - b_named.json > b_bom.json
+run_ok "fit to moe_layer_bench JSON that starts with a byte order mark (was: read as a step log)" \
+  "$ELDR" simulate --fit b_bom.json --model "$TINY" -o bf.yaml
+rm -f bf.yaml
 run_ok "fit to moe_layer_bench JSON with named arguments" "$ELDR" simulate --fit b_named.json --model "$TINY" --json -o fitn.json
 cmp -s <($PY -c "import json; print(json.load(open('fit.json'))['decode'])") \
   <($PY -c "import json; print(json.load(open('fitn.json'))['decode'])") \

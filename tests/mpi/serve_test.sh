@@ -366,7 +366,7 @@ expect_fail_once() {  # as expect_fail, and the error is printed exactly once
   [ "$(grep -c 'eldr: error' f.err)" = 1 ] || bad "$1: printed once" "$(grep -c 'eldr: error' f.err) error lines"
 }
 ep_job ep0 0 contiguous
-expect_fail_once "decode.ep_size 0" "decode.ep_size must be an integer in \[1, 65536\], got '0'" 4 ep0.yaml
+expect_fail_once "decode.ep_size 0" "decode.ep_size must be an integer in \[1, 1024\], got '0'" 4 ep0.yaml
 expect_fail_once "EP world size differs" "needs 6 ranks \(1 router \+ 1 prefill \+ 2 decode x 2 EP ranks\) but the job has 4" 4 ep2.yaml
 ep_job ep2wrong 2 "$WORK/calib2-ep4.h5"
 expect_fail_once "placement file for another EP rank count" "calib2-ep4.h5: /placement is for 4 EP ranks but decode.ep_size is 2" 6 ep2wrong.yaml
