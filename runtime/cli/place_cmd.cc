@@ -253,7 +253,7 @@ void AddProfileCommand(CLI::App* place, Action* action) {
       ->check(NonEmptyPath());
   cmd->add_option("--dataset", a->dataset, "HDF5 dataset holding the [L, E] load")
       ->capture_default_str()
-      ->check(NonEmptyPath());
+      ->check(NonEmpty("the dataset path is empty; give one such as /load"));
   AddSpecOptions(cmd, &a->spec, true, "physical expert slots per layer (experts + redundant)", "expert-parallel ranks");
   cmd->add_option("--previous", a->previous,
                   "JSON output of an earlier eldr place profile (its phy2log): minimise moves")
