@@ -145,8 +145,11 @@ class EldrLayerPlacer {
       PairSweeps(1);
       Improve(kNoTarget);
     }
+    // A stop (the hooks' check failed) leaves the layer here, unfinished: PlaceEldr never marks it placed.
+    if (hooks_->stopped()) return;
     TryLightestFirstPacking();
     TryFromDuplicatePacking();
+    if (hooks_->stopped()) return;
     const double cap = MaxLoad() + eps_;
     if (use_home_) {
       RelabelRanksToHomeNodes();
@@ -168,6 +171,7 @@ class EldrLayerPlacer {
       StartFromPrevious(previous);
       PairSweeps(kPairSweeps);  // only exchanges that copy no more weights
       bool reached = Improve(previous_cap);
+      if (hooks_->stopped()) return;
       if (!reached) {
         // Stuck above the cap: the search for balance alone from here, which still keeps most replicas where
         // they were (the fresh placement relabelled keeps fewer).
@@ -176,6 +180,7 @@ class EldrLayerPlacer {
         PairSweeps(kPairSweeps);
         stay_aware_ = true;
         reached = Improve(previous_cap);
+        if (hooks_->stopped()) return;
       }
       if (!reached) {
         slot_ = fresh_slot_;

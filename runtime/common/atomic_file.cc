@@ -80,7 +80,8 @@ Status CheckTextFile(const std::string& path, const std::string& reads) {
   }
   if (bytes.rfind("\x1f\x8b", 0) == 0)
     return Status::InvalidArgument(path + ": is gzip-compressed, not text; " + reads);
-  if (bytes.find('\0') != std::string::npos) {
+  const bool utf16 = bytes.rfind("\xff\xfe", 0) == 0 || bytes.rfind("\xfe\xff", 0) == 0;  // a BOM: NULs are text
+  if (!utf16 && bytes.find('\0') != std::string::npos) {
     return Status::InvalidArgument(path + ": is a binary file (it holds NUL bytes), not text; " + reads);
   }
   return Status::Ok();

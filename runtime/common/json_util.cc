@@ -46,41 +46,75 @@ std::string Fmt(double value, int decimals) {
 
 namespace {
 
-// nlohmann's DOM builder with the keys of each open object tracked, to find a key given twice. (The callback parser
-// would do it too, but on each object's end it scans the enclosing object for discarded values: quadratic in the
-// members of an object whose members are objects, 18 s for a load profile of 40 000 layers.)
+// Builds the DOM from nlohmann's SAX events and tracks the keys of each open object, to find a key given twice. (The
+// callback parser would do it too, but on each object's end it scans the enclosing object for discarded values:
+// quadratic in the members of an object whose members are objects, 18 s for a load profile of 40 000 layers. The
+// DOM is built here rather than by nlohmann::detail's builder, whose template parameters differ between releases.)
 class DuplicateKeySax {
  public:
   using json = nlohmann::json;
-  explicit DuplicateKeySax(json* root) : dom_(*root, /*allow_exceptions=*/true) {}
-  bool null() { return dom_.null(); }
-  bool boolean(bool v) { return dom_.boolean(v); }
-  bool number_integer(json::number_integer_t v) { return dom_.number_integer(v); }
-  bool number_unsigned(json::number_unsigned_t v) { return dom_.number_unsigned(v); }
-  bool number_float(json::number_float_t v, const json::string_t& text) { return dom_.number_float(v, text); }
-  bool string(json::string_t& v) { return dom_.string(v); }
-  bool binary(json::binary_t& v) { return dom_.binary(v); }
-  bool start_object(std::size_t n) {
+  explicit DuplicateKeySax(json* root) : root_(root) {}
+  bool null() { return Add(nullptr); }
+  bool boolean(bool v) { return Add(v); }
+  bool number_integer(json::number_integer_t v) { return Add(v); }
+  bool number_unsigned(json::number_unsigned_t v) { return Add(v); }
+  bool number_float(json::number_float_t v, const json::string_t& /*text*/) { return Add(v); }
+  bool string(json::string_t& v) { return Add(std::move(v)); }
+  bool binary(json::binary_t& v) { return Add(json::binary(std::move(v))); }
+  bool start_object(std::size_t /*n*/) {
     keys_.emplace_back();
-    return dom_.start_object(n);
+    stack_.push_back(Place(json::object()));
+    return true;
   }
   bool key(json::string_t& k) {
     if (!keys_.back().insert(k).second && duplicate_.empty()) duplicate_ = k;
-    return dom_.key(k);
+    member_ = &(*stack_.back())[k];
+    return true;
   }
   bool end_object() {
     keys_.pop_back();
-    return dom_.end_object();
+    stack_.pop_back();
+    return true;
   }
-  bool start_array(std::size_t n) { return dom_.start_array(n); }
-  bool end_array() { return dom_.end_array(); }
-  bool parse_error(std::size_t position, const std::string& token, const nlohmann::detail::exception& e) {
-    return dom_.parse_error(position, token, e);  // throws: allow_exceptions
+  bool start_array(std::size_t /*n*/) {
+    stack_.push_back(Place(json::array()));
+    return true;
+  }
+  bool end_array() {
+    stack_.pop_back();
+    return true;
+  }
+  template <class Exception>
+  bool parse_error(std::size_t /*position*/, const std::string& /*last_token*/, const Exception& e) {
+    throw e;  // as json::parse does: the caller reports it
   }
   const std::string& duplicate() const { return duplicate_; }
 
  private:
-  nlohmann::detail::json_sax_dom_parser<json> dom_;
+  // The new value's place: the root, the end of the open array, or the member whose key came last. A pointer to an
+  // array element is held only while that element is open, before anything else is appended to the array.
+  json* Place(json&& v) {
+    if (stack_.empty()) {
+      *root_ = std::move(v);
+      return root_;
+    }
+    json* top = stack_.back();
+    if (top->is_array()) {
+      top->push_back(std::move(v));
+      return &top->back();
+    }
+    *member_ = std::move(v);
+    return member_;
+  }
+  template <class V>
+  bool Add(V&& v) {
+    Place(json(std::forward<V>(v)));
+    return true;
+  }
+
+  json* root_;
+  std::vector<json*> stack_;                           // the open objects and arrays, innermost last
+  json* member_ = nullptr;                             // the value of the object's last key
   std::vector<std::unordered_set<std::string>> keys_;  // [open objects] the keys seen in each
   std::string duplicate_;
 };

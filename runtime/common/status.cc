@@ -61,7 +61,16 @@ std::string EscapeForTerminal(const std::string& text) {
       ++i;
       continue;
     }
-    const size_t n = c >= 0x80 ? Utf8Length(text, i) : 0;
+    size_t n = c >= 0x80 ? Utf8Length(text, i) : 0;
+    // Valid UTF-8 that still drives a terminal: the C1 controls U+0080-U+009F (8-bit CSI) and the bidirectional
+    // overrides and isolates U+202A-U+202E, U+2066-U+2069, which reorder what follows them.
+    const auto b1 = [&] { return static_cast<unsigned char>(text[i + 1]); };
+    const auto b2 = [&] { return static_cast<unsigned char>(text[i + 2]); };
+    if ((n == 2 && c == 0xc2 && b1() < 0xa0) ||
+        (n == 3 && c == 0xe2 &&
+         ((b1() == 0x80 && b2() >= 0xaa && b2() <= 0xae) || (b1() == 0x81 && b2() >= 0xa6 && b2() <= 0xa9)))) {
+      n = 0;
+    }
     if (n > 0) {
       out.append(text, i, n);
       i += n;
@@ -78,10 +87,12 @@ std::string EscapeForTerminal(const std::string& text) {
 std::string PrintableMessage(const std::string& message) {
   constexpr size_t kMax = 4000, kHead = 3000, kTail = 800;
   if (message.size() <= kMax) return EscapeForTerminal(message);
-  // Cut at UTF-8 sequence boundaries (a continuation byte is 10xxxxxx), so the cut never splits a character.
+  // Cut at UTF-8 sequence boundaries (a continuation byte is 10xxxxxx), so the cut never splits a character: at
+  // most 3 bytes either way (a character has at most 4), whatever bytes a binary message holds.
   size_t head = kHead, tail = message.size() - kTail;
-  while (head > 0 && (static_cast<unsigned char>(message[head]) & 0xc0) == 0x80) --head;
-  while (tail < message.size() && (static_cast<unsigned char>(message[tail]) & 0xc0) == 0x80) ++tail;
+  const auto continuation = [&](size_t i) { return (static_cast<unsigned char>(message[i]) & 0xc0) == 0x80; };
+  for (int k = 0; k < 3 && continuation(head); ++k) --head;
+  for (int k = 0; k < 3 && tail < message.size() && continuation(tail); ++k) ++tail;
   return EscapeForTerminal(message.substr(0, head)) + " [... " + std::to_string(tail - head) + " bytes cut ...] " +
          EscapeForTerminal(message.substr(tail));
 }

@@ -21,8 +21,9 @@ enum class StatusCode {
 
 const char* StatusCodeName(StatusCode code);
 
-// A message as one terminal line: control characters (a newline, ESC) and bytes that are not UTF-8 are written as
-// \xNN, and a message longer than 4000 bytes keeps its first 3000 and last 800 with the count cut between them.
+// A message as one terminal line: control characters (a newline, ESC, the C1 controls, the bidirectional overrides)
+// and bytes that are not UTF-8 are written as \xNN, and a message longer than 4000 bytes keeps its first 3000 and
+// last 800 (moved by up to 3 bytes to a character boundary) with the count cut between them.
 // Messages quote file contents and command-line values; printing them raw could split the one error line or
 // drive the terminal.
 std::string PrintableMessage(const std::string& message);

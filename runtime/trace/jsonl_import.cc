@@ -1,5 +1,6 @@
 // JSONL → HDF5 trace import (DESIGN.md §5). Streams the input line by line (gzip or plain, through
 // zlib), validates each request fully and appends it; the first bad line aborts the import.
+#include <poll.h>
 #include <unistd.h>
 #include <zlib.h>
 
@@ -59,7 +60,8 @@ class InputBytes {
     }
     while (true) {
       if (member_start_) {
-        if (avail_ < 2 && !eof_) Fill();
+        while (avail_ < 2 && Fill()) {  // a pipe may hand over the next member's magic one byte at a time
+        }
         if (!status_.ok()) return -1;
         if (avail_ == 0) return 0;  // the end, at a member boundary
         if (avail_ < 2 || next_[0] != 0x1f || static_cast<unsigned char>(next_[1]) != 0x8b) return Trailing();
@@ -98,20 +100,23 @@ class InputBytes {
  private:
   enum class Mode { kUnknown, kPlain, kGzip };
 
-  // Reads more of the input after the bytes not yet used. False at its end or on an error (status_).
+  // Reads more of the input after the bytes not yet used. False at its end or on an error (status_). The read
+  // waits in poll() with a timeout, so that a signal ends an import whose pipe writer has gone quiet (the handlers
+  // restart a blocked read: SA_RESTART).
   bool Fill() {
     if (eof_) return false;
     if (avail_ > 0 && next_ != in_.data()) std::memmove(in_.data(), next_, avail_);
     next_ = in_.data();
     while (true) {
-      const ssize_t n = ::read(fd_, in_.data() + avail_, in_.size() - avail_);
-      if (n < 0 && errno == EINTR) {
-        if (Interrupted()) {
-          status_ = InterruptStatus();
-          return false;
-        }
-        continue;
+      if (Interrupted()) {
+        status_ = InterruptStatus();
+        return false;
       }
+      struct pollfd p = {fd_, POLLIN, 0};
+      const int ready = ::poll(&p, 1, 200);
+      if (ready == 0 || (ready < 0 && errno == EINTR)) continue;
+      const ssize_t n = ::read(fd_, in_.data() + avail_, in_.size() - avail_);
+      if (n < 0 && errno == EINTR) continue;
       if (n < 0) {
         status_ = Status::IoError(path_ + ": read error: " + std::strerror(errno));
         return false;
@@ -140,15 +145,18 @@ class InputBytes {
     return true;
   }
 
-  // Bytes after the last member: counted to the end of the input, then refused.
+  // Bytes after the last member: counted to the end of the input, then refused, unless they are all zero (the
+  // padding of a block device or tape, which gunzip ignores too).
   int64_t Trailing() {
-    uint64_t rest = avail_;
-    avail_ = 0;
-    while (Fill()) {
+    uint64_t rest = 0;
+    bool zeros = true;
+    do {
+      zeros = zeros && std::all_of(next_, next_ + avail_, [](char c) { return c == 0; });
       rest += avail_;
       avail_ = 0;
-    }
+    } while (Fill());
     if (!status_.ok()) return -1;
+    if (zeros) return 0;
     status_ = Status::InvalidArgument(path_ + ": " + std::to_string(rest) + (rest == 1 ? " byte" : " bytes") +
                                       " after the end of the gzip stream are not gzip data (appended to the file?): "
                                       "remove them, or compress the whole file again");
@@ -183,7 +191,10 @@ class LineReader {
     while (true) {
       if (pos_ == len_) {
         const int64_t n = in_->Read(buf_.data(), buf_.size());
-        if (n < 0) return false;
+        if (n < 0) {
+          cut_line_ = !line->empty();
+          return false;
+        }
         if (n == 0) {
           unterminated_ = !line->empty();
           return unterminated_;
@@ -203,14 +214,14 @@ class LineReader {
       pos_ = len_;
     }
   }
-  // The last line returned ended at the end of the input, without a newline.
-  bool unterminated() const { return unterminated_; }
+  // Next() returned false on an error with part of a line read (the error cut that line).
+  bool cut_line() const { return cut_line_; }
 
  private:
   InputBytes* in_;
   std::vector<char> buf_;
   size_t pos_ = 0, len_ = 0;
-  bool unterminated_ = false;
+  bool unterminated_ = false, cut_line_ = false;
 };
 
 struct ParsedRequest {
@@ -445,9 +456,13 @@ Status ImportJsonlTrace(const std::string& in_path, const std::string& out_path,
   // line it cut (a read error, appended bytes or damaged data name the input).
   if (!input.status().ok()) {
     if (Interrupted()) return InterruptStatus().WithPrefix(out_path);
-    if (input.truncated()) {
-      return Status::IoError(in_path + ":" + std::to_string(line_no + 1) +
-                             ": the gzip stream ends early (the file is truncated)");
+    if (input.truncated()) {  // naming the line it cut, or the last whole line when it cut none
+      if (reader.cut_line()) {
+        return Status::IoError(in_path + ":" + std::to_string(line_no + 1) +
+                               ": the gzip stream ends early (the file is truncated)");
+      }
+      return Status::IoError(in_path + ": the gzip stream ends early after line " + std::to_string(line_no) +
+                             " (the file is truncated)");
     }
     return input.status();
   }

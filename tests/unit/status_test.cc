@@ -26,6 +26,17 @@ TEST(PrintableMessage, EscapesControlCharactersAndInvalidUtf8) {
   EXPECT_EQ(PrintableMessage("\xed\xa0\x80"), "\\xed\\xa0\\x80");
   EXPECT_EQ(PrintableMessage("\xe2\x82"), "\\xe2\\x82");
   EXPECT_EQ(PrintableMessage("\xf4\x90\x80\x80"), "\\xf4\\x90\\x80\\x80");  // above U+10FFFF
+  // Valid UTF-8 that drives a terminal: a C1 control (8-bit CSI, U+009B) and a right-to-left override (U+202E);
+  // U+00A0 (no-break space) and U+2030 (per mille) are plain text.
+  EXPECT_EQ(PrintableMessage("\xc2\x9b"
+                             "31m"),
+            "\\xc2\\x9b"
+            "31m");
+  EXPECT_EQ(PrintableMessage("a\xe2\x80\xae"
+                             "b"),
+            "a\\xe2\\x80\\xae"
+            "b");
+  EXPECT_EQ(PrintableMessage("\xc2\xa0\xe2\x80\xb0"), "\xc2\xa0\xe2\x80\xb0");
 }
 
 TEST(PrintableMessage, CutsALongMessageBetweenItsHeadAndTail) {
@@ -39,6 +50,12 @@ TEST(PrintableMessage, CutsALongMessageBetweenItsHeadAndTail) {
   const std::string kept = PrintableMessage(accents);
   EXPECT_EQ(kept.substr(0, 2999 + 6), std::string(2999, 'a') + " [... ");
   EXPECT_EQ(kept.find("\\x"), std::string::npos) << "no half character escaped";
+  // Bytes that are all continuation bytes: the cut moves at most 3 bytes, so head and tail keep their size. 5016
+  // bytes: the head ends at 3000 - 3, the tail starts at 5016 - 800 + 3, and 4219 - 2997 = 1222 are cut.
+  const std::string binary = "bad bytes '" + std::string(5000, '\x80') + "' end";
+  const std::string shown = PrintableMessage(binary);
+  EXPECT_EQ(shown.substr(0, 11), "bad bytes '");
+  EXPECT_NE(shown.find(" [... 1222 bytes cut ...] "), std::string::npos) << shown.substr(0, 80);
 }
 
 }  // namespace

@@ -204,6 +204,22 @@ std::string GzipMember(const std::string& text) {
   return out;
 }
 
+// The start of `text`'s deflate data, flushed so that it inflates to the first half of `text` (no end, no trailer):
+// appended to a gzip header, a member cut inside its text.
+std::string RawDeflatePrefix(const std::string& text) {
+  z_stream z{};
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  std::string out(deflateBound(&z, text.size()) + 64, '\0');
+  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
+  z.avail_in = static_cast<uInt>(text.size() / 2);
+  z.next_out = reinterpret_cast<Bytef*>(out.data());
+  z.avail_out = static_cast<uInt>(out.size());
+  EXPECT_EQ(deflate(&z, Z_SYNC_FLUSH), Z_OK);
+  out.resize(out.size() - z.avail_out);
+  deflateEnd(&z);
+  return out;
+}
+
 // The gzip framing, read once from a regular file and from a FIFO (a pipe cannot be read twice): concatenated
 // members are one stream; bytes after the last member are refused with their count; a member cut short is
 // reported as truncated with the line it cut; damaged data as damaged. Each error leaves no output.
@@ -222,9 +238,13 @@ TEST_F(TraceIoTest, GzipMembersTrailingBytesAndCutsFromAFileAndAPipe) {
       {"plain lines after a member", GzipMember(a) + b,
        std::to_string(b.size()) + " bytes after the end of the gzip stream"},
       {"one stray byte", ab + "x", ": 1 byte after the end of the gzip stream are not gzip data"},
-      {"a member cut short", ab.substr(0, GzipMember(a).size() + 12),
-       ":2: the gzip stream ends early (the file is truncated)"},
-      {"a trailer cut short", ab.substr(0, ab.size() - 5), ":3: the gzip stream ends early"},
+      {"a member cut short before its text", ab.substr(0, GzipMember(a).size() + 12),
+       ".gz: the gzip stream ends early after line 1 (the file is truncated)"},
+      {"a member cut short inside a line", GzipMember(a) + GzipMember(b).substr(0, 10) + RawDeflatePrefix(b),
+       ".gz:2: the gzip stream ends early (the file is truncated)"},
+      {"a trailer cut short (no line cut)", ab.substr(0, ab.size() - 5),
+       ".gz: the gzip stream ends early after line 2"},
+      {"zero padding after the last member (a block device's)", ab + std::string(100, '\0'), ""},
       {"damaged data", damaged, "the gzip data is damaged"},
   };
   for (bool fifo : {false, true}) {
