@@ -1,20 +1,27 @@
 // ParseJson (runtime/common/json_util.h) builds its DOM from SAX events: it must equal nlohmann's own json::parse on
 // every document (the second implementation here), refuse what json::parse refuses, and find a key given twice in
 // any object, at any depth, while the same key in sibling objects is fine.
+#include "runtime/common/json_util.h"
+
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
 
-#include "runtime/common/json_util.h"
-
 namespace eldr {
 namespace {
 
 TEST(ParseJson, EqualsNlohmannParseOnEveryDocument) {
   const std::vector<std::string> documents = {
-      "null", "true", "-3", "18446744073709551615", "1.5e-3", R"("text \u00e9")", "[]", "{}",
+      "null",
+      "true",
+      "-3",
+      "18446744073709551615",
+      "1.5e-3",
+      R"("text \u00e9")",
+      "[]",
+      "{}",
       R"({"a": [1, 2, {"b": [[], {}, [3, {"c": null}]]}], "d": {"e": {"f": [true, false]}}})",
       R"([{"k": 1}, {"k": 2}, [{"k": [{"k": 3}]}]])",
       "\xEF\xBB\xBF{\"bom\": 1}",  // a UTF-8 byte order mark, skipped by both
