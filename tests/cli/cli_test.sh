@@ -116,6 +116,16 @@ $PY -c "
 import h5py, numpy as np
 with h5py.File('wide_load.h5', 'w') as f: f['/load'] = np.ones((1, 16384))
 "
+# A JSON load profile's text and DOM are checked before it is read (17 bytes per byte of the file: 140 MB here).
+$PY -c "
+import json
+json.dump({'token_scores': {str(l): {str(e): 0.5 for e in range(64)} for l in range(12000)}}, open('big_prof.json', 'w'))
+"
+ELDR_MEMORY_BUDGET=64M expect_error "place: a JSON load larger than the memory allows" \
+  "big_prof.json: parsing this JSON load profile: needs [0-9.]+ MB, this machine has 67.1 MB available \(as ELDR_MEMORY_BUDGET says\)" \
+  - "$ELDR" place profile --load big_prof.json -P 64 -R 2
+run_ok "place: the same JSON load within the memory" "$ELDR" place profile --load big_prof.json -P 64 -R 2
+rm -f big_prof.json
 ELDR_MEMORY_BUDGET=16M expect_error "place: memory checked before placing" \
   "wide_load.h5: eldr placement of L = 1 layers x E = 16384 experts into P = 16384 slots on R = 1024 ranks: needs [0-9.]+ MB, this machine has 16.8 MB available" \
   - "$ELDR" place profile --load wide_load.h5 -P 16384 -R 1024
