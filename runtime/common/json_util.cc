@@ -128,7 +128,7 @@ Result<nlohmann::json> ParseJson(const std::string& text) {
   try {
     json::sax_parse(text, &sax);
   } catch (const json::exception& e) {
-    return Status::InvalidArgument("not valid JSON (" + PrintableMessage(e.what()) + ")");
+    return Status::InvalidArgument(std::string("not valid JSON (") + e.what() + ")");
   }
   if (!sax.duplicate().empty()) {
     return Status::InvalidArgument("duplicate key \"" + sax.duplicate() + "\" in a JSON object");

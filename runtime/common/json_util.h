@@ -11,8 +11,8 @@ namespace eldr {
 
 // nlohmann::json::parse, but an object that holds a key twice is refused (parse keeps the last value silently; a
 // duplicate YAML key is an error too). InvalidArgument: "not valid JSON (...)" or "duplicate key \"id\" in a JSON
-// object"; the caller adds the file and line. The bytes of the input that the parser's message quotes are made
-// printable (PrintableMessage, runtime/common/status.h).
+// object"; the caller adds the file and line. The parser's message quotes bytes of the input as they are: the
+// command line makes every error line printable (PrintableMessage, runtime/common/status.h).
 Result<nlohmann::json> ParseJson(const std::string& text);
 
 // Left-aligned first column, right-aligned others, a rule under the header.

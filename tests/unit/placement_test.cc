@@ -132,6 +132,24 @@ PlacementProblem Problem(int L, int E, int P, int R, int N, int G, std::vector<d
   return p;
 }
 
+// Sets an environment variable for the life of the guard and restores it after (also when an assertion returns).
+class ScopedEnv {
+ public:
+  ScopedEnv(const char* name, const char* value) : name_(name) {
+    const char* old = std::getenv(name);
+    if (old) saved_ = old;
+    had_ = old != nullptr;
+    Set(value);
+  }
+  ~ScopedEnv() { had_ ? Set(saved_.c_str()) : (void)unsetenv(name_); }
+  void Set(const char* value) { setenv(name_, value, 1); }
+
+ private:
+  const char* name_;
+  std::string saved_;
+  bool had_ = false;
+};
+
 // Shapes used by the randomised tests: {E, P, R, N, G}.
 struct Shape {
   int E, P, R, N, G;
@@ -729,10 +747,9 @@ TEST(PlacementTest, EldrPlacementDoesNotDependOnTheThreadCount) {
   std::mt19937_64 rng(3);
   std::uniform_real_distribution<double> drift(0.8, 1.2);
   for (auto& v : drifted.load) v *= drift(rng);
-  const char* saved = std::getenv("ELDR_NUM_THREADS");
-  const std::string saved_value = saved ? saved : "";
+  ScopedEnv env("ELDR_NUM_THREADS", "1");
   auto place = [&](const char* threads, const PlacementProblem& problem, const Placement* previous) {
-    setenv("ELDR_NUM_THREADS", threads, 1);
+    env.Set(threads);
     return PlaceOrDie(problem, PlacementAlgorithm::kEldr, previous);
   };
   const Placement one = place("1", p, nullptr);
@@ -744,11 +761,6 @@ TEST(PlacementTest, EldrPlacementDoesNotDependOnTheThreadCount) {
     const Placement again = place(threads, drifted, &one);
     EXPECT_EQ(again.phy2log, again_one.phy2log) << threads << " threads, with a previous placement";
   }
-  if (saved) {
-    setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
-  } else {
-    unsetenv("ELDR_NUM_THREADS");
-  }
 }
 
 // PlaceHooks: on_layer counts every layer once, 1..L in order and never two calls at once; a failed check stops the
@@ -756,10 +768,9 @@ TEST(PlacementTest, EldrPlacementDoesNotDependOnTheThreadCount) {
 TEST(PlacementTest, HooksCountLayersAndAFailedCheckStopsThePlacement) {
   const int L = 64;
   const PlacementProblem p = Problem(L, 32, 40, 8, 2, 8, SkewedLoad(L, 32, 5));
-  const char* saved = std::getenv("ELDR_NUM_THREADS");
-  const std::string saved_value = saved ? saved : "";
+  ScopedEnv env("ELDR_NUM_THREADS", "1");
   for (const char* threads : {"1", "4"}) {
-    setenv("ELDR_NUM_THREADS", threads, 1);
+    env.Set(threads);
     for (PlacementAlgorithm algo : kAll) {
       std::vector<int> seen;
       std::atomic<int> in_call{0}, overlaps{0};
@@ -790,11 +801,6 @@ TEST(PlacementTest, HooksCountLayersAndAFailedCheckStopsThePlacement) {
       EXPECT_LE(layers_done.load(), 4 + std::atoi(threads) - 1) << PlacementAlgorithmName(algo) << ", " << threads;
     }
   }
-  if (saved) {
-    setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
-  } else {
-    unsetenv("ELDR_NUM_THREADS");
-  }
 }
 
 // kEldr polls the check inside a layer too (its bottleneck search): with one layer, a check that fails from its second
@@ -820,24 +826,6 @@ TEST(PlacementTest, EldrStopsInsideALayer) {
 // eldr's [E, R] tables at E = 8192, R = 2048 are 5 * 2^24 bytes = 84 MB, over a 64 MB budget and under 1 GB; the
 // DeepSeek variants need no such table. A log2phy whose width is only known after placing is checked too: with no
 // load, deepseek-global gives every redundant slot to expert 0 (4 * L * E * (P - E + 1) bytes = 2.1 GB here).
-// Sets an environment variable for the life of the guard and restores it after (also when an assertion returns).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) {
-    const char* old = std::getenv(name);
-    if (old) saved_ = old;
-    had_ = old != nullptr;
-    Set(value);
-  }
-  ~ScopedEnv() { had_ ? Set(saved_.c_str()) : (void)unsetenv(name_); }
-  void Set(const char* value) { setenv(name_, value, 1); }
-
- private:
-  const char* name_;
-  std::string saved_;
-  bool had_ = false;
-};
-
 TEST(PlacementTest, MemoryIsCheckedBeforeItIsAllocated) {
   ScopedEnv budget("ELDR_MEMORY_BUDGET", "64M");
   const PlacementProblem big = Problem(1, 8192, 16384, 2048, 1, 1, std::vector<double>(8192, 1.0));
@@ -889,27 +877,20 @@ TEST(PlacementTest, EldrLog2PhyIsRightWhenTheLastLayerIsTheWidest) {
   std::vector<double> load(static_cast<size_t>(L) * E, 1.0);
   load[static_cast<size_t>(L - 1) * E + 5] = 500.0;  // layer 63, expert 5: the most replicas of the placement
   const PlacementProblem p = Problem(L, E, P, R, 2, 4, load);
-  const char* saved = std::getenv("ELDR_NUM_THREADS");
-  const std::string saved_value = saved ? saved : "";
-  setenv("ELDR_NUM_THREADS", "1", 1);
+  ScopedEnv env("ELDR_NUM_THREADS", "1");
   const Placement one = PlaceOrDie(p, PlacementAlgorithm::kEldr);
   ExpectValid(p, one, "one thread");
   const int widest = *std::max_element(one.logcnt.end() - E, one.logcnt.end());
   ASSERT_EQ(one.max_replicas, widest);
   ASSERT_GT(widest, *std::max_element(one.logcnt.begin(), one.logcnt.end() - E)) << "only the last layer is wide";
   for (const char* threads : {"2", "4"}) {
-    setenv("ELDR_NUM_THREADS", threads, 1);
+    env.Set(threads);
     for (int round = 0; round < 20; ++round) {
       const Placement many = PlaceOrDie(p, PlacementAlgorithm::kEldr);
       ExpectValid(p, many, std::string(threads) + " threads");
       EXPECT_EQ(many.max_replicas, one.max_replicas) << threads << " threads, round " << round;
       EXPECT_EQ(many.log2phy, one.log2phy) << threads << " threads, round " << round;
     }
-  }
-  if (saved) {
-    setenv("ELDR_NUM_THREADS", saved_value.c_str(), 1);
-  } else {
-    unsetenv("ELDR_NUM_THREADS");
   }
 }
 

@@ -188,36 +188,30 @@ TEST_F(TraceIoTest, MissingTruncatedAndCorruptFiles) {
   EXPECT_NE(st.message().find("does not exist"), std::string::npos) << st.message();
 }
 
-// One gzip member of `text` (zlib's deflate with a gzip wrapper), written by hand so that the test controls every
-// byte: a member cut short, bytes after it, a second member.
-std::string GzipMember(const std::string& text) {
+// `text` deflated by zlib: window_bits 15 + 16 wraps it in a gzip member, -15 gives raw deflate data; flush
+// Z_FINISH ends the stream, Z_SYNC_FLUSH stops at a byte boundary without an end. Written by hand so that the test
+// controls every byte: a member cut short, bytes after it, a second member.
+std::string Deflate(const std::string& text, int window_bits, int flush) {
   z_stream z{};
-  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, 15 + 16, 8, Z_DEFAULT_STRATEGY), Z_OK);
+  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, window_bits, 8, Z_DEFAULT_STRATEGY), Z_OK);
   std::string out(deflateBound(&z, text.size()) + 64, '\0');
   z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
   z.avail_in = static_cast<uInt>(text.size());
   z.next_out = reinterpret_cast<Bytef*>(out.data());
   z.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&z, Z_FINISH), Z_STREAM_END);
+  EXPECT_EQ(deflate(&z, flush), flush == Z_FINISH ? Z_STREAM_END : Z_OK);
   out.resize(out.size() - z.avail_out);
   deflateEnd(&z);
   return out;
 }
 
-// The start of `text`'s deflate data, flushed so that it inflates to the first half of `text` (no end, no trailer):
-// appended to a gzip header, a member cut inside its text.
+// One gzip member of `text`.
+std::string GzipMember(const std::string& text) { return Deflate(text, 15 + 16, Z_FINISH); }
+
+// The raw deflate data of the first half of `text`, with no end and no trailer: appended to a gzip header, a member
+// cut inside its text.
 std::string RawDeflatePrefix(const std::string& text) {
-  z_stream z{};
-  EXPECT_EQ(deflateInit2(&z, 6, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY), Z_OK);
-  std::string out(deflateBound(&z, text.size()) + 64, '\0');
-  z.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(text.data()));
-  z.avail_in = static_cast<uInt>(text.size() / 2);
-  z.next_out = reinterpret_cast<Bytef*>(out.data());
-  z.avail_out = static_cast<uInt>(out.size());
-  EXPECT_EQ(deflate(&z, Z_SYNC_FLUSH), Z_OK);
-  out.resize(out.size() - z.avail_out);
-  deflateEnd(&z);
-  return out;
+  return Deflate(text.substr(0, text.size() / 2), -15, Z_SYNC_FLUSH);
 }
 
 // The gzip framing, read once from a regular file and from a FIFO (a pipe cannot be read twice): concatenated
