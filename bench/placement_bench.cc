@@ -43,7 +43,8 @@ const std::vector<Profile>& Profiles() {
     for (const char* name : {"Qwen3-235B-A22B-Instruct-2507", "Qwen3-Coder-30B-A3B-Instruct", "GLM-4.5-Air"}) {
       Profile p;
       p.name = name;
-      auto load = ReadLoadJson(dir + name + "_expert_scores_summary.json", &p.num_layers, &p.num_experts);
+      auto load =
+          ReadLoadJson(dir + name + "_expert_scores_summary.json", "token_scores", &p.num_layers, &p.num_experts);
       ELDR_CHECK(load.ok(), load.status().message());
       p.load = std::move(load).value();
       out.push_back(std::move(p));

@@ -53,48 +53,26 @@ Status CheckLoadTotal(const std::string& where, const std::vector<double>& load)
   return Status::Ok();
 }
 
-}  // namespace
-
-Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layers, int* num_experts) {
+// One member of a JSON load profile, {"<layer>": {"<expert>": load}}, as [L, E] (see ReadLoadJson).
+Result<std::vector<double>> ParseLoadMember(const std::string& path, const std::string& name,
+                                            const nlohmann::json& scores, int* num_layers, int* num_experts) {
   using json = nlohmann::json;
-  ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a load JSON file"));
-  // The text and its DOM, before either is read: a member "7": 0.1 of a dozen bytes becomes a map node, a key and a
-  // value of about 130 bytes, so up to 16 bytes per byte of the file (a 16.8 MB profile of 40 000 layers took 76 MB).
-  std::error_code ec;
-  const auto size = std::filesystem::file_size(path, ec);
-  if (!ec) {
-    ELDR_RETURN_IF_ERROR(
-        CheckMemoryBudget(17.0 * static_cast<double>(size), path + ": parsing this JSON load profile"));
+  if (!scores.is_object()) {
+    return Status::Corrupt(path + ": \"" + name + "\" must be an object {layer: {expert: load}}");
   }
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::IoError(path + ": cannot open for reading");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  auto parsed = ParseJson(text);
-  if (!parsed.ok()) return Status::Corrupt(path + ": " + parsed.status().message());
-  const json doc = std::move(parsed).value();
-  if (!doc.is_object() || !doc.contains("token_scores") || !doc["token_scores"].is_object()) {
-    return Status::Corrupt(path + ": expected an object with \"token_scores\": {layer: {expert: load}}");
-  }
-  for (auto it = doc.begin(); it != doc.end(); ++it) {  // a misspelt key is never silently ignored
-    if (it.key() != "token_scores" && it.key() != "gate_scores") {
-      return Status::Corrupt(path + ": unknown key \"" + it.key() +
-                             "\" (a load profile holds \"token_scores\" and optionally \"gate_scores\")");
-    }
-  }
-  const json& scores = doc["token_scores"];
-  if (scores.empty()) return Status::Corrupt(path + ": \"token_scores\" has no layers");
+  if (scores.empty()) return Status::Corrupt(path + ": \"" + name + "\" has no layers");
   std::vector<std::pair<int64_t, const json*>> layers;
   layers.reserve(scores.size());
   for (auto it = scores.begin(); it != scores.end(); ++it) {
     int64_t id = 0;
     if (!ParseIndex(it.key(), &id) || !it.value().is_object()) {
-      return Status::Corrupt(path + ": token_scores[\"" + it.key() +
+      return Status::Corrupt(path + ": " + name + "[\"" + it.key() +
                              "\"] must be a numeric layer id mapping to {expert: load}");
     }
     layers.emplace_back(id, &it.value());
   }
   if (layers.size() > kMaxLoadLayers) {
-    return Status::InvalidArgument(path + ": token_scores has " + std::to_string(layers.size()) +
+    return Status::InvalidArgument(path + ": " + name + " has " + std::to_string(layers.size()) +
                                    " layers; a load has at most " + std::to_string(kMaxLoadLayers));
   }
   std::sort(layers.begin(), layers.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
@@ -102,7 +80,7 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
   for (int l = 1; l < L; ++l) {
     const int64_t expected = layers[0].first + l;
     if (layers[l].first != expected) {  // "0", "1", "5" would be renumbered 0, 1, 2
-      return Status::Corrupt(path + ": token_scores layer keys must be consecutive; layer \"" +
+      return Status::Corrupt(path + ": " + name + " layer keys must be consecutive; layer \"" +
                              std::to_string(expected) + "\" is missing (after \"" + std::to_string(expected - 1) +
                              "\" comes \"" + std::to_string(layers[l].first) + "\")");
     }
@@ -114,17 +92,17 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
     for (auto it = row->begin(); it != row->end(); ++it) {
       int64_t e = 0;
       if (!ParseIndex(it.key(), &e) || e >= static_cast<int64_t>(kMaxLoadExperts)) {
-        return Status::Corrupt(path + ": token_scores[\"" + std::to_string(id) + "\"] has expert key \"" + it.key() +
+        return Status::Corrupt(path + ": " + name + "[\"" + std::to_string(id) + "\"] has expert key \"" + it.key() +
                                "\"; expert keys are whole numbers 0.." + std::to_string(kMaxLoadExperts - 1));
       }
       max_expert = std::max(max_expert, e);
     }
   }
-  if (max_expert < 0) return Status::Corrupt(path + ": no layer of token_scores has an expert");
+  if (max_expert < 0) return Status::Corrupt(path + ": no layer of " + name + " has an expert");
   const int E = static_cast<int>(max_expert + 1);
   std::vector<double> load(static_cast<size_t>(L) * E, -1.0);
   for (int l = 0; l < L; ++l) {
-    const std::string layer = "token_scores[\"" + std::to_string(layers[l].first) + "\"]";
+    const std::string layer = name + "[\"" + std::to_string(layers[l].first) + "\"]";
     const json& row = *layers[l].second;
     if (static_cast<int>(row.size()) != E) {  // keys are distinct and < E: some expert is missing
       int missing = 0;
@@ -148,6 +126,52 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layer
   *num_layers = L;
   *num_experts = E;
   return load;
+}
+
+}  // namespace
+
+Result<std::vector<double>> ReadLoadJson(const std::string& path, const std::string& member, int* num_layers,
+                                         int* num_experts) {
+  using json = nlohmann::json;
+  if (member != "token_scores" && member != "gate_scores") {
+    return Status::InvalidArgument(
+        path + ": a JSON load profile has the members \"token_scores\" and \"gate_scores\", not \"" + member + "\"");
+  }
+  ELDR_RETURN_IF_ERROR(CheckInputFile(path, "a load JSON file"));
+  // The text and its DOM, before either is read: a member "7": 0.1 of a dozen bytes becomes a map node, a key and a
+  // value of about 130 bytes, so up to 16 bytes per byte of the file (a 16.8 MB profile of 40 000 layers took 76 MB).
+  std::error_code ec;
+  const auto size = std::filesystem::file_size(path, ec);
+  if (!ec) {
+    ELDR_RETURN_IF_ERROR(
+        CheckMemoryBudget(17.0 * static_cast<double>(size), path + ": parsing this JSON load profile"));
+  }
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::IoError(path + ": cannot open for reading");
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto parsed = ParseJson(text);
+  if (!parsed.ok()) return Status::Corrupt(path + ": " + parsed.status().message());
+  const json doc = std::move(parsed).value();
+  if (!doc.is_object() || !doc.contains(member) || !doc[member].is_object()) {
+    return Status::Corrupt(path + ": expected an object with \"" + member + "\": {layer: {expert: load}}");
+  }
+  for (auto it = doc.begin(); it != doc.end(); ++it) {  // a misspelt key is never silently ignored
+    if (it.key() != "token_scores" && it.key() != "gate_scores") {
+      return Status::Corrupt(path + ": unknown key \"" + it.key() +
+                             "\" (a load profile holds \"token_scores\" and optionally \"gate_scores\")");
+    }
+  }
+  // The member not read is checked as well: a damaged file is refused whichever member a run asks for.
+  for (const auto& [name, scores] : doc.items()) {
+    int L = 0, E = 0;
+    ELDR_ASSIGN_OR_RETURN(auto load, ParseLoadMember(path, name, scores, &L, &E));
+    if (name == member) {
+      *num_layers = L;
+      *num_experts = E;
+      return load;
+    }
+  }
+  return Status::Corrupt(path + ": no \"" + member + "\"");  // unreachable: checked above
 }
 
 Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::string& dataset, int* num_layers,

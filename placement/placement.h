@@ -189,13 +189,16 @@ Result<Placement> PlacementFromPhy2Log(int num_layers, int num_experts, int num_
 
 // Load readers. Both return [L, E] row-major and set *num_layers and *num_experts.
 // JSON as in the expert-load profiles (bench/data/expert-load-profiles): {"token_scores": {"<layer>":
-// {"<expert>": value}}}. Layers are the keys of token_scores in ascending numeric order (ids need not start
-// at 0, but must be consecutive: a gap is Corrupt naming the missing layer); E is one more than the largest
+// {"<expert>": value}}, "gate_scores": {...}}; `member` names the one read, "token_scores" or "gate_scores"
+// (InvalidArgument otherwise), and both members, where present, are checked alike. Layers are the member's keys in
+// ascending numeric order (ids need not start at 0, but must be consecutive: a gap is Corrupt naming the missing
+// layer); E is one more than the largest
 // expert key of any layer, and every layer must have the experts 0..E-1 (a lacking one is Corrupt naming it). All-zero
 // layers are kept. Loads must be finite, >= 0 and sum to at most 1e300 (InvalidArgument), for both readers. NotFound /
 // Corrupt / InvalidArgument with the path in the message; ResourceExhausted before the file is read when 17 bytes per
 // byte of it (its text and DOM) exceed the memory budget (runtime/common/memory_budget.h).
-Result<std::vector<double>> ReadLoadJson(const std::string& path, int* num_layers, int* num_experts);
+Result<std::vector<double>> ReadLoadJson(const std::string& path, const std::string& member, int* num_layers,
+                                         int* num_experts);
 // A 2-D numeric dataset [L, E] of an HDF5 file, e.g. "/load", with 1 <= L, E <= 65535; the declared shape is
 // checked before anything is read (InvalidArgument naming the shape), and the read against the memory budget.
 Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::string& dataset, int* num_layers,

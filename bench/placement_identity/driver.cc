@@ -27,7 +27,7 @@ static std::vector<Prof> Profiles() {
       std::string(getenv("ELDR_PROFILES") ? getenv("ELDR_PROFILES") : "bench/data/expert-load-profiles") + "/";
   for (const char* n : {"Qwen3-235B-A22B-Instruct-2507", "Qwen3-Coder-30B-A3B-Instruct", "GLM-4.5-Air"}) {
     Prof p;
-    auto l = ReadLoadJson(dir + n + "_expert_scores_summary.json", &p.L, &p.E);
+    auto l = ReadLoadJson(dir + n + "_expert_scores_summary.json", "token_scores", &p.L, &p.E);
     p.load = l.value();
     out.push_back(p);
   }

@@ -108,6 +108,48 @@ Status ReadRoot(const h5::File& f, const std::string& path, int num_experts, Sto
   return Status::Ok();
 }
 
+// /placement holds global and cluster_k for k < the file's cluster count (num_clusters, else the length of
+// /clusters/sizes), each with a numeric balancedness in [0, 1] where it has one (other tools read it). Anything else
+// is left from another tool or another clustering, and refused rather than passed over.
+Status CheckMembers(const h5::File& f, const std::string& path) {
+  int64_t K = -1;
+  if (f.HasAttribute(kRoot, "num_clusters")) {
+    ELDR_ASSIGN_OR_RETURN(K, f.ReadIntAttribute(kRoot, "num_clusters"));
+  } else if (f.Exists("/clusters/sizes")) {
+    ELDR_ASSIGN_OR_RETURN(const h5::Dims sizes, f.Shape("/clusters/sizes"));
+    if (sizes.size() == 1) K = static_cast<int64_t>(sizes[0]);
+  }
+  ELDR_ASSIGN_OR_RETURN(const std::vector<std::string> members, f.Members(kRoot));
+  for (const std::string& name : members) {
+    bool known = name == "global";
+    if (!known && name.rfind("cluster_", 0) == 0) {
+      const std::string digits = name.substr(8);
+      int64_t k = 0;
+      known = !digits.empty() && digits.size() <= 9 && (digits.size() == 1 || digits[0] != '0') &&
+              std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; });
+      if (known) k = std::stoll(digits);
+      if (known && K >= 0 && k >= K) {
+        return Status::Corrupt(path + ": /placement/" + name + " is beyond the file's " + std::to_string(K) +
+                               " clusters (cluster_0..cluster_" + std::to_string(K - 1) + "); re-run eldr place calib");
+      }
+    }
+    if (!known) {
+      return Status::Corrupt(path + ": /placement has a member '" + name.substr(0, 80) +
+                             "'; it holds only global and cluster_k groups; re-run eldr place calib");
+    }
+    const std::string g = std::string(kRoot) + "/" + name;
+    if (f.HasAttribute(g, "balancedness")) {
+      auto b = f.ReadDoubleAttribute(g, "balancedness");
+      if (!b.ok()) return Status::Corrupt(path + ": " + g + "@balancedness is not a number; re-run eldr place calib");
+      if (!(b.value() >= 0 && b.value() <= 1)) {
+        return Status::Corrupt(path + ": " + g + "@balancedness = " + std::to_string(b.value()) +
+                               ", outside [0, 1]; re-run eldr place calib");
+      }
+    }
+  }
+  return Status::Ok();
+}
+
 // logcnt and log2phy, where the file has them, must say what phy2log says (`pl`, rebuilt from it): readers use
 // phy2log, but other tools read these, so a file whose copies contradict it is refused rather than passed on.
 // log2phy [L, E, max_replicas] lists an expert's slots in any order (the DeepSeek variants write eplb.py's replica
@@ -249,6 +291,7 @@ Result<StoredPlacements> ReadPlacements(const std::string& path, int num_layers,
   if (!f.Exists(kRoot)) return out;
   out.present = true;
   ELDR_RETURN_IF_ERROR(ReadRoot(f, path, num_experts, &out));
+  ELDR_RETURN_IF_ERROR(CheckMembers(f, path));
   if (!f.Exists(std::string(kGlobal) + "/phy2log")) {
     return Status::Corrupt(path + ": /placement has no global/phy2log; re-run eldr place calib");
   }

@@ -85,7 +85,8 @@ struct StoredPlacements {
 // placements must fit L = num_layers MoE layers of E = num_experts experts. present = false (and OK) when
 // the file has no /placement. Corrupt, naming the file and the object: a missing or out-of-range num_ranks
 // or num_slots, no /placement/global, a phy2log that is not [L, P] or not a placement of E experts on R ranks,
-// a logcnt or log2phy that contradicts it, a num_clusters other than the file's /clusters count.
+// a logcnt or log2phy that contradicts it, a num_clusters other than the file's /clusters count, a member other than
+// global and cluster_k (k below the file's cluster count), a balancedness attribute that is not a number in [0, 1].
 // REQUIRES: 0 <= cluster_begin <= cluster_end.
 Result<StoredPlacements> ReadPlacements(const std::string& path, int num_layers, int num_experts, int cluster_begin,
                                         int cluster_end);

@@ -106,7 +106,7 @@ Result<PlacementSpec> SpecOf(const SpecArgs& s) {
 // ---- profile ----
 
 struct ProfileArgs {
-  std::string load, dataset = "/load", previous;
+  std::string load, dataset, previous;  // dataset "": /load of an HDF5 load, token_scores of a JSON profile
   SpecArgs spec;
   double move_slack = 0;
   int64_t expert_bytes = 0;
@@ -116,9 +116,11 @@ struct ProfileArgs {
 Status ReadProfileLoad(const ProfileArgs& a, PlacementProblem* p) {
   const bool json = a.load.size() >= 5 && a.load.compare(a.load.size() - 5, 5, ".json") == 0;
   if (json) {
-    ELDR_ASSIGN_OR_RETURN(p->load, ReadLoadJson(a.load, &p->num_layers, &p->num_experts));
+    const std::string member = a.dataset.empty() ? "token_scores" : a.dataset;
+    ELDR_ASSIGN_OR_RETURN(p->load, ReadLoadJson(a.load, member, &p->num_layers, &p->num_experts));
   } else {
-    ELDR_ASSIGN_OR_RETURN(p->load, ReadLoadHdf5(a.load, a.dataset, &p->num_layers, &p->num_experts));
+    const std::string dataset = a.dataset.empty() ? "/load" : a.dataset;
+    ELDR_ASSIGN_OR_RETURN(p->load, ReadLoadHdf5(a.load, dataset, &p->num_layers, &p->num_experts));
   }
   return Status::Ok();
 }
@@ -251,9 +253,10 @@ void AddProfileCommand(CLI::App* place, Action* action) {
                   "load [L, E]: a JSON expert-load profile ({\"token_scores\": {layer: {expert: share}}}) or HDF5")
       ->required()
       ->check(NonEmptyPath());
-  cmd->add_option("--dataset", a->dataset, "HDF5 dataset holding the [L, E] load")
-      ->capture_default_str()
-      ->check(NonEmpty("the dataset path is empty; give one such as /load"));
+  cmd->add_option("--dataset", a->dataset,
+                  "the [L, E] load inside --load: an HDF5 dataset (default /load), or a JSON profile's member, "
+                  "token_scores (default) or gate_scores")
+      ->check(NonEmpty("the dataset is empty; give one such as /load (HDF5) or gate_scores (JSON)"));
   AddSpecOptions(cmd, &a->spec, true, "physical expert slots per layer (experts + redundant)", "expert-parallel ranks");
   cmd->add_option("--previous", a->previous,
                   "JSON output of an earlier eldr place profile (its phy2log): minimise moves")

@@ -231,6 +231,21 @@ Status File::CreateGroup(const std::string& group_path) {
   return Status::Ok();
 }
 
+Result<std::vector<std::string>> File::Members(const std::string& group_path) const {
+  Handle g(H5Gopen2(file_.get(), group_path.c_str(), H5P_DEFAULT), H5Gclose);
+  if (!g.valid()) return Fail(group_path + " is not a group");
+  std::vector<std::string> names;
+  auto collect = [](hid_t, const char* name, const H5L_info_t*, void* out) -> herr_t {
+    static_cast<std::vector<std::string>*>(out)->emplace_back(name);
+    return 0;
+  };
+  hsize_t index = 0;
+  if (H5Literate(g.get(), H5_INDEX_NAME, H5_ITER_INC, &index, collect, &names) < 0) {
+    return Fail("cannot list the members of " + group_path);
+  }
+  return names;
+}
+
 namespace {
 
 Status WriteAttrRaw(hid_t file, const std::string& name, const std::string& obj, const std::string& attr, hid_t type,

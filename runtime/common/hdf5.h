@@ -83,6 +83,8 @@ class File {
   // Whether the object exists and has the attribute (a damaged one too: reading it then says what is wrong).
   bool HasAttribute(const std::string& object_path, const std::string& attr) const;
   Status CreateGroup(const std::string& group_path);
+  // The names of a group's links (its datasets and subgroups), in name order; Corrupt when it is not a group.
+  Result<std::vector<std::string>> Members(const std::string& group_path) const;
 
   Status WriteAttribute(const std::string& object_path, const std::string& attr, const std::string& value);
   Status WriteAttribute(const std::string& object_path, const std::string& attr, int64_t value);

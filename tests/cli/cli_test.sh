@@ -72,6 +72,21 @@ for layer in range(L):
 assert e["balancedness"] >= d["balancedness"], (e["balancedness"], d["balancedness"])
 PYEOF
 [ $? -eq 0 ] && ok "place: invariants, eldr at least as balanced as hierarchical EPLB" || bad "place invariants"
+# The profile's gate_scores member is a second load (mean gate probability per expert); hand-checked below: its
+# layer 1 differs from token_scores' layer 1, so the two placements' replica counts differ.
+run_ok "place on gate_scores" "$ELDR" place profile --load "$PROFILE" --dataset gate_scores -P 160 -R 16 -N 2 -G 8 --json
+$PY - "$PROFILE" "$WORK/place_eldr.json" "$WORK/out.txt" <<'PYEOF'
+import json, sys
+prof, tok, gate = (json.load(open(p)) for p in sys.argv[1:4])
+E = gate["num_experts"]
+g1 = prof["gate_scores"]["1"]
+hot = max(range(E), key=lambda e: g1[str(e)])
+assert gate["logcnt"][hot] >= 2, "the hottest gate_scores expert of layer 1 is replicated"
+assert gate["logcnt"] != tok["logcnt"], "a placement of gate_scores, not of token_scores"
+PYEOF
+[ $? -eq 0 ] && ok "place --dataset gate_scores reads that member" || bad "place --dataset gate_scores"
+expect_error "place: unknown JSON member" 'has the members "token_scores" and "gate_scores", not "/load"' - \
+  "$ELDR" place profile --load "$PROFILE" --dataset /load -P 160 -R 16
 run_ok "place with --previous: no moves for the same load" "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous place_eldr.json --json
 $PY -c "import json; assert json.load(open('$WORK/out.txt'))['moved_experts'] == 0" && ok "zero moves" || bad "zero moves"
 run_ok "place per cluster into a calibration" "$ELDR" place calib --calib calib.h5 --out placed.h5 -P 80 -R 8 --json

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -242,6 +243,42 @@ TEST_F(PlacementStoreTest, CopiesThatContradictPhy2LogAndAStaleClusterCountAreCo
   EXPECT_NE(error_of().find(path_ + ": /placement was made for num_clusters = 4 clusters but /clusters has 3"),
             std::string::npos)
       << error_of();
+}
+
+// /placement holds global and cluster_0..cluster_{K-1}, each balancedness a number in [0, 1]: a stray group (left
+// by another clustering or tool) or a damaged attribute is refused, each made by hand below.
+TEST_F(PlacementStoreTest, StrayMembersAndDamagedBalancednessAreCorrupt) {
+  const ClusterPlacements p = PlaceClusters(calib_, Spec()).value();
+  auto damaged = [&](const std::function<void(h5::File&)>& damage) {
+    EXPECT_TRUE(WritePlacements(p, path_, path_).ok());
+    auto f = h5::File::OpenReadWrite(path_, path_);
+    EXPECT_TRUE(f.ok());
+    damage(f.value());
+    EXPECT_TRUE(f.value().Close().ok());
+    auto s = ReadPlacements(path_, 3, 16, 0, 3);
+    return s.ok() ? std::string("OK") : s.status().message();
+  };
+  EXPECT_EQ(damaged([](h5::File&) {}), "OK");
+  const std::vector<std::pair<std::function<void(h5::File&)>, std::string>> cases = {
+      {[](h5::File& f) { ASSERT_TRUE(f.CreateGroup("/placement/cluster_3").ok()); },
+       "/placement/cluster_3 is beyond the file's 3 clusters (cluster_0..cluster_2)"},
+      {[](h5::File& f) { ASSERT_TRUE(f.CreateGroup("/placement/cluster_99").ok()); },
+       "/placement/cluster_99 is beyond the file's 3 clusters"},
+      {[](h5::File& f) { ASSERT_TRUE(f.CreateGroup("/placement/cluster_01").ok()); },
+       "/placement has a member 'cluster_01'"},
+      {[](h5::File& f) { ASSERT_TRUE(f.Write("/placement/notes", std::vector<int32_t>{1}, {1}).ok()); },
+       "/placement has a member 'notes'"},
+      {[](h5::File& f) {
+         ASSERT_TRUE(f.WriteAttribute("/placement/cluster_1", "balancedness", std::string("0.9")).ok());
+       },
+       "/placement/cluster_1@balancedness is not a number"},
+      {[](h5::File& f) { ASSERT_TRUE(f.WriteAttribute("/placement/global", "balancedness", 1.5).ok()); },
+       "/placement/global@balancedness = 1.5"},
+  };
+  for (const auto& [damage, message] : cases) {
+    const std::string error = damaged(damage);
+    EXPECT_NE(error.find(path_ + ": " + message), std::string::npos) << error;
+  }
 }
 
 }  // namespace

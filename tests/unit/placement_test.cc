@@ -927,7 +927,7 @@ void WriteText(const std::string& path, const std::string& text) { std::ofstream
 TEST(PlacementTest, ReadsTheExpertLoadProfiles) {
   const std::string dir = std::string(ELDR_SOURCE_DIR) + "/bench/data/expert-load-profiles/";
   int L = 0, E = 0;
-  auto glm = ReadLoadJson(dir + "GLM-4.5-Air_expert_scores_summary.json", &L, &E);
+  auto glm = ReadLoadJson(dir + "GLM-4.5-Air_expert_scores_summary.json", "token_scores", &L, &E);
   ASSERT_TRUE(glm.ok()) << glm.status().message();
   EXPECT_EQ(L, 46);  // keys "1".."46"
   EXPECT_EQ(E, 128);
@@ -938,7 +938,7 @@ TEST(PlacementTest, ReadsTheExpertLoadProfiles) {
   const PlacementProblem p = Problem(L, E, 160, 32, 4, 8, *glm);
   for (PlacementAlgorithm a : kAll) ExpectValid(p, PlaceOrDie(p, a), PlacementAlgorithmName(a));
 
-  auto qwen = ReadLoadJson(dir + "Qwen3-235B-A22B-Instruct-2507_expert_scores_summary.json", &L, &E);
+  auto qwen = ReadLoadJson(dir + "Qwen3-235B-A22B-Instruct-2507_expert_scores_summary.json", "token_scores", &L, &E);
   ASSERT_TRUE(qwen.ok()) << qwen.status().message();
   EXPECT_EQ(L, 94);
   EXPECT_EQ(E, 128);
@@ -947,7 +947,7 @@ TEST(PlacementTest, ReadsTheExpertLoadProfiles) {
 
 TEST(PlacementTest, JsonReaderReportsBadFiles) {
   int L = 0, E = 0;
-  auto missing = ReadLoadJson(TempPath("missing.json"), &L, &E);
+  auto missing = ReadLoadJson(TempPath("missing.json"), "token_scores", &L, &E);
   EXPECT_EQ(missing.status().code(), StatusCode::kNotFound);
   const std::string path = TempPath("bad.json");
   const std::vector<std::pair<std::string, StatusCode>> cases = {
@@ -960,7 +960,7 @@ TEST(PlacementTest, JsonReaderReportsBadFiles) {
   };
   for (const auto& [text, code] : cases) {
     WriteText(path, text);
-    auto r = ReadLoadJson(path, &L, &E);
+    auto r = ReadLoadJson(path, "token_scores", &L, &E);
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_EQ(r.status().code(), code) << text << ": " << r.status().message();
     EXPECT_NE(r.status().message().find(path), std::string::npos) << r.status().message();
@@ -981,17 +981,43 @@ TEST(PlacementTest, JsonReaderReportsBadFiles) {
   };
   for (const auto& [text, message] : missing_cases) {
     WriteText(path, text);
-    auto r = ReadLoadJson(path, &L, &E);
+    auto r = ReadLoadJson(path, "token_scores", &L, &E);
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_NE(r.status().message().find(path + ": " + message), std::string::npos) << r.status().message();
   }
   // Layer ids sort numerically ("10" after "9") and need not start at 0.
   WriteText(path, R"({"token_scores": {"10": {"0": 3, "1": 4}, "9": {"1": 2, "0": 1}}})");
-  auto ok = ReadLoadJson(path, &L, &E);
+  auto ok = ReadLoadJson(path, "token_scores", &L, &E);
   ASSERT_TRUE(ok.ok()) << ok.status().message();
   EXPECT_EQ(L, 2);
   EXPECT_EQ(E, 2);
   EXPECT_EQ(*ok, (std::vector<double>{1, 2, 3, 4}));
+
+  // Either member can be read; both are checked whichever is read, and no other member name is taken.
+  WriteText(path, R"({"token_scores": {"0": {"0": 1, "1": 3}}, "gate_scores": {"0": {"0": 0.2, "1": 0.1, "2": 0.7}}})");
+  auto tokens = ReadLoadJson(path, "token_scores", &L, &E);
+  ASSERT_TRUE(tokens.ok()) << tokens.status().message();
+  EXPECT_EQ(*tokens, (std::vector<double>{1, 3}));
+  EXPECT_EQ(E, 2);
+  auto gates = ReadLoadJson(path, "gate_scores", &L, &E);
+  ASSERT_TRUE(gates.ok()) << gates.status().message();
+  EXPECT_EQ(*gates, (std::vector<double>{0.2, 0.1, 0.7}));
+  EXPECT_EQ(L, 1);
+  EXPECT_EQ(E, 3);
+  EXPECT_EQ(ReadLoadJson(path, "scores", &L, &E).status().code(), StatusCode::kInvalidArgument);
+  const std::vector<std::pair<std::string, std::string>> damaged_gates = {
+      {R"({"token_scores": {"0": {"0": 1}}, "gate_scores": 5})", R"("gate_scores" must be an object)"},
+      {R"({"token_scores": {"0": {"0": 1}}, "gate_scores": {"0": {"0": -1}}})", R"(gate_scores["0"]["0"] is)"},
+      {R"({"token_scores": {"0": {"0": 1}}, "gate_scores": {"x": {}}})", R"(gate_scores["x"] must be)"},
+  };
+  for (const auto& [text, message] : damaged_gates) {
+    WriteText(path, text);
+    auto r = ReadLoadJson(path, "token_scores", &L, &E);
+    ASSERT_FALSE(r.ok()) << text;
+    EXPECT_NE(r.status().message().find(path + ": " + message), std::string::npos) << r.status().message();
+  }
+  WriteText(path, R"({"token_scores": {"0": {"0": 1}}})");
+  EXPECT_EQ(ReadLoadJson(path, "gate_scores", &L, &E).status().code(), StatusCode::kCorrupt);
   std::filesystem::remove(path);
 }
 
