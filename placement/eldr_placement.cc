@@ -960,7 +960,7 @@ class EldrLayerPlacer {
 
   // Best re-replication that leaves every touched rank below the maximum: either an expert on the most
   // loaded rank gains a replica, or a replica on that rank makes room for another expert. Returns false if
-  // there is none.
+  // there is none, or when the hooks stop the placement (nothing is changed then).
   bool ReplicationMove() {
     const int rmax = ArgMaxLoad();
     const double lm = rank_load_[rmax], limit = lm - eps_;
@@ -1002,8 +1002,10 @@ class EldrLayerPlacer {
         by = y;
       }
     };
-    // An expert y on the most loaded rank gains a replica, taken from x on rank q.
+    // An expert y on the most loaded rank gains a replica, taken from x on rank q. Both searches poll the hooks
+    // once per slot of that rank: one search of a large layer can take a second (E = 16384, R = 1024).
     for (int i = 0; i < spr_; ++i) {
+      if (!hooks_->Continue()) return false;
       const int y = At(rmax, i);
       if (cnt_[y] >= R_ || load_[y] <= 0) continue;
       const double dy = per_replica_[y] - share_plus_[y];
@@ -1027,6 +1029,7 @@ class EldrLayerPlacer {
     }
     // A replica x on the most loaded rank makes room for a new replica of y.
     for (int i = 0; i < spr_; ++i) {
+      if (!hooks_->Continue()) return false;
       const int x = At(rmax, i);
       if (cnt_[x] < 2) continue;
       const double room = per_replica_[x] - (lm - stop());  // y's new share must stay below this

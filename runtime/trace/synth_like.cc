@@ -289,6 +289,11 @@ void RefineDomain(const TraceShape& shape, const std::vector<double>& target, co
 
 Status BadOption(const std::string& m) { return Status::InvalidArgument("trace synth --like: " + m); }
 
+// The entry bound as a user reads it: "2^34, 32 GiB of expert ids" for the default, else its value.
+std::string EntryLimit(double max_entries) {
+  return max_entries == kMaxSynthEntries ? "2^34 entries, 32 GiB of expert ids" : Fmt(max_entries, 0) + " entries";
+}
+
 }  // namespace
 
 Result<LikeModel> FitLikeModel(const Trace& real, const LikeFitOptions& o) {
@@ -413,13 +418,13 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
     const double per_request = (mix > 0 ? tokens / mix : 1) * std::exp(o.length_jitter * o.length_jitter / 2);
     const double entries =
         static_cast<double>(o.num_requests) * per_request * model.shape.num_layers * model.shape.top_k;
-    if (entries > kMaxSynthEntries) {
+    if (entries > o.max_entries) {
       return BadOption("--requests " + std::to_string(o.num_requests) + " of about " + Fmt(per_request, 0) +
                        " tokens each (the real mean x exp(s^2/2) of --length-jitter " + Fmt(o.length_jitter, 2) +
                        ") is about " + Fmt(entries, 0) + " routing entries (tokens x " +
                        std::to_string(model.shape.num_layers) + " layers x top-" + std::to_string(model.shape.top_k) +
-                       "), more than a generated trace may hold (2^34, 32 GiB of expert ids); lower --requests or "
-                       "--length-jitter");
+                       "), more than a generated trace may hold (" + EntryLimit(o.max_entries) +
+                       "); lower --requests or --length-jitter");
     }
   }
   const LikeModel m = Separate(model, o.separation);
@@ -468,10 +473,10 @@ Status GenerateLike(const LikeModel& model, const LikeSynthOptions& o, const Lik
     }
     // The expected size was checked up front; a run of heavy-tailed draws is held to the same bound as it goes.
     entries_so_far += static_cast<double>(total) * static_cast<double>(stride);
-    if (entries_so_far > kMaxSynthEntries) {
+    if (entries_so_far > o.max_entries) {
       return BadOption("the requests drawn so far (" + std::to_string(i + 1) + " of " + std::to_string(o.num_requests) +
-                       ") hold more than 2^34 routing entries, more than a generated " +
-                       "trace may hold; lower --requests or --length-jitter");
+                       ") hold more routing entries than a generated trace may hold (" + EntryLimit(o.max_entries) +
+                       "); lower --requests or --length-jitter");
     }
     TraceRequest req;
     req.domain = d.name;

@@ -98,6 +98,9 @@ struct LikeSynthOptions {
   double length_jitter = 0.2;   // σ >= 0 (`--length-jitter`)
   bool with_weights = true;     // emit gate weights (the CLI: when the --like trace has them)
   uint64_t seed = 0;
+  // The most routing entries (tokens x layers x top-k) a generated trace may hold, checked on the expected size
+  // before the first request and on the running total after each: kMaxSynthEntries (2^34); tests lower it.
+  double max_entries = kMaxSynthEntries;
 };
 
 // The model with every domain mean moved by the separation knob s (see above). REQUIRES: s >= 0.

@@ -237,6 +237,58 @@ TEST(SynthLikeTest, BadInputNamesTheOption) {
   EXPECT_TRUE(SynthesizeLikeTrace(m, bad).ok());
 }
 
+// The entry bound holds on the running total too, not only on the expected size: with heavy-tailed lengths
+// (--length-jitter 2) a seed may draw more than expected. The bound is lowered to the expected size (read from the
+// up-front refusal, plus one); for each seed the same requests generated without a bound give the independent answer:
+// where their running total first exceeds the bound, the run must stop at that request, and where it never does, the
+// run must succeed.
+TEST(SynthLikeTest, RunningEntryBoundStopsAtTheFirstRequestPastIt) {
+  LikeSynthOptions o;
+  o.num_requests = 60;
+  const LikeModel m = MustFit(MustSynth(KnownModel(), o));
+  o.num_requests = 20;
+  o.length_jitter = 2;
+  o.with_weights = false;
+  LikeSynthOptions tiny = o;
+  tiny.max_entries = 1;
+  auto refused = SynthesizeLikeTrace(m, tiny);
+  ASSERT_FALSE(refused.ok());
+  const std::string message = refused.status().message();
+  const size_t at = message.find("is about ");
+  ASSERT_NE(at, std::string::npos) << message;
+  // The message rounds to a whole entry: one more is at or above the exact expected size.
+  const double expected = std::stod(message.substr(at + 9)) + 1;
+  ASSERT_GT(expected, 2);
+  const double stride = static_cast<double>(m.shape.num_layers) * m.shape.top_k;
+  int stopped = 0, passed = 0;
+  for (uint64_t seed = 0; seed < 200 && (stopped < 3 || passed < 3); ++seed) {
+    o.seed = seed;
+    o.max_entries = kMaxSynthEntries;
+    const Trace all = MustSynth(m, o);
+    double total = 0;
+    int64_t first_past = -1;
+    for (size_t i = 0; i < all.requests.size() && first_past < 0; ++i) {
+      total += static_cast<double>(all.requests[i].num_tokens) * stride;
+      if (total > expected) first_past = static_cast<int64_t>(i);
+    }
+    o.max_entries = expected;
+    auto bounded = SynthesizeLikeTrace(m, o);
+    if (first_past < 0) {
+      EXPECT_TRUE(bounded.ok()) << "seed " << seed << ": " << bounded.status().message();
+      ++passed;
+      continue;
+    }
+    ASSERT_FALSE(bounded.ok()) << "seed " << seed;
+    EXPECT_NE(bounded.status().message().find("the requests drawn so far (" + std::to_string(first_past + 1) +
+                                              " of 20) hold more routing entries"),
+              std::string::npos)
+        << "seed " << seed << ": " << bounded.status().message();
+    ++stopped;
+  }
+  EXPECT_GE(stopped, 1) << "no seed drew past the expected size: the running bound went untested";
+  EXPECT_GE(passed, 1);
+}
+
 // On the bundled real trace (ESFT DeepSeek-V2-Lite): every domain is fitted, the generated requests are new by
 // the novelty check, and each domain's prefill/decode correlation arises near the real one (checked against
 // the real trace's own value from ComputeTraceStats, not against a stored number).
