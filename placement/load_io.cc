@@ -152,7 +152,7 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, const std::str
   auto parsed = ParseJson(text);
   if (!parsed.ok()) return Status::Corrupt(path + ": " + parsed.status().message());
   const json doc = std::move(parsed).value();
-  if (!doc.is_object() || !doc.contains(member) || !doc[member].is_object()) {
+  if (!doc.is_object() || !doc.contains(member) || !doc.at(member).is_object()) {
     return Status::Corrupt(path + ": expected an object with \"" + member + "\": {layer: {expert: load}}");
   }
   for (auto it = doc.begin(); it != doc.end(); ++it) {  // a misspelt key is never silently ignored
@@ -163,15 +163,11 @@ Result<std::vector<double>> ReadLoadJson(const std::string& path, const std::str
   }
   // The member not read is checked as well: a damaged file is refused whichever member a run asks for.
   for (const auto& [name, scores] : doc.items()) {
+    if (name == member) continue;
     int L = 0, E = 0;
-    ELDR_ASSIGN_OR_RETURN(auto load, ParseLoadMember(path, name, scores, &L, &E));
-    if (name == member) {
-      *num_layers = L;
-      *num_experts = E;
-      return load;
-    }
+    ELDR_RETURN_IF_ERROR(ParseLoadMember(path, name, scores, &L, &E).status());
   }
-  return Status::Corrupt(path + ": no \"" + member + "\"");  // unreachable: checked above
+  return ParseLoadMember(path, member, doc.at(member), num_layers, num_experts);
 }
 
 Result<std::vector<double>> ReadLoadHdf5(const std::string& path, const std::string& dataset, int* num_layers,

@@ -1016,6 +1016,11 @@ TEST(PlacementTest, JsonReaderReportsBadFiles) {
     ASSERT_FALSE(r.ok()) << text;
     EXPECT_NE(r.status().message().find(path + ": " + message), std::string::npos) << r.status().message();
   }
+  WriteText(path, R"({"token_scores": {"0": {"0": -1}}, "gate_scores": {"0": {"0": 1}}})");
+  auto damaged_tokens = ReadLoadJson(path, "gate_scores", &L, &E);
+  ASSERT_FALSE(damaged_tokens.ok());
+  EXPECT_NE(damaged_tokens.status().message().find(path + R"(: token_scores["0"]["0"] is)"), std::string::npos)
+      << damaged_tokens.status().message();
   WriteText(path, R"({"token_scores": {"0": {"0": 1}}})");
   EXPECT_EQ(ReadLoadJson(path, "gate_scores", &L, &E).status().code(), StatusCode::kCorrupt);
   std::filesystem::remove(path);
