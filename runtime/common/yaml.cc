@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
+#include <vector>
 
 #include "runtime/common/atomic_file.h"
 
@@ -16,7 +17,19 @@ Result<YAML::Node> LoadYamlFile(const std::string& path, const std::string& docu
   ELDR_RETURN_IF_ERROR(CheckTextFile(path, "expected " + document + " (YAML)"));
   YAML::Node root;
   try {
-    root = YAML::LoadFile(path);
+    // Every document of the file: a second one (after "---" or "...") would otherwise be dropped unread.
+    // (An empty one after a trailing "---" is nothing dropped.)
+    const std::vector<YAML::Node> documents = YAML::LoadAllFromFile(path);
+    const auto extra = std::find_if(documents.begin() + std::min<size_t>(documents.size(), 1), documents.end(),
+                                    [](const YAML::Node& d) { return !d.IsNull(); });
+    if (extra != documents.end()) {
+      const YAML::Mark mark = extra->Mark();
+      return Status::InvalidArgument(path + (mark.is_null() ? "" : ":" + std::to_string(mark.line + 1)) +
+                                     ": a second YAML document; " + document +
+                                     " is one document (remove the '---' "
+                                     "or '...' and what follows it)");
+    }
+    if (!documents.empty()) root = documents[0];
   } catch (const YAML::Exception& e) {
     // BadFile (no permission) has no mark: line 0 would be misleading.
     if (e.mark.is_null()) return Status::InvalidArgument(path + ": cannot read YAML: " + e.msg);

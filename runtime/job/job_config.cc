@@ -92,7 +92,9 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   output.Get("dir", &c->output_dir);
   output.Get("tokens", &c->output_tokens);
   output.Get("replace", &c->output_replace);
-  root.Get("watchdog_s", &c->watchdog_s, NumberRange::Above(0));
+  // At least 1 s: a rank is named as silent once it missed two heartbeats and rank 0's own stall allowance (serve.cc
+  // "liveness"), about 0.6 s at this bound; a smaller watchdog would end jobs naming no rank.
+  root.Get("watchdog_s", &c->watchdog_s, NumberRange::AtLeast(1));
   root.Get("compute", &c->compute, {"cpu", "cuda", "auto"});
   root.Allow("simulate");
   return root.Finish();

@@ -73,7 +73,9 @@ inline const NumberRange kTau = NumberRange::AtLeast(0);          // routing.tau
 inline const NumberRange kLoadBound = NumberRange::AtLeast(0);    // routing.load_bound
 inline const NumberRange kHarm = NumberRange::Between(0, 1);      // routing.harm_weight (eldr's λ)
 inline const NumberRange kRate = NumberRange::Above(0).OrInf();   // workload.request_rate (inf: all at once)
-inline const NumberRange kBurstiness = NumberRange::Above(0);     // workload.burstiness
+// workload.burstiness, the gamma shape of the gaps (CV² = 1/burstiness): at 1e6 the gaps are already even to 0.1 %,
+// and beyond it rate x burstiness could overflow to a zero gap (every arrival at 0).
+inline const NumberRange kBurstiness = {0, 1e6, true};
 }  // namespace job_limits
 
 struct JobConfig {

@@ -17,7 +17,7 @@ Result<std::vector<double>> ArrivalTimes(const ArrivalOptions& o) {
   std::vector<double> t(o.num_requests, 0.0);
   if (std::isinf(o.request_rate)) return t;
   std::mt19937_64 rng(o.seed);
-  std::gamma_distribution<double> gap(o.burstiness, 1.0 / (o.request_rate * o.burstiness));
+  std::gamma_distribution<double> gap(o.burstiness, 1.0 / o.request_rate / o.burstiness);  // mean 1/rate
   for (int64_t i = 1; i < o.num_requests; ++i) t[i] = t[i - 1] + gap(rng);
   // A job clock past kMaxArrivalSpan no longer resolves a decode step (a double at 1e7 s is exact to 2e-9 s; at
   // 1e300 s a step of 1e-4 s rounds away): one line instead of silently wrong latencies.

@@ -933,8 +933,8 @@ class RouterRank {
     std::string report = phase;
     if (stop_ == Stop::kRouterStalled) {
       report += "the router (rank 0) itself was stopped for " + Fmt(router_gap_, 1) + " s, longer than watchdog_s (" +
-                Fmt(c_.watchdog_s, 0) + " s); the other ranks give up on it after watchdog_s + " +
-                Fmt(kRouterGraceS, 0) + " s";
+                Fmt(c_.watchdog_s, c_.watchdog_s == std::trunc(c_.watchdog_s) ? 0 : 2) +
+                " s); the other ranks give up on it after watchdog_s + " + Fmt(kRouterGraceS, 0) + " s";
     } else if (stop_ == Stop::kSignal) {
       report += std::string("rank 0 received ") + SignalName(g_signal) +
                 " (mpirun and srun send it about a second after a rank has exited, or when the job is cancelled)";
@@ -947,7 +947,8 @@ class RouterRank {
       }
     } else if (!silent.empty()) {
       report += "watchdog: " + RankName(silent[0]) + " silent for " + Fmt(now - last_heard_[silent[0]], 1) +
-                " s (watchdog_s " + Fmt(c_.watchdog_s, 0) + "): stopped, hung or dead";
+                " s (watchdog_s " + Fmt(c_.watchdog_s, c_.watchdog_s == std::trunc(c_.watchdog_s) ? 0 : 2) +
+                "): stopped, hung or dead";
       for (size_t i = 1; i < silent.size(); ++i) {
         report += (i == 1 ? "; also silent (likely waiting on it): " : ", ") + RankName(silent[i]) + " " +
                   Fmt(now - last_heard_[silent[i]], 1) + " s";

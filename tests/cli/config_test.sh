@@ -75,6 +75,11 @@ bad_job "fractional integer" "bad.yaml:5: decode.max_batch must be an integer in
 bad_job "out-of-range integer" "bad.yaml:1: topology.decode_ranks must be an integer in \[1, 65536\], got '99999999999'" \
   's/decode_ranks: 2/decode_ranks: 99999999999/'
 bad_job "zero rate" "bad.yaml:6: workload.request_rate must be > 0 or inf, got '0'" 's/request_rate: 50/request_rate: 0/'
+# Below 1 s the watchdog would end a job before any rank counts as silent, naming none.
+bad_job "watchdog below 1 s" "bad.yaml:8: watchdog_s must be >= 1, got '0.3'" 's/^watchdog_s: 60/watchdog_s: 0.3/'
+# Beyond 1e6 rate x burstiness could overflow to zero gaps: every arrival at 0.
+bad_job "huge burstiness" "bad.yaml:6: workload.burstiness must be in \(0, 1e6\], got '1e308'" \
+  's/request_rate: 50,/request_rate: 50, burstiness: 1e308,/'
 bad_job "duplicate key" "bad.yaml:9: duplicate key 'watchdog_s'" 's/^watchdog_s: 60/watchdog_s: 60\nwatchdog_s: 8/'
 bad_job "duplicate key in a section" "bad.yaml:3: duplicate key 'routing.tau'" 's/tau: 0.1,/tau: 0.1, tau: 0.2,/'
 bad_job "bad choice" "bad.yaml:2: model.gate must be replay or computed, got 'replya' \(did you mean 'replay'\?\)" \
@@ -365,7 +370,13 @@ for r in 0 -1 nan; do
   expect_error "simulate --rate $r" "--rate: must be > 0 or inf, got '$r'" - "$ELDR" simulate -c job.yaml --rate "$r" --no-output
 done
 run_ok "simulate --rate inf (all at once)" "$ELDR" simulate -c job.yaml --rate inf --no-output --quiet
-expect_error "simulate --burstiness 0" "--burstiness: must be > 0, got '0'" - \
+# A second YAML document would be dropped unread; an empty one after a trailing "---" is nothing dropped.
+{ cat job.yaml; printf -- '---\ntopology: {prefill_ranks: 7}\n'; } > two-docs.yaml
+expect_error "a second YAML document" "two-docs.yaml:[0-9]+: a second YAML document; a job config is one document" - \
+  "$ELDR" simulate -c two-docs.yaml --no-output
+{ cat job.yaml; printf -- '---\n'; } > trailing-marker.yaml
+run_ok "a trailing '---' alone" "$ELDR" simulate -c trailing-marker.yaml --no-output -n 2
+expect_error "simulate --burstiness 0" "--burstiness: must be in \\(0, 1e6\\], got '0'" - \
   "$ELDR" simulate -c job.yaml --burstiness 0 --no-output
 expect_error "simulate -n -5" "--num-requests: must be an integer in \[0, [0-9]+\], got '-5'" - \
   "$ELDR" simulate -c job.yaml -n -5 --no-output

@@ -538,8 +538,12 @@ import h5py; f = h5py.File('placed.h5', 'r+'); d = f['/placement/global/phy2log'
 expect_error "inspect: a damaged /placement (was: ignored)" "placed.h5: .*phy2log" - "$ELDR" inspect placed.h5
 expect_error "eldr-launch --launcher without a value (was: a bash error)" "eldr-launch: --launcher needs a value" - \
   "$SRC/launch/eldr-launch" job.yaml --launcher
-expect_error "eldr-launch --kill-delay 0" "eldr-launch: --kill-delay must be a whole number of seconds >= 1" - \
+expect_error "eldr-launch --kill-delay 0" "eldr-launch: --kill-delay must be a whole number of seconds in \[1, 600\], got '0'" - \
   "$SRC/launch/eldr-launch" job.yaml --kill-delay 0
+# mpirun's int would silently become its default of 1 s.
+expect_error "eldr-launch --kill-delay 99999999999" "--kill-delay must be a whole number of seconds in \[1, 600\], got '99999999999'" - \
+  "$SRC/launch/eldr-launch" job.yaml --kill-delay 99999999999
+expect_error "eldr-launch --kill-delay 601" "got '601'" - "$SRC/launch/eldr-launch" job.yaml --kill-delay 601
 if ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --kill-delay 4 2>/dev/null | grep -q -- "--mca odls_base_sigkill_timeout 4 "; then
   ok "eldr-launch --kill-delay 4: mpirun's odls_base_sigkill_timeout 4"
 else bad "eldr-launch --kill-delay 4" "$(ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --kill-delay 4 2>&1 | tail -2)"; fi
