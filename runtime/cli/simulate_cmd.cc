@@ -246,12 +246,17 @@ Status RunSimulation(const SimulateArgs& a, const CLI::App& cmd) {
   } else {
     ELDR_ASSIGN_OR_RETURN(cost, LoadJobCostModel(a.config));
   }
-  ELDR_ASSIGN_OR_RETURN(ModelConfig mc, LoadModelConfig(c.model_config));
-  ELDR_ASSIGN_OR_RETURN(JobRequests in, LoadJobRequests(c));
+  auto loaded_mc = LoadModelConfig(c.model_config);
+  if (!loaded_mc.ok()) return ForKey(c, loaded_mc.status(), "model.config", c.model_config);
+  const ModelConfig mc = std::move(loaded_mc).value();
+  auto loaded_in = LoadJobRequests(c);
+  if (!loaded_in.ok()) return ForKey(c, loaded_in.status(), "workload.trace", c.trace);
+  JobRequests in = std::move(loaded_in).value();
   std::unique_ptr<Calibration> calib;
   if (!c.calibration.empty() && UsesSignature(c.policy)) {
-    ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c.calibration));
-    calib = std::make_unique<Calibration>(std::move(cal));
+    auto cal = ReadCalibration(c.calibration);
+    if (!cal.ok()) return ForKey(c, cal.status(), "routing.calibration", c.calibration);
+    calib = std::make_unique<Calibration>(std::move(cal).value());
   }
   CreatedDirectories created;
   if (!a.no_output) {  // fail before the run, not after it

@@ -29,6 +29,66 @@ void WaitAllPolling(int count, MPI_Request* requests, const std::function<void()
 MpiTransport::MpiTransport(MPI_Comm comm) : comm_(comm) {
   ELDR_MPI_CHECK(MPI_Comm_rank(comm_, &rank_));
   ELDR_MPI_CHECK(MPI_Comm_size(comm_, &size_));
+  posted_.resize(static_cast<size_t>(size_));
+}
+
+MpiTransport::~MpiTransport() {
+  int finalized = 0;
+  MPI_Finalized(&finalized);
+  if (finalized || num_posted_ == 0) return;
+  Progress();
+  for (auto& queue : posted_) {
+    for (auto& send : queue) {
+      for (MPI_Request& r : send->requests) {
+        if (r != MPI_REQUEST_NULL) MPI_Request_free(&r);
+      }
+      (void)send.release();  // MPI may still read the bytes of a send it has not completed
+    }
+  }
+}
+
+void MpiTransport::Post(int dest, int tag, std::vector<uint8_t> bytes) {
+  auto send = std::make_unique<PostedSend>();
+  send->total = bytes.size();
+  send->bytes = std::move(bytes);
+  send->requests.emplace_back();
+  ELDR_MPI_CHECK(MPI_Isend(&send->total, 1, MPI_UINT64_T, dest, tag, comm_, &send->requests.back()));
+  for (size_t off = 0; off < send->bytes.size(); off += kMaxChunk) {
+    const int n = static_cast<int>(std::min(kMaxChunk, send->bytes.size() - off));
+    send->requests.emplace_back();
+    ELDR_MPI_CHECK(MPI_Isend(send->bytes.data() + off, n, MPI_BYTE, dest, tag, comm_, &send->requests.back()));
+  }
+  auto& queue = posted_.at(static_cast<size_t>(dest));
+  if (queue.empty()) busy_dests_.push_back(dest);
+  queue.push_back(std::move(send));
+  ++num_posted_;
+  Progress();
+}
+
+size_t MpiTransport::posted() {
+  Progress();
+  return num_posted_;
+}
+
+void MpiTransport::Progress() {
+  for (size_t i = 0; i < busy_dests_.size();) {
+    auto& queue = posted_[static_cast<size_t>(busy_dests_[i])];
+    while (!queue.empty()) {
+      int done = 0;
+      PostedSend& front = *queue.front();
+      ELDR_MPI_CHECK(
+          MPI_Testall(static_cast<int>(front.requests.size()), front.requests.data(), &done, MPI_STATUSES_IGNORE));
+      if (!done) break;
+      queue.pop_front();
+      --num_posted_;
+    }
+    if (queue.empty()) {
+      busy_dests_[i] = busy_dests_.back();
+      busy_dests_.pop_back();
+    } else {
+      ++i;
+    }
+  }
 }
 
 void MpiTransport::Send(int dest, int tag, const void* data, size_t bytes) {
@@ -91,6 +151,7 @@ Message MpiTransport::Receive(int source, int tag, const std::function<void()>* 
 }
 
 bool MpiTransport::Poll(int source, int tag) {
+  Progress();
   int flag = 0;
   ELDR_MPI_CHECK(MPI_Iprobe(source == kAnySource ? MPI_ANY_SOURCE : source, tag == kAnyTag ? MPI_ANY_TAG : tag, comm_,
                             &flag, MPI_STATUS_IGNORE));

@@ -10,7 +10,9 @@
 
 #include <cstdint>
 #include <cstring>
+#include <deque>
 #include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -64,6 +66,12 @@ class Transport {
   }
   // Non-blocking: whether a matching message is waiting.
   virtual bool Poll(int source, int tag) = 0;
+  // A send that never blocks: the bytes are copied and the send left to complete in the background, in order with
+  // every other send to `dest` (a receiver that stops draining, stopped or dead, holds up only its own messages:
+  // rank 0 keeps routing, answering and watching). Default: Send.
+  virtual void Post(int dest, int tag, std::vector<uint8_t> bytes) { Send(dest, tag, bytes.data(), bytes.size()); }
+  // Posted sends not yet taken by their receivers (their copies are freed as they complete). Default: 0.
+  virtual size_t posted() { return 0; }
 
   static constexpr int kAnySource = -1;
   static constexpr int kAnyTag = -1;
@@ -84,13 +92,33 @@ class MpiTransport : public Transport {
   // The header by a blocking MPI_Recv, then MPI_Irecv of the chunks and MPI_Testall with short sleeps (as
   // SendPolling).
   Message RecvPolling(int source, int tag, const std::function<void()>& on_wait) override;
+  // MPI_Iprobe; also completes the posted sends their receivers took (Progress).
   bool Poll(int source, int tag) override;
+  // MPI_Isend of the header and chunks of a copy, kept in a queue per destination until MPI_Test says it is sent.
+  void Post(int dest, int tag, std::vector<uint8_t> bytes) override;
+  size_t posted() override;
+  // Sends still posted at destruction are released to MPI (MPI_Request_free) with their copies, which stay
+  // allocated: MPI may still read them.
+  ~MpiTransport() override;
+  MpiTransport(const MpiTransport&) = delete;
+  MpiTransport& operator=(const MpiTransport&) = delete;
   MPI_Comm comm() const { return comm_; }
 
  private:
+  struct PostedSend {
+    uint64_t total = 0;  // the header, sent from here
+    std::vector<uint8_t> bytes;
+    std::vector<MPI_Request> requests;
+  };
   Message Receive(int source, int tag, const std::function<void()>* on_wait);
+  // Frees each busy destination's leading posted sends that have completed (at most one pending test per
+  // destination: sends to one receiver complete in order, so a blocked receiver costs one MPI_Testall per call).
+  void Progress();
   MPI_Comm comm_;
   int rank_ = 0, size_ = 1;
+  std::vector<std::deque<std::unique_ptr<PostedSend>>> posted_;  // [size] per destination, oldest first
+  std::vector<int> busy_dests_;                                  // the destinations with posted sends
+  size_t num_posted_ = 0;
 };
 
 // The ranks of one expert-parallel (EP) decode group (DESIGN.md §2): a sub-communicator of the job, so that

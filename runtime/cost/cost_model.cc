@@ -555,7 +555,12 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
       const fs::path near = fs::path(job_path).parent_path() / file;
       if (fs::exists(near)) file = near.lexically_normal().string();
     }
-    ELDR_ASSIGN_OR_RETURN(m, ReadCostModelFile(file));
+    auto read = ReadCostModelFile(file);
+    if (!read.ok()) {  // named by its key: "job.yaml: simulate.cost_model: c.yaml: no such file"
+      const Status& st = read.status();
+      return !file.empty() && st.message().rfind(file, 0) == 0 ? st.WithPrefix(job_path + ": simulate.cost_model") : st;
+    }
+    m = std::move(read).value();
   } else {
     m.name = "inline";
     m.source = "given (" + job_path + " simulate:)";

@@ -45,6 +45,13 @@ Status Validate(const std::string& gate, const std::string& policy, JobConfig* c
     return bad(std::string("routing.policy ") + policy + " needs routing.calibration (run 'eldr calibrate')");
   }
   if (c.placement.empty()) return bad("decode.placement must be contiguous or a calibration.h5 path");
+  // A key that names a file or directory is never empty: it would be read as the working directory or as nothing.
+  for (const auto& [key, value] : {std::pair<const char*, const std::string*>{"model.config", &c.model_config},
+                                   {"model.weights", &c.weights},
+                                   {"workload.trace", &c.trace},
+                                   {"output.dir", &c.output_dir}}) {
+    if (value->empty()) return bad(std::string(key) + " is empty; give a path");
+  }
   return Status::Ok();
 }
 
@@ -142,20 +149,26 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
   return rc;
 }
 
+Status ForKey(const JobConfig& c, const Status& st, const std::string& key, const std::string& file) {
+  return !file.empty() && st.message().rfind(file, 0) == 0 ? st.WithPrefix(c.Key(key)) : st;
+}
+
 Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated) {
   if (c.policy != RoutingPolicy::kEldr) return std::optional<CostModel>();
   if (simulated) return std::optional<CostModel>(*simulated);  // a simulation prices in the hardware it simulates
   if (!c.routing_cost_model.empty()) {
-    ELDR_ASSIGN_OR_RETURN(CostModel m, LoadCostModel(c.routing_cost_model));
-    return std::optional<CostModel>(m);
+    auto m = LoadCostModel(c.routing_cost_model);
+    if (!m.ok()) return ForKey(c, m.status(), "routing.cost_model", c.routing_cost_model);
+    return std::optional<CostModel>(m.value());
   }
   auto m = LoadJobCostModel(c.path);
   if (m.ok()) return std::optional<CostModel>(m.value());
   if (m.status().code() != StatusCode::kNotFound) return m.status();
   // Neither: a bandwidth-bound model of the job's model on the reference GPU. Only its ratios decide (expert bytes
   // vs one more sequence vs context), which the model's shapes set.
-  ELDR_ASSIGN_OR_RETURN(ModelConfig model, LoadModelConfig(c.model_config));
-  CostModel derived = DeriveCostModel(model, DeviceSpec{});
+  auto model = LoadModelConfig(c.model_config);
+  if (!model.ok()) return ForKey(c, model.status(), "model.config", c.model_config);
+  CostModel derived = DeriveCostModel(model.value(), DeviceSpec{});
   derived.source = "derived for routing (no routing.cost_model): " + derived.source;
   return std::optional<CostModel>(derived);
 }

@@ -147,4 +147,9 @@ Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel
 // The topology against the world size, with the numbers in the message.
 Status CheckWorldSize(const JobConfig& c, int world_size);
 
+// An error about the file a config key names, prefixed with that key ("workload.trace: t.h5: no such file"), or
+// with c.Key(key) when a command-line option set it ("workload.trace (--trace): t.h5: ..."). An error that does not
+// start with the file's name is returned as it is.
+Status ForKey(const JobConfig& c, const Status& st, const std::string& key, const std::string& file);
+
 }  // namespace eldr

@@ -58,6 +58,14 @@ void SendMsg(Transport& tr, int dest, const Msg& m) {
   tr.Send(dest, Msg::kTag, bytes.data(), bytes.size());
 }
 
+// SendMsg that never blocks (Transport::Post): rank 0 sends only this way, so that a worker that stops draining
+// its messages (stopped, hung) holds up its own messages and nothing else: rank 0 goes on routing, hearing the
+// others and watching, and names that worker.
+template <typename Msg>
+void PostMsg(Transport& tr, int dest, const Msg& m) {
+  tr.Post(dest, Msg::kTag, m.Encode());
+}
+
 // SendMsg calling `on_wait` while the message waits for its receiver (Transport::SendPolling).
 template <typename Msg>
 void SendMsgPolling(Transport& tr, int dest, const Msg& m, const std::function<void()>& on_wait) {
@@ -701,7 +709,7 @@ class RouterRank {
       return false;
     }
     if (ping && now - last_ping_ >= HeartbeatInterval(c_.watchdog_s)) {
-      for (int r : watched_) SendMsg(tr_, r, HeartbeatMsg{});
+      for (int r : watched_) PostMsg(tr_, r, HeartbeatMsg{});
       last_ping_ = now;
     }
     for (int r : watched_) {
@@ -720,7 +728,7 @@ class RouterRank {
   void PingAfterSignal() {
     ping_sent_ = Now();
     for (int r : watched_) {
-      if (!bye_[r]) SendMsg(tr_, r, HeartbeatMsg{});
+      if (!bye_[r]) PostMsg(tr_, r, HeartbeatMsg{});
     }
     auto answered = [&](int r) { return bye_[r] || last_heard_[r] >= ping_sent_; };
     while (Now() - ping_sent_ < kSignalPingS && !std::all_of(watched_.begin(), watched_.end(), answered)) {
@@ -745,13 +753,14 @@ class RouterRank {
   Status CreateFrontend() {
     std::unique_ptr<Calibration> calib;
     if (!c_.calibration.empty()) {
-      ELDR_ASSIGN_OR_RETURN(Calibration cal, ReadCalibration(c_.calibration));
-      calib = std::make_unique<Calibration>(std::move(cal));
+      auto cal = ReadCalibration(c_.calibration);
+      if (!cal.ok()) return ForKey(c_, cal.status(), "routing.calibration", c_.calibration);
+      calib = std::make_unique<Calibration>(std::move(cal).value());
     }
     FrontendActions actions;
-    actions.send_to_prefill = [this](int64_t req, int p) { SendMsg(tr_, 1 + p, PrefillRequestMsg{req}); };
+    actions.send_to_prefill = [this](int64_t req, int p) { PostMsg(tr_, 1 + p, PrefillRequestMsg{req}); };
     actions.send_route = [this](int64_t req, int d) {
-      SendMsg(tr_, 1 + frontend_->prefill_of(req), RouteMsg{req, c_.DecoderLeaderRank(d)});
+      PostMsg(tr_, 1 + frontend_->prefill_of(req), RouteMsg{req, c_.DecoderLeaderRank(d)});
     };
     ELDR_ASSIGN_OR_RETURN(Frontend f, Frontend::Create(c_, in_, mc_.trace_shape(), calib.get(), std::move(actions)));
     frontend_.emplace(std::move(f));
@@ -774,7 +783,7 @@ class RouterRank {
       // The ranks already serving watch rank 0 (RouterWatch): keep them hearing from it.
       if (Now() - last_ping_ >= HeartbeatInterval(c_.watchdog_s)) {
         for (int r : watched_) {
-          if (ready[r]) SendMsg(tr_, r, HeartbeatMsg{});
+          if (ready[r]) PostMsg(tr_, r, HeartbeatMsg{});
         }
         last_ping_ = Now();
       }
@@ -1000,7 +1009,7 @@ class RouterRank {
   // stopped one does so when the launcher continues it).
   void ShutdownWorkers(bool job_failed) {
     for (int r : job_failed ? watched_ : talkers_) {
-      if (!bye_[r]) SendMsg(tr_, r, ShutdownMsg{job_failed});
+      if (!bye_[r]) PostMsg(tr_, r, ShutdownMsg{job_failed});
     }
   }
 
@@ -1031,16 +1040,11 @@ struct JobInputs {
   std::optional<ModelWeights> weights;  // model.weights when it is a file (a memory map); synthetic: made later
 };
 
-// An error about the file a config key names, prefixed with that key ("workload.trace: t.h5: no such file").
-Status ForKey(const Status& st, const std::string& key, const std::string& file) {
-  return st.message().rfind(file, 0) == 0 ? st.WithPrefix(key) : st;
-}
-
 Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   auto mc = LoadModelConfig(c.model_config);
-  if (!mc.ok()) return ForKey(mc.status(), "model.config", c.model_config);
+  if (!mc.ok()) return ForKey(c, mc.status(), "model.config", c.model_config);
   auto in = LoadJobRequests(c);
-  if (!in.ok()) return ForKey(in.status(), "workload.trace", c.trace);
+  if (!in.ok()) return ForKey(c, in.status(), "workload.trace", c.trace);
   ELDR_RETURN_IF_ERROR(CheckShapes(c, *mc, in->trace));
   ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));  // before the run, not after it
   JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}, std::nullopt};
@@ -1052,7 +1056,7 @@ Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   // missing or malformed one is agreed on and printed once, by rank 0, naming the key.
   if (c.weights != "synthetic") {
     auto w = LoadSafetensors(inputs.mc, c.weights);
-    if (!w.ok()) return ForKey(w.status(), "model.weights", c.weights);
+    if (!w.ok()) return ForKey(c, w.status(), "model.weights", c.weights);
     inputs.weights = std::move(w).value();
   }
   return inputs;

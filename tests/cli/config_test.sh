@@ -75,6 +75,25 @@ bad_job "fractional integer" "bad.yaml:5: decode.max_batch must be an integer in
 bad_job "out-of-range integer" "bad.yaml:1: topology.decode_ranks must be an integer in \[1, 65536\], got '99999999999'" \
   's/decode_ranks: 2/decode_ranks: 99999999999/'
 bad_job "zero rate" "bad.yaml:6: workload.request_rate must be > 0 or inf, got '0'" 's/request_rate: 50/request_rate: 0/'
+# A key that names a path is never empty; a file a key names that is missing is named by its key (README), in
+# simulate as in serve, with the option that set it.
+bad_job "empty output.dir" "bad.yaml: output.dir is empty; give a path" 's/dir: run}/dir: ""}/'
+bad_job "empty workload.trace" "bad.yaml: workload.trace is empty; give a path" 's/trace: trace.h5,/trace: "",/'
+sed 's/trace: trace.h5,/trace: nosuch.h5,/' job.yaml > missing.yaml
+expect_error "missing trace named by its key" "^eldr: error: workload.trace: nosuch.h5: no such file" run/metrics.json \
+  "$ELDR" simulate -c missing.yaml --quiet
+expect_error "missing --trace named by key and option" "^eldr: error: workload.trace \(--trace\): nosuch.h5: no such file" \
+  run/metrics.json "$ELDR" simulate -c job.yaml --trace nosuch.h5 --quiet
+sed 's/calibration: cal2.h5/calibration: nocal.h5/' job.yaml > missing.yaml
+expect_error "missing calibration named by its key" "^eldr: error: routing.calibration: nocal.h5: no such file" \
+  run/metrics.json "$ELDR" simulate -c missing.yaml --quiet
+sed "s#config: $SRC/configs/models/tiny.yaml#config: nomodel.yaml#" job.yaml > missing.yaml
+expect_error "missing model config named by its key" "^eldr: error: model.config: nomodel.yaml: no such file" \
+  run/metrics.json "$ELDR" simulate -c missing.yaml --quiet
+{ sed '/^simulate:/,$d' job.yaml; echo "simulate: {cost_model: nocost.yaml}"; } > missing.yaml
+expect_error "missing simulate.cost_model named by its key" \
+  "^eldr: error: missing.yaml: simulate.cost_model: nocost.yaml: no such file" run/metrics.json \
+  "$ELDR" simulate -c missing.yaml --quiet
 # Below 1 s the watchdog would end a job before any rank counts as silent, naming none.
 bad_job "watchdog below 1 s" "bad.yaml:8: watchdog_s must be >= 1, got '0.3'" 's/^watchdog_s: 60/watchdog_s: 0.3/'
 # Beyond 1e6 rate x burstiness could overflow to zero gaps: every arrival at 0.

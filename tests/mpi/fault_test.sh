@@ -45,16 +45,20 @@ N=60      # requests
 # so the job is mid-run, its decoders busy, when the fault comes 2 s in. idle: jsq with one request at a time
 # sends every request to decoder 0, so decoder 1 (rank 3) never has work.
 # ep: one decoder that is an EP group of 2 ranks (leader rank 2, member rank 3), so the member is busy too.
-job() {  # NAME POLICY MAX_CONCURRENCY [ep]
-  local decoders=2 decode="{max_batch: 4}"
+# fast: 20 000 requests at 2000/s of 8 tokens each, so that rank 0 has a stream of messages for the prefill rank when
+# it stops: rank 0 must not block on its sends to the stopped rank (it used to, and then blamed itself).
+job() {  # NAME POLICY MAX_CONCURRENCY [ep|fast]
+  local decoders=2 decode="{max_batch: 4}" rate=5 output=600
+  JOB_N=$N
   [ "${4:-}" = ep ] && decoders=1 decode="{max_batch: 4, ep_size: 2, placement: contiguous}"
+  [ "${4:-}" = fast ] && rate=2000 output=8 JOB_N=20000
   cat >"$1.yaml" <<YAML
 topology: {prefill_ranks: 1, decode_ranks: $decoders}
 model: {config: $SRC/configs/models/tiny.yaml, weights: synthetic, seed: 0, gate: replay}
 routing: {policy: $2, seed: 1}
 kv_cache: {block_size: 8, prefill_blocks: 64, decode_blocks: 1024}
 decode: $decode
-workload: {trace: $WORK/trace.h5, request_rate: 5, max_concurrency: $3, seed: 3, num_requests: $N, output_len: 600}
+workload: {trace: $WORK/trace.h5, request_rate: $rate, max_concurrency: $3, seed: 3, num_requests: $JOB_N, output_len: $output}
 output: {dir: $WORK/out-$1}
 watchdog_s: $W
 YAML
@@ -67,7 +71,7 @@ open_or_bad() {  # ID LABEL WHY (every case is asserted: none is known to be ope
 # run_case LAUNCHER RANK SIGNAL POLICY MAXCONC WHAT NAME_PATTERN [ep] (the rank's name as rank 0 or a worker says it)
 run_case() {
   local launcher="$1" rank="$2" sig="$3" policy="$4" mc="$5" what="$6" name="$7" ep="${8:-}"
-  local id="$launcher-$rank-$sig-$policy${ep:+-ep}"
+  local id="$launcher-$rank-$sig-$policy${ep:+-$ep}"
   job "$id" "$policy" "$mc" "$ep"
   if [ "$launcher" = mpirun ]; then
     timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
@@ -120,7 +124,7 @@ run_case() {
   fi
   # Rank 0 lives unless killed: a stopped rank 0 is continued by the launcher once rank 1 has given up on it.
   if [ -f "out-$id/metrics.json" ] || [ "$rank" != 0 ] || [ "$sig" = STOP ]; then
-    if ! $PY - "out-$id" "$N" <<'PYEOF' 2>>"$id.log"
+    if ! $PY - "out-$id" "$JOB_N" <<'PYEOF' 2>>"$id.log"
 import json, sys
 out, n = sys.argv[1], int(sys.argv[2])
 m = json.load(open(out + "/metrics.json"))
@@ -144,5 +148,6 @@ for launcher in mpirun launch; do
     run_case "$launcher" 3 "$sig" round_robin 0 "an EP group member" "(watchdog|silent longest): decode 0 ep 1 \(rank 3\)" ep
   done
 done
+run_case mpirun 1 STOP round_robin 0 "the prefill rank under 2000 req/s" "(watchdog|silent longest): prefill 0 \(rank 1\)" fast
 
 finish
