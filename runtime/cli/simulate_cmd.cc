@@ -336,7 +336,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
   set("--burstiness", &a->burstiness, job_limits::kBurstiness, "override workload.burstiness");
   set("--num-requests,-n", &a->num_requests, job_limits::kCount,
       "override workload.num_requests (cycles through the trace; 0: every request once)");
-  set("--output-len", &a->output_len, job_limits::kCount, "override workload.output_len (0: the trace's)");
+  set("--output-len", &a->output_len, job_limits::kOutputLen, "override workload.output_len (0: the trace's)");
   set("--max-concurrency", &a->max_concurrency, job_limits::kCount, "override workload.max_concurrency");
   set("--max-batch", &a->max_batch, job_limits::kMaxBatch, "override decode.max_batch");
   set("--decode-blocks", &a->decode_blocks, job_limits::kBlocks, "override kv_cache.decode_blocks");

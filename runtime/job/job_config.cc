@@ -90,7 +90,7 @@ Status ReadJobYaml(const YAML::Node& y, JobConfig* c, std::string* gate, std::st
   workload.Require("trace");
   workload.Get("trace", &c->trace);
   workload.Get("num_requests", &c->num_requests, job_limits::kCount);
-  workload.Get("output_len", &c->output_len, job_limits::kCount);
+  workload.Get("output_len", &c->output_len, job_limits::kOutputLen);
   workload.Get("request_rate", &c->request_rate, job_limits::kRate);
   workload.Get("burstiness", &c->burstiness, job_limits::kBurstiness);
   workload.Get("max_concurrency", &c->max_concurrency, job_limits::kCount);

@@ -66,7 +66,9 @@ inline const IntRange kRanks = IntRange::Between(1, 65536);  // topology.*
 // decode.ep_size: the EP groups eldr places for (placement/placement.h kMaxPlacementRanks; a larger group could never
 // get its /placement from `eldr place calib`).
 inline const IntRange kEpSize = IntRange::Between(1, 1024);
-inline const IntRange kCount = IntRange::AtLeast(0);              // workload counts, routing.admission_cap
+inline const IntRange kCount = IntRange::AtLeast(0);  // workload counts, routing.admission_cap
+// workload.output_len: at most the largest KV cache a decoder can have (kBlocks' 2^30 blocks of 127 tokens).
+inline const IntRange kOutputLen = IntRange::Between(0, (int64_t{1} << 30) * 127);
 inline const IntRange kBlocks = IntRange::Between(1, 1 << 30);    // kv_cache.*_blocks
 inline const IntRange kMaxBatch = IntRange::Between(1, 1 << 20);  // decode.max_batch
 inline const NumberRange kTau = NumberRange::AtLeast(0);          // routing.tau

@@ -6,6 +6,7 @@
 #include <limits>
 #include <random>
 
+#include "runtime/common/json_util.h"
 #include "runtime/common/memory_budget.h"
 
 namespace eldr {
@@ -122,6 +123,24 @@ std::vector<uint16_t> RoutingRows(const Trace& t, const TraceRequest& r, int64_t
     std::copy_n(t.token_ids(r.offset + row), stride, out.begin() + static_cast<size_t>(i) * stride);
   }
   return out;
+}
+
+MemoryPart OutputTokenMemory(const JobConfig& c, const JobRequests& in) {
+  double tokens = 0;
+  for (int64_t n : in.output_len) tokens += static_cast<double>(n);
+  const double per_token = sizeof(double) + (c.output_tokens ? sizeof(int32_t) : 0);
+  return {"the workload's " + Fmt(tokens, 0) + " output tokens (" + c.Key("workload.output_len") + ")",
+          tokens * per_token};
+}
+
+Status CheckJobMemory(const std::vector<MemoryPart>& parts) {
+  double total = 0;
+  std::string what;
+  for (const MemoryPart& p : parts) {
+    total += p.bytes;
+    what += (what.empty() ? "" : " + ") + p.what + (parts.size() > 1 ? " (" + FormatBytes(p.bytes) + ")" : "");
+  }
+  return CheckMemoryBudget(total, what);
 }
 
 }  // namespace eldr

@@ -50,6 +50,17 @@ struct JobRequests {
 // request without prompt tokens.
 Result<JobRequests> LoadJobRequests(const JobConfig& config);
 
+// A part of what a job's sizes make a process allocate: what sets it (the keys, for the message) and its bytes.
+struct MemoryPart {
+  std::string what;
+  double bytes = 0;
+};
+// The latencies kept for every generated token of `in` (a double each, and its id with output.tokens).
+MemoryPart OutputTokenMemory(const JobConfig& c, const JobRequests& in);
+// The parts summed against the memory budget before any of them is allocated: one line naming them all
+// ("kv_cache.decode_blocks = ... (18.3 GB) + ...: needs ..."), instead of an out-of-memory kill or a bad_alloc.
+Status CheckJobMemory(const std::vector<MemoryPart>& parts);
+
 // Prompt token ids of a trace request. A routing trace records routing, not text, so the ids are drawn
 // deterministically (seeded by the request id) from its domain's slice of the vocabulary ([vocab·d/M,
 // vocab·(d+1)/M) for domain d of the M domain labels); a repeated request therefore shares its whole

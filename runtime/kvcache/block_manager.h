@@ -39,6 +39,10 @@ class BlockManager {
 
   static constexpr int kDefaultBlockSize = 16;
   explicit BlockManager(int num_blocks, int block_size = kDefaultBlockSize);
+  // Host bytes a manager of n blocks holds: its per-block tables (reference count, hash, cached flag, free list).
+  static double MemoryBytes(int64_t num_blocks) {
+    return static_cast<double>(num_blocks) * (sizeof(int) + sizeof(uint64_t) + sizeof(uint8_t) + sizeof(BlockId));
+  }
 
   // Allocates the blocks of a prompt, reusing cached prefix blocks. The new full blocks are registered in
   // the prefix cache at once (the caller fills them before any other allocation sees them, as prefill

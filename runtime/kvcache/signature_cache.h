@@ -13,6 +13,7 @@
 // Thread safety: not thread-safe; owned by the prefill worker next to its BlockManager.
 #pragma once
 
+#include <cmath>
 #include <cstdint>
 #include <vector>
 
@@ -25,6 +26,12 @@ class SignatureCache {
  public:
   // REQUIRES: 1 <= block_size <= 127.
   SignatureCache(int num_blocks, int num_layers, int num_experts, int block_size);
+  // Host bytes a cache of n blocks holds: a packed row of L x E half-byte counts in 64-byte spans of 128 entries,
+  // an escape list and a valid flag per block (the escapes' own entries come later, with counts of 16 and more).
+  static double MemoryBytes(int64_t num_blocks, int num_layers, int num_experts) {
+    const double spans = std::ceil(static_cast<double>(num_layers) * num_experts / 128.0);
+    return static_cast<double>(num_blocks) * (spans * 64 + sizeof(std::vector<uint32_t>) + 1);
+  }
 
   // Writes block `b`'s row from the routing of its `num_tokens` tokens: topk_ids [num_tokens, L, top_k].
   void WriteBlock(BlockId b, const uint16_t* topk_ids, int num_tokens, int top_k);

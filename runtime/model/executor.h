@@ -68,6 +68,11 @@ class Executor {
   // REQUIRES: weights and compute outlive the executor; compute->host_memory() (checked). compute nullptr:
   // kernels::CpuBackend().
   Executor(const ModelWeights& weights, int num_blocks, int block_size, kernels::Backend* compute = nullptr);
+  // Bytes of its paged KV cache: K and V of every layer, float32, [blocks, block_size, kv heads, head dim].
+  static double KvBytes(const ModelConfig& c, int64_t num_blocks, int block_size) {
+    return 2.0 * c.num_hidden_layers * static_cast<double>(num_blocks) * block_size * c.num_key_value_heads *
+           c.head_dim * sizeof(float);
+  }
 
   // Computes tokens [num_cached_tokens, tokens.size()) of a sequence whose KV for [0, num_cached_tokens) is
   // already in `block_table` (prefix hit). `replay` covers the computed tokens. When `signatures` is given,

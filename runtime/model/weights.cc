@@ -15,6 +15,7 @@
 
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/json_util.h"
+#include "runtime/common/memory_budget.h"
 
 namespace eldr {
 
@@ -122,7 +123,26 @@ struct MappedFile {
   }
 };
 
+// The bytes of the matrices (storage dtype) and of the norm vectors (float32) of `config`, as doubles: a shape read
+// from a model config may be far past memory, and its product past int64.
+void WeightBytes(const ModelConfig& config, double* matrices, double* vectors) {
+  ModelWeights w;
+  const double dtype_bytes = kernels::DTypeBytes(config.torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32);
+  *matrices = *vectors = 0;
+  for (const auto& s : Specs(config, &w)) {
+    double elements = 1;
+    for (auto d : s.shape) elements *= static_cast<double>(d);
+    (s.matrix ? *matrices : *vectors) += elements * (s.matrix ? dtype_bytes : sizeof(float));
+  }
+}
+
 }  // namespace
+
+double SyntheticWeightBytes(const ModelConfig& config) {
+  double matrices = 0, vectors = 0;
+  WeightBytes(config, &matrices, &vectors);
+  return matrices + vectors;
+}
 
 int SyntheticTokenDomain(const ModelConfig& config, int num_domains, int32_t token) {
   return static_cast<int>(static_cast<int64_t>(token) * num_domains / config.vocab_size);
@@ -137,10 +157,11 @@ Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& config, const Synth
   w.config = config;
   const DType dtype = config.torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
   std::vector<TensorSpec> specs = Specs(config, &w);
-  int64_t total = 0;
-  for (const auto& s : specs) {
-    if (s.matrix) total += Elements(s.shape) * kernels::DTypeBytes(dtype);
-  }
+  double matrix_bytes = 0, vector_bytes = 0;
+  WeightBytes(config, &matrix_bytes, &vector_bytes);
+  ELDR_RETURN_IF_ERROR(
+      CheckMemoryBudget(matrix_bytes + vector_bytes, config.name + ": the synthetic weights of this model config"));
+  const int64_t total = static_cast<int64_t>(matrix_bytes);
   auto buffer = std::shared_ptr<uint8_t[]>(new uint8_t[total]);
   w.storage = buffer;
   w.storage_bytes = total;

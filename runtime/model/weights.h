@@ -48,6 +48,9 @@ struct SyntheticWeightOptions {
 // domain direction u_d, and the router row of expert e leans towards u_{e mod D}, so tokens of different
 // domains prefer different experts.
 Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& config, const SyntheticWeightOptions& options);
+// The bytes MakeSyntheticWeights allocates for `config` (its matrices in the storage dtype, its norm vectors in
+// float32), computed without allocating; MakeSyntheticWeights checks them against the memory budget first.
+double SyntheticWeightBytes(const ModelConfig& config);
 
 // The domain whose token range contains `token` under MakeSyntheticWeights.
 int SyntheticTokenDomain(const ModelConfig& config, int num_domains, int32_t token);

@@ -26,7 +26,9 @@
 #include "runtime/job/frontend.h"
 #include "runtime/job/metrics.h"
 #include "runtime/job/workload.h"
+#include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
+#include "runtime/kvcache/signature_cache.h"
 #include "runtime/model/executor.h"
 #include "runtime/router/router.h"
 #include "runtime/serve/compute_plan.h"
@@ -1046,6 +1048,21 @@ Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   auto in = LoadJobRequests(c);
   if (!in.ok()) return ForKey(c, in.status(), "workload.trace", c.trace);
   ELDR_RETURN_IF_ERROR(CheckShapes(c, *mc, in->trace));
+  // What each role will allocate by the job's sizes, checked on every rank before any rank allocates (a rank holds
+  // one role; the error is agreed on and printed once).
+  const int L = in->trace.shape.num_layers, E = in->trace.shape.num_experts;
+  ELDR_RETURN_IF_ERROR(CheckJobMemory(
+      {{c.Key("kv_cache.prefill_blocks") + " = " + std::to_string(c.prefill_blocks) + " on a prefill rank",
+        BlockManager::MemoryBytes(c.prefill_blocks) + SignatureCache::MemoryBytes(c.prefill_blocks, L, E) +
+            Executor::KvBytes(*mc, c.prefill_blocks, c.block_size)}}));
+  ELDR_RETURN_IF_ERROR(CheckJobMemory(
+      {{c.Key("kv_cache.decode_blocks") + " = " + std::to_string(c.decode_blocks) + " on a decoder",
+        BlockManager::MemoryBytes(c.decode_blocks) + Executor::KvBytes(*mc, c.decode_blocks, c.block_size)}}));
+  ELDR_RETURN_IF_ERROR(CheckJobMemory({OutputTokenMemory(c, *in)}));
+  if (c.weights == "synthetic") {
+    ELDR_RETURN_IF_ERROR(CheckJobMemory(
+        {{"the synthetic weights of " + c.Key("model.config") + " " + c.model_config, SyntheticWeightBytes(*mc)}}));
+  }
   ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));  // before the run, not after it
   JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}, std::nullopt};
   for (int d = 0; d < c.decode_ranks; ++d) {

@@ -12,6 +12,7 @@
 #include "runtime/common/progress.h"
 #include "runtime/common/signals.h"
 #include "runtime/job/frontend.h"
+#include "runtime/job/workload.h"
 #include "runtime/kvcache/block_manager.h"
 #include "runtime/kvcache/prefill_signature.h"
 #include "runtime/kvcache/signature_cache.h"
@@ -159,6 +160,18 @@ class Simulation {
  private:
   // The frontend (its router and arrivals), the trace's decode routing, the workers.
   Status Setup(const Calibration* calib) {
+    // One process holds every rank's block tables (and, at the router, every token's latency): checked whole.
+    const double prefill_block =
+        BlockManager::MemoryBytes(1) +
+        SignatureCache::MemoryBytes(1, in_.trace.shape.num_layers, in_.trace.shape.num_experts);
+    ELDR_RETURN_IF_ERROR(
+        CheckJobMemory({{c_.Key("kv_cache.prefill_blocks") + " = " + std::to_string(c_.prefill_blocks) + " on " +
+                             std::to_string(c_.prefill_ranks) + " prefill ranks",
+                         prefill_block * c_.prefill_blocks * c_.prefill_ranks},
+                        {c_.Key("kv_cache.decode_blocks") + " = " + std::to_string(c_.decode_blocks) + " on " +
+                             std::to_string(c_.decode_ranks) + " decoders",
+                         BlockManager::MemoryBytes(c_.decode_blocks) * c_.decode_ranks},
+                        OutputTokenMemory(c_, in_)}));
     FrontendActions actions;
     actions.send_to_prefill = [this](int64_t i, int p) {
       Push(now_ + cost_.control_latency, EventKind::kPrefillEnqueue, p, i);

@@ -94,6 +94,16 @@ expect_error "missing model config named by its key" "^eldr: error: model.config
 expect_error "missing simulate.cost_model named by its key" \
   "^eldr: error: missing.yaml: simulate.cost_model: nocost.yaml: no such file" run/metrics.json \
   "$ELDR" simulate -c missing.yaml --quiet
+# Sizes that would not fit in memory are one line naming them, before anything is allocated (the budget is set by
+# ELDR_MEMORY_BUDGET so that the case does not depend on this machine).
+expect_error "decode blocks past the memory budget" \
+  "kv_cache.decode_blocks \(--decode-blocks\) = 1073741824 on 2 decoders \(36.5 GB\) \+ .*: needs 36.5 GB, this machine has 1.1 GB available \(as ELDR_MEMORY_BUDGET says\)" \
+  run/metrics.json env ELDR_MEMORY_BUDGET=1G "$ELDR" simulate -c job.yaml --decode-blocks 1073741824 --quiet
+expect_error "output tokens past the memory budget" \
+  "the workload's 4000000000 output tokens \(workload.output_len \(--output-len\)\) \(32.0 GB\)" \
+  run/metrics.json env ELDR_MEMORY_BUDGET=1G "$ELDR" simulate -c job.yaml --output-len 100000000 --decode-blocks 30000000 --quiet
+expect_error "output_len past any KV cache" "--output-len: must be an integer in \[0, 136365211648\]" - \
+  "$ELDR" simulate -c job.yaml --output-len 9223372036854775807 --quiet
 # Below 1 s the watchdog would end a job before any rank counts as silent, naming none.
 bad_job "watchdog below 1 s" "bad.yaml:8: watchdog_s must be >= 1, got '0.3'" 's/^watchdog_s: 60/watchdog_s: 0.3/'
 # Beyond 1e6 rate x burstiness could overflow to zero gaps: every arrival at 0.

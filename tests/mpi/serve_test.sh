@@ -378,6 +378,13 @@ job ws 1 2 jsq ""
 expect_fail "world size differs from the topology" "needs 4 ranks .* has 3; run with mpirun -np 4" 3 ws.yaml
 job nocal 1 2 eldr ""
 expect_fail "eldr policy without calibration" "needs routing.calibration" 4 nocal.yaml
+# Sizes past memory: one line, agreed on by every rank before any allocates (was: a bad_alloc on the prefill rank).
+sed 's/prefill_blocks: [0-9]*/prefill_blocks: 1073741824/' ws.yaml > bigkv.yaml
+"${MPIRUN[@]}" -x ELDR_MEMORY_BUDGET=1G -np 4 "$ELDR" serve -c bigkv.yaml --quiet >f.out 2>f.err
+if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && \
+   grep -qE "kv_cache.prefill_blocks = 1073741824 on a prefill rank: needs [0-9.]+ GB, this machine has 1.1 GB available" f.err; then
+  ok "KV cache past the memory budget: one line naming kv_cache.prefill_blocks"
+else bad "KV cache past the memory budget" "$(grep eldr f.err | head -3)"; fi
 # The run directory: one that holds an earlier run is refused before the job starts (output.replace: false), once,
 # naming output.dir, and left as it was.
 job again 1 2 jsq ""

@@ -76,6 +76,30 @@ TEST(ModelConfig, BadConfigsNameTheField) {
   EXPECT_EQ(LoadModelConfig("/nonexistent.yaml").status().code(), StatusCode::kNotFound);
 }
 
+// The sizes the serving job checks against the memory budget before it allocates are what the allocations are.
+TEST(Executor, MemoryEstimatesEqualWhatIsAllocated) {
+  for (const std::string dtype : {"float32", "bfloat16"}) {
+    const ModelWeights w = Tiny(dtype);
+    const ModelConfig& c = w.config;
+    // The parameter count by hand from the config (embedding and head, attention, dense or MoE MLP, norms).
+    const double H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size;
+    double matrices = 2.0 * c.vocab_size * H;
+    for (int l = 0; l < c.num_hidden_layers; ++l) {
+      matrices += 2 * c.num_attention_heads * D * H + 2 * c.num_key_value_heads * D * H;
+      matrices += c.is_moe_layer(l) ? c.num_experts * H + c.num_experts * 3 * I * H + 3 * c.n_shared_experts * I * H
+                                    : 3.0 * c.intermediate_size * H;
+    }
+    const double norms = (2.0 * c.num_hidden_layers + 1) * H;
+    const double dtype_bytes = dtype == "bfloat16" ? 2 : 4;
+    EXPECT_EQ(static_cast<double>(w.storage_bytes), matrices * dtype_bytes) << dtype;
+    EXPECT_EQ(SyntheticWeightBytes(c), matrices * dtype_bytes + norms * sizeof(float)) << dtype;
+    for (const auto& [blocks, block_size] : {std::pair{7, 4}, std::pair{64, 16}}) {
+      const Executor ex(w, blocks, block_size);
+      EXPECT_EQ(Executor::KvBytes(w.config, blocks, block_size), static_cast<double>(ex.kv_bytes())) << dtype;
+    }
+  }
+}
+
 TEST(Executor, DecodeLogitsEqualPrefillLogits) {
   for (const char* dtype : {"float32", "bfloat16"}) {
     ModelWeights w = Tiny(dtype);
