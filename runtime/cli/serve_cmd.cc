@@ -78,12 +78,16 @@ void AddServeCommand(CLI::App& app, Action* action) {
       Status st;
       std::string role = "rank " + std::to_string(rank);
       try {
+        MpiTransport transport(MPI_COMM_WORLD);
+        // Agreed on, so that an error every rank sees (a config's) is printed once, by rank 0, and one only some
+        // ranks see (a file missing on one node) by each of them.
         auto job = load_job();
-        if (!job.ok()) {
-          st = job.status();
+        const Status agreed = AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status());
+        if (!agreed.ok()) {
+          if (!agreed.message().empty()) PrintRankError(role, agreed.message());
+          st = Status(agreed.code(), "");
         } else {
           role = job->RoleOf(rank) + " (rank " + std::to_string(rank) + ")";
-          MpiTransport transport(MPI_COMM_WORLD);
           st = RunServeJob(job.value(), transport, !*quiet && rank == 0);
         }
       } catch (const std::exception& e) {

@@ -2,10 +2,12 @@
 
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -224,14 +226,49 @@ Status CheckOutputs(const std::vector<PathArg>& outputs, const std::vector<PathA
   return Status::Ok();
 }
 
-AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)) {
-  fs::path p(path_);
-  fs::path dir = p.parent_path();
-  std::string name = ".";
-  name += p.filename().string();
-  name += ".tmp." + std::to_string(::getpid());
-  temp_path_ = (dir.empty() ? fs::path(name) : dir / name).string();
+namespace {
+
+// This host's name as a temporary's name carries it (alphanumerics, '-' and '_' kept, the rest '_').
+std::string HostTag() {
+  char host[256] = {};
+  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "host";
+  std::string tag(host);
+  for (char& c : tag) {
+    if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
+  }
+  return tag;
 }
+
+// ".<name>.tmp.<host>." of `path`: the prefix of every process's temporary of it on this host.
+std::string TemporaryPrefix(const fs::path& path) { return "." + path.filename().string() + ".tmp." + HostTag() + "."; }
+
+}  // namespace
+
+std::string TemporaryPath(const std::string& path) {
+  const fs::path p(path);
+  const std::string name = TemporaryPrefix(p) + std::to_string(::getpid());
+  return (p.parent_path().empty() ? fs::path(name) : p.parent_path() / name).string();
+}
+
+void RemoveStaleTemporaries(const std::string& path) {
+  const fs::path p(path);
+  const fs::path dir = p.parent_path().empty() ? fs::path(".") : p.parent_path();
+  const std::string prefix = TemporaryPrefix(p);
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= prefix.size() || name.compare(0, prefix.size(), prefix) != 0) continue;
+    const std::string digits = name.substr(prefix.size());
+    if (digits.size() > 9 || !std::all_of(digits.begin(), digits.end(), [](char c) { return c >= '0' && c <= '9'; }))
+      continue;
+    const pid_t pid = static_cast<pid_t>(std::stol(digits));
+    if (pid <= 0 || pid == ::getpid() || ::kill(pid, 0) == 0 || errno != ESRCH) continue;  // alive, or not ours to ask
+    std::error_code remove_ec;
+    fs::remove_all(it->path(), remove_ec);
+  }
+}
+
+AtomicOutput::AtomicOutput(std::string path) : path_(std::move(path)), temp_path_(TemporaryPath(path_)) {}
 
 AtomicOutput::~AtomicOutput() {
   if (!committed_) ::unlink(temp_path_.c_str());
@@ -273,7 +310,9 @@ Status AtomicOutput::Publish() {
 
 Status AtomicOutput::Commit() {
   ELDR_RETURN_IF_ERROR(Prepare());
-  return Publish();
+  ELDR_RETURN_IF_ERROR(Publish());
+  RemoveStaleTemporaries(path_);  // a killed earlier writer's, now that this one is in place
+  return Status::Ok();
 }
 
 AtomicOutput& OutputSet::Add(std::string path, std::string option) {

@@ -59,9 +59,16 @@ Status CheckOutputPath(const std::string& path);
 // reports them). Messages: "OUT: --out is the same file as the input --trace (IN); ...".
 Status CheckOutputs(const std::vector<PathArg>& outputs, const std::vector<PathArg>& inputs);
 
+// The temporary of `path` for this process: "<dir>/.<name>.tmp.<host>.<pid>", written and renamed into place.
+std::string TemporaryPath(const std::string& path);
+// Removes the temporaries of `path` (files or directories) that processes of this host left and that no longer run
+// (a SIGKILL in the middle of a write): those whose pid is gone. Another host's (on a shared filesystem) and a live
+// process's are left alone. Errors are ignored: a temporary that cannot be removed stays, as before.
+void RemoveStaleTemporaries(const std::string& path);
+
 class AtomicOutput {
  public:
-  // Chooses "<dir>/.<name>.tmp.<pid>" next to `path`. Nothing is created yet.
+  // Chooses TemporaryPath(path). Nothing is created yet.
   explicit AtomicOutput(std::string path);
   ~AtomicOutput();  // removes the temporary unless committed
   AtomicOutput(const AtomicOutput&) = delete;

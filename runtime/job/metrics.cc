@@ -528,7 +528,8 @@ Status CommitRunDirectory(const std::string& dir, bool replace,
   std::error_code ec;
   fs::create_directories(parent, ec);
   if (ec) return Status::IoError("output.dir " + dir + ": cannot create " + parent.string() + ": " + ec.message());
-  const std::string temp = (parent / ("." + name.string() + ".tmp." + std::to_string(::getpid()))).string();
+  RemoveStaleTemporaries((parent / name).string());  // a killed earlier run's (README "When a rank fails")
+  const std::string temp = TemporaryPath((parent / name).string());
   fs::remove_all(temp, ec);
   if (!fs::create_directory(temp, ec) || ec) {
     return Status::IoError("output.dir " + dir + ": cannot create " + temp + ": " + (ec ? ec.message() : "exists"));

@@ -1079,24 +1079,6 @@ Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   return inputs;
 }
 
-// One MPI_Allreduce of the ranks' setup outcomes, so that no rank goes on to a collective another has left, and
-// an error every rank sees is printed once: rank 0 returns its own error; another rank returns a status with an
-// empty message (nothing to print: rank 0 reports) when rank 0 failed too, or its own error when it alone did.
-Status AgreeOnSetup(Transport& tr, const Status& local) {
-  auto* mpi = dynamic_cast<MpiTransport*>(&tr);
-  if (!mpi) return local;
-  const int mine[2] = {local.ok() ? 0 : 1, tr.rank() == 0 && !local.ok() ? 1 : 0};
-  int any[2] = {0, 0};  // some rank failed, rank 0 failed
-  ELDR_MPI_CHECK(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, mpi->comm()));
-  if (any[0] == 0) return Status::Ok();
-  if (tr.rank() == 0) {
-    return local.ok() ? Status::FailedPrecondition("another rank could not load the job's inputs (its error follows)")
-                      : local;
-  }
-  if (local.ok() || any[1]) return Status(local.ok() ? StatusCode::kFailedPrecondition : local.code(), "");
-  return local;
-}
-
 // Rank 0's first line: the ranks, where they compute and why, the KV transport and each worker's GPU.
 void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* kv_name) {
   std::string gpus;
@@ -1111,6 +1093,21 @@ void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* k
 }
 
 }  // namespace
+
+Status AgreeOnSetup(Transport& tr, const Status& local) {
+  auto* mpi = dynamic_cast<MpiTransport*>(&tr);
+  if (!mpi) return local;
+  const int mine[2] = {local.ok() ? 0 : 1, tr.rank() == 0 && !local.ok() ? 1 : 0};
+  int any[2] = {0, 0};  // some rank failed, rank 0 failed
+  ELDR_MPI_CHECK(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, mpi->comm()));
+  if (any[0] == 0) return Status::Ok();
+  if (tr.rank() == 0) {
+    return local.ok() ? Status::FailedPrecondition("another rank could not load the job's inputs (its error follows)")
+                      : local;
+  }
+  if (local.ok() || any[1]) return Status(local.ok() ? StatusCode::kFailedPrecondition : local.code(), "");
+  return local;
+}
 
 void PrintRankError(const std::string& rank_name, const std::string& message) {
   std::fprintf(stderr, "eldr: error: %s: %s\n", rank_name.c_str(), PrintableMessage(message).c_str());

@@ -60,6 +60,12 @@ namespace eldr {
 // A Status with an empty message is one that rank 0 has already printed (PrintRankError): print nothing more.
 Status RunServeJob(const JobConfig& config, Transport& transport, bool progress);
 
+// One MPI_Allreduce of the ranks' outcomes of a setup step (every rank calls it), so that no rank goes on to a
+// collective another has left, and an error every rank sees is printed once: rank 0 returns its own error (or
+// says another rank failed); another rank returns an empty message (nothing to print) when rank 0 failed too, or
+// its own error when rank 0 did not. Not MPI: `local`.
+Status AgreeOnSetup(Transport& tr, const Status& local);
+
 // A serve job's error line, "eldr: error: ROLE (rank R): MESSAGE" on stderr, flushed. `rank_name` is "ROLE
 // (rank R)" (JobConfig::RoleOf).
 void PrintRankError(const std::string& rank_name, const std::string& message);

@@ -6,8 +6,10 @@
 
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <csignal>
 #include <filesystem>
@@ -55,6 +57,39 @@ class AtomicFileTest : public ::testing::Test {
 
   fs::path dir_;
 };
+
+// A temporary left by a killed writer of this host (its pid gone) is removed by the next commit of that output;
+// a live process's, another host's and another output's are not. The names are made by hand from the documented
+// form ".<name>.tmp.<host>.<pid>".
+TEST_F(AtomicFileTest, ACommitRemovesTheTemporariesOfDeadWritersOnThisHostOnly) {
+  const pid_t dead = ::fork();
+  if (dead == 0) std::_Exit(0);
+  ASSERT_GT(dead, 0);
+  ASSERT_EQ(::waitpid(dead, nullptr, 0), dead);
+  const std::string mine = fs::path(TemporaryPath(Path("out.txt"))).filename().string();
+  const std::string prefix = mine.substr(0, mine.rfind('.') + 1);  // ".out.txt.tmp.<host>."
+  ASSERT_EQ(prefix.rfind(".out.txt.tmp.", 0), 0u) << prefix;
+  const std::string stale_file = prefix + std::to_string(dead);
+  const std::string live = prefix + std::to_string(::getppid());
+  const std::string other_host = ".out.txt.tmp.not-this-host." + std::to_string(dead);
+  const std::string other_output = ".other.txt.tmp." + prefix.substr(13) + std::to_string(dead);
+  WriteText(stale_file, "partial");
+  WriteText(live, "in progress");
+  WriteText(other_host, "theirs");
+  WriteText(other_output, "another output's");
+  fs::create_directories(dir_ / (prefix + "x"));  // not a pid
+  AtomicOutput out(Path("out.txt"));
+  EXPECT_EQ(fs::path(out.temp_path()).filename().string(), mine);
+  ASSERT_TRUE(out.Write("done").ok());
+  ASSERT_TRUE(out.Commit().ok());
+  std::vector<std::string> want = {live, other_host, other_output, prefix + "x", "out.txt"};
+  std::sort(want.begin(), want.end());
+  EXPECT_EQ(Entries(), want);
+  // A stale temporary directory (a run directory's) goes too.
+  fs::create_directories(dir_ / stale_file / "inside");
+  RemoveStaleTemporaries(Path("out.txt"));
+  EXPECT_FALSE(fs::exists(dir_ / stale_file));
+}
 
 TEST_F(AtomicFileTest, AbsentAndRegularOutputsAreAccepted) {
   EXPECT_TRUE(CheckOutputPath(Path("new.h5")).ok());
