@@ -75,7 +75,11 @@ Status CheckInputFile(const std::string& path, const std::string& expected) {
 Status CheckTextFile(const std::string& path, const std::string& reads) {
   std::ifstream in(path, std::ios::binary);
   char head[512];
-  in.read(head, sizeof(head));
+  try {  // libstdc++'s filebuf throws on a read error (EIO) whatever the stream's exception mask
+    in.read(head, sizeof(head));
+  } catch (const std::exception& e) {
+    return Status::IoError(path + ": cannot read: " + e.what());
+  }
   const std::string bytes(head, static_cast<size_t>(std::max<std::streamsize>(in.gcount(), 0)));
   if (bytes.rfind("\x89HDF\r\n\x1a\n", 0) == 0) {
     return Status::InvalidArgument(path + ": is an HDF5 file (a trace or a calibration?), not text; " + reads);

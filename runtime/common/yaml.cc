@@ -1,5 +1,7 @@
 #include "runtime/common/yaml.h"
 
+#include <yaml-cpp/depthguard.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
@@ -30,10 +32,16 @@ Result<YAML::Node> LoadYamlFile(const std::string& path, const std::string& docu
                                      "or '...' and what follows it)");
     }
     if (!documents.empty()) root = documents[0];
+  } catch (const YAML::DeepRecursion& e) {  // its message is yaml-cpp's "bad file", which would mislead
+    return Status::InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) +
+                                   ": invalid YAML: nested deeper than the parser's limit (" +
+                                   std::to_string(e.depth()) + " levels); a config nests a few");
   } catch (const YAML::Exception& e) {
     // BadFile (no permission) has no mark: line 0 would be misleading.
     if (e.mark.is_null()) return Status::InvalidArgument(path + ": cannot read YAML: " + e.msg);
     return Status::InvalidArgument(path + ":" + std::to_string(e.mark.line + 1) + ": invalid YAML: " + e.msg);
+  } catch (const std::exception& e) {  // the stream's own failure (an I/O error while reading)
+    return Status::IoError(path + ": cannot read: " + e.what());
   }
   if (!root.IsMap()) return Status::InvalidArgument(path + ": " + document + " must be a YAML mapping");
   return root;

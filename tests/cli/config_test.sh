@@ -399,6 +399,12 @@ for r in 0 -1 nan; do
   expect_error "simulate --rate $r" "--rate: must be > 0 or inf, got '$r'" - "$ELDR" simulate -c job.yaml --rate "$r" --no-output
 done
 run_ok "simulate --rate inf (all at once)" "$ELDR" simulate -c job.yaml --rate inf --no-output --quiet
+# Nesting past yaml-cpp's depth guard is named as such (its own message is "bad file"); a read error names the file.
+$PY -c "print('topology: ' + '[' * 10000)" > deep.yaml
+expect_error "YAML nested too deep" "deep.yaml:[0-9]+: invalid YAML: nested deeper than the parser's limit" - \
+  "$ELDR" simulate -c deep.yaml --no-output
+expect_error "a config that cannot be read" "^eldr: error: /proc/self/mem: cannot read: " - \
+  "$ELDR" simulate -c /proc/self/mem --no-output
 # A second YAML document would be dropped unread; an empty one after a trailing "---" is nothing dropped.
 { cat job.yaml; printf -- '---\ntopology: {prefill_ranks: 7}\n'; } > two-docs.yaml
 expect_error "a second YAML document" "two-docs.yaml:[0-9]+: a second YAML document; a job config is one document" - \
