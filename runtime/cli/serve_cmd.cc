@@ -81,8 +81,13 @@ void AddServeCommand(CLI::App& app, Action* action) {
         MpiTransport transport(MPI_COMM_WORLD);
         // Agreed on, so that an error every rank sees (a config's) is printed once, by rank 0, and one only some
         // ranks see (a file missing on one node) by each of them.
-        auto job = load_job();
-        const Status agreed = AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status());
+        Result<JobConfig> job = Status::FailedPrecondition("");
+        try {  // every rank reaches the agreement, an exception too
+          job = load_job();
+        } catch (const std::exception& e) {
+          job = Status::FailedPrecondition(std::string("internal error: ") + e.what());
+        }
+        const Status agreed = AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status(), "the job config");
         if (!agreed.ok()) {
           if (!agreed.message().empty()) PrintRankError(role, agreed.message());
           st = Status(agreed.code(), "");

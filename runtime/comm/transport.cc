@@ -36,7 +36,11 @@ MpiTransport::~MpiTransport() {
   int finalized = 0;
   MPI_Finalized(&finalized);
   if (finalized || num_posted_ == 0) return;
-  Progress();
+  // A little time for the last posted sends (a failed job's shutdown messages) to reach live receivers.
+  const auto until = std::chrono::steady_clock::now() + std::chrono::milliseconds(100);
+  for (Progress(); num_posted_ > 0 && std::chrono::steady_clock::now() < until; Progress()) {
+    std::this_thread::sleep_for(std::chrono::microseconds(200));
+  }
   for (auto& queue : posted_) {
     for (auto& send : queue) {
       for (MPI_Request& r : send->requests) {

@@ -232,14 +232,17 @@ Status CheckOutputs(const std::vector<PathArg>& outputs, const std::vector<PathA
 
 namespace {
 
-// This host's name as a temporary's name carries it (alphanumerics, '-' and '_' kept, the rest '_').
+// This host's name as a temporary's name carries it (alphanumerics, '-' and '_' kept, the rest '_'), and the
+// process's pid namespace ("-ns<inode>" of /proc/self/ns/pid): two containers of one host name see different pids,
+// so a pid is only judged dead in its own namespace.
 std::string HostTag() {
   char host[256] = {};
-  if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') return "host";
-  std::string tag(host);
+  std::string tag = ::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0' ? "host" : host;
   for (char& c : tag) {
     if (!std::isalnum(static_cast<unsigned char>(c)) && c != '-' && c != '_') c = '_';
   }
+  struct stat ns;
+  if (::stat("/proc/self/ns/pid", &ns) == 0) tag += "-ns" + std::to_string(static_cast<uint64_t>(ns.st_ino));
   return tag;
 }
 
@@ -334,6 +337,7 @@ Status OutputSet::CheckWritable(const std::vector<PathArg>& inputs) const {
 Status OutputSet::CommitAll() {
   for (const auto& o : outputs_) ELDR_RETURN_IF_ERROR(o->Prepare());
   for (const auto& o : outputs_) ELDR_RETURN_IF_ERROR(o->Publish());
+  for (const auto& o : outputs_) RemoveStaleTemporaries(o->path());  // killed earlier writers', as Commit does
   return Status::Ok();
 }
 

@@ -59,7 +59,8 @@ Status CheckOutputPath(const std::string& path);
 // reports them). Messages: "OUT: --out is the same file as the input --trace (IN); ...".
 Status CheckOutputs(const std::vector<PathArg>& outputs, const std::vector<PathArg>& inputs);
 
-// The temporary of `path` for this process: "<dir>/.<name>.tmp.<host>.<pid>", written and renamed into place.
+// The temporary of `path` for this process: "<dir>/.<name>.tmp.<host>-ns<pid namespace>.<pid>", written and renamed
+// into place.
 std::string TemporaryPath(const std::string& path);
 // Removes the temporaries of `path` (files or directories) that processes of this host left and that no longer run
 // (a SIGKILL in the middle of a write): those whose pid is gone. Another host's (on a shared filesystem) and a live

@@ -55,7 +55,8 @@ struct MemoryPart {
   std::string what;
   double bytes = 0;
 };
-// The latencies kept for every generated token of `in` (a double each, and its id with output.tokens).
+// The latencies kept for every generated token of `in` (its time, inter-token latency and their summaries, and its
+// id with output.tokens).
 MemoryPart OutputTokenMemory(const JobConfig& c, const JobRequests& in);
 // The parts summed against the memory budget before any of them is allocated: one line naming them all
 // ("kv_cache.decode_blocks = ... (18.3 GB) + ...: needs ..."), instead of an out-of-memory kill or a bad_alloc.

@@ -39,9 +39,12 @@ class BlockManager {
 
   static constexpr int kDefaultBlockSize = 16;
   explicit BlockManager(int num_blocks, int block_size = kDefaultBlockSize);
-  // Host bytes a manager of n blocks holds: its per-block tables (reference count, hash, cached flag, free list).
-  static double MemoryBytes(int64_t num_blocks) {
-    return static_cast<double>(num_blocks) * (sizeof(int) + sizeof(uint64_t) + sizeof(uint8_t) + sizeof(BlockId));
+  // Host bytes a manager of n blocks can hold: its per-block tables (reference count, hash, cached flag, free
+  // list) and, with `prefix_cache` (a prefill rank's, whose every block may end up cached), a cache entry per block
+  // (hash-map node, CachedBlock with its block_size token ids, LRU node: about 150 bytes plus the tokens).
+  static double MemoryBytes(int64_t num_blocks, int block_size, bool prefix_cache) {
+    const double tables = sizeof(int) + sizeof(uint64_t) + sizeof(uint8_t) + sizeof(BlockId);
+    return static_cast<double>(num_blocks) * (tables + (prefix_cache ? 150.0 + sizeof(int32_t) * block_size : 0.0));
   }
 
   // Allocates the blocks of a prompt, reusing cached prefix blocks. The new full blocks are registered in

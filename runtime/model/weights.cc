@@ -138,10 +138,18 @@ void WeightBytes(const ModelConfig& config, double* matrices, double* vectors) {
 
 }  // namespace
 
-double SyntheticWeightBytes(const ModelConfig& config) {
-  double matrices = 0, vectors = 0;
-  WeightBytes(config, &matrices, &vectors);
-  return matrices + vectors;
+double SyntheticWeightBytes(const ModelConfig& c) {
+  // In closed form (doubles), not through Specs: a model config's sizes may be far past memory, and Specs builds
+  // one entry per expert matrix.
+  const double H = c.hidden_size, D = c.head_dim, I = c.moe_intermediate_size, V = c.vocab_size;
+  const double moe_layers = c.num_moe_layers(), dense_layers = c.num_hidden_layers - moe_layers;
+  const double attention = (2.0 * c.num_attention_heads + 2.0 * c.num_key_value_heads) * D * H;
+  const double moe = c.num_experts * H + (3.0 * c.num_experts + 3.0 * c.n_shared_experts) * I * H;
+  const double matrices =
+      2 * V * H + c.num_hidden_layers * attention + moe_layers * moe + dense_layers * 3.0 * c.intermediate_size * H;
+  const double norms = (2.0 * c.num_hidden_layers + 1) * H;
+  const double dtype_bytes = kernels::DTypeBytes(c.torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32);
+  return matrices * dtype_bytes + norms * sizeof(float);
 }
 
 int SyntheticTokenDomain(const ModelConfig& config, int num_domains, int32_t token) {
@@ -157,10 +165,10 @@ Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& config, const Synth
   w.config = config;
   const DType dtype = config.torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
   std::vector<TensorSpec> specs = Specs(config, &w);
+  ELDR_RETURN_IF_ERROR(
+      CheckMemoryBudget(SyntheticWeightBytes(config), config.name + ": the synthetic weights of this model config"));
   double matrix_bytes = 0, vector_bytes = 0;
   WeightBytes(config, &matrix_bytes, &vector_bytes);
-  ELDR_RETURN_IF_ERROR(
-      CheckMemoryBudget(matrix_bytes + vector_bytes, config.name + ": the synthetic weights of this model config"));
   const int64_t total = static_cast<int64_t>(matrix_bytes);
   auto buffer = std::shared_ptr<uint8_t[]>(new uint8_t[total]);
   w.storage = buffer;

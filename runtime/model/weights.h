@@ -49,7 +49,7 @@ struct SyntheticWeightOptions {
 // domains prefer different experts.
 Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& config, const SyntheticWeightOptions& options);
 // The bytes MakeSyntheticWeights allocates for `config` (its matrices in the storage dtype, its norm vectors in
-// float32), computed without allocating; MakeSyntheticWeights checks them against the memory budget first.
+// float32), in closed form without allocating; MakeSyntheticWeights checks them against the memory budget first.
 double SyntheticWeightBytes(const ModelConfig& config);
 
 // The domain whose token range contains `token` under MakeSyntheticWeights.

@@ -1042,27 +1042,69 @@ struct JobInputs {
   std::optional<ModelWeights> weights;  // model.weights when it is a file (a memory map); synthetic: made later
 };
 
+// What rank `rank` will allocate by the job's sizes (DESIGN.md §2's roles): rank 0 every token's latencies; a
+// prefill rank the weights, its KV cache, block table with prefix cache, and signature cache; a decode rank the
+// weights, its KV cache and block table. Weights from a file are a memory map (not counted).
+std::vector<MemoryPart> RankMemory(const JobConfig& c, const JobInputs& in, int rank) {
+  if (rank == 0) return {OutputTokenMemory(c, in.in)};
+  const ModelConfig& mc = in.mc;
+  std::vector<MemoryPart> parts;
+  if (c.weights == "synthetic") {
+    parts.push_back(
+        {"the synthetic weights of " + c.Key("model.config") + " " + c.model_config, SyntheticWeightBytes(mc)});
+  }
+  if (rank <= c.prefill_ranks) {
+    parts.push_back({c.Key("kv_cache.prefill_blocks") + " = " + std::to_string(c.prefill_blocks),
+                     BlockManager::MemoryBytes(c.prefill_blocks, c.block_size, true) +
+                         SignatureCache::MemoryBytes(c.prefill_blocks, mc.num_moe_layers(), mc.num_experts) +
+                         Executor::KvBytes(mc, c.prefill_blocks, c.block_size)});
+  } else {
+    parts.push_back({c.Key("kv_cache.decode_blocks") + " = " + std::to_string(c.decode_blocks),
+                     BlockManager::MemoryBytes(c.decode_blocks, c.block_size, false) +
+                         Executor::KvBytes(mc, c.decode_blocks, c.block_size)});
+  }
+  return parts;
+}
+
+// What the ranks on this rank's node (MPI_COMM_TYPE_SHARED) will allocate together, RankMemory of each, against
+// this node's memory budget, before any rank allocates. Collective: every rank calls it; `inputs` null where they
+// failed (the check is then skipped). Every rank of a node builds the same message, parts of one kind summed:
+// "kv_cache.decode_blocks = 4096 on 3 ranks (12.1 GB) + ...".
+Status CheckNodeMemory(MPI_Comm comm, int rank, const JobConfig& c, const JobInputs* inputs) {
+  MPI_Comm node = MPI_COMM_NULL;
+  ELDR_MPI_CHECK(MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, rank, MPI_INFO_NULL, &node));
+  int size = 1;
+  ELDR_MPI_CHECK(MPI_Comm_size(node, &size));
+  std::vector<int> ranks(static_cast<size_t>(size));
+  ELDR_MPI_CHECK(MPI_Allgather(&rank, 1, MPI_INT, ranks.data(), 1, MPI_INT, node));
+  MPI_Comm_free(&node);
+  if (inputs == nullptr) return Status::Ok();
+  std::vector<std::string> order;
+  std::map<std::string, std::pair<int, double>> kinds;  // what -> (ranks, bytes)
+  for (int r : ranks) {
+    for (const MemoryPart& p : RankMemory(c, *inputs, r)) {
+      auto [it, added] = kinds.try_emplace(p.what, 0, 0.0);
+      if (added) order.push_back(p.what);
+      ++it->second.first;
+      it->second.second += p.bytes;
+    }
+  }
+  std::vector<MemoryPart> parts;
+  for (const std::string& what : order) {
+    const auto& [count, bytes] = kinds[what];
+    parts.push_back({what + (count > 1 ? " on " + std::to_string(count) + " ranks" : ""), bytes});
+  }
+  const Status st = CheckJobMemory(parts);
+  if (st.ok() || size == 1) return st;
+  return Status(st.code(), "the " + std::to_string(size) + " ranks on this node: " + st.message());
+}
+
 Result<JobInputs> LoadJobInputs(const JobConfig& c) {
   auto mc = LoadModelConfig(c.model_config);
   if (!mc.ok()) return ForKey(c, mc.status(), "model.config", c.model_config);
   auto in = LoadJobRequests(c);
   if (!in.ok()) return ForKey(c, in.status(), "workload.trace", c.trace);
   ELDR_RETURN_IF_ERROR(CheckShapes(c, *mc, in->trace));
-  // What each role will allocate by the job's sizes, checked on every rank before any rank allocates (a rank holds
-  // one role; the error is agreed on and printed once).
-  const int L = in->trace.shape.num_layers, E = in->trace.shape.num_experts;
-  ELDR_RETURN_IF_ERROR(CheckJobMemory(
-      {{c.Key("kv_cache.prefill_blocks") + " = " + std::to_string(c.prefill_blocks) + " on a prefill rank",
-        BlockManager::MemoryBytes(c.prefill_blocks) + SignatureCache::MemoryBytes(c.prefill_blocks, L, E) +
-            Executor::KvBytes(*mc, c.prefill_blocks, c.block_size)}}));
-  ELDR_RETURN_IF_ERROR(CheckJobMemory(
-      {{c.Key("kv_cache.decode_blocks") + " = " + std::to_string(c.decode_blocks) + " on a decoder",
-        BlockManager::MemoryBytes(c.decode_blocks) + Executor::KvBytes(*mc, c.decode_blocks, c.block_size)}}));
-  ELDR_RETURN_IF_ERROR(CheckJobMemory({OutputTokenMemory(c, *in)}));
-  if (c.weights == "synthetic") {
-    ELDR_RETURN_IF_ERROR(CheckJobMemory(
-        {{"the synthetic weights of " + c.Key("model.config") + " " + c.model_config, SyntheticWeightBytes(*mc)}}));
-  }
   ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));  // before the run, not after it
   JobInputs inputs{std::move(mc).value(), std::move(in).value(), {}, std::nullopt};
   for (int d = 0; d < c.decode_ranks; ++d) {
@@ -1094,7 +1136,7 @@ void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* k
 
 }  // namespace
 
-Status AgreeOnSetup(Transport& tr, const Status& local) {
+Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what) {
   auto* mpi = dynamic_cast<MpiTransport*>(&tr);
   if (!mpi) return local;
   const int mine[2] = {local.ok() ? 0 : 1, tr.rank() == 0 && !local.ok() ? 1 : 0};
@@ -1102,7 +1144,7 @@ Status AgreeOnSetup(Transport& tr, const Status& local) {
   ELDR_MPI_CHECK(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, mpi->comm()));
   if (any[0] == 0) return Status::Ok();
   if (tr.rank() == 0) {
-    return local.ok() ? Status::FailedPrecondition("another rank could not load the job's inputs (its error follows)")
+    return local.ok() ? Status::FailedPrecondition("another rank could not load " + what + " (its error follows)")
                       : local;
   }
   if (local.ok() || any[1]) return Status(local.ok() ? StatusCode::kFailedPrecondition : local.code(), "");
@@ -1147,7 +1189,12 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   // Every rank loads the same inputs and checks every decoder's placement, so a bad one fails the job before it
   // starts; the ranks agree on the outcome and only rank 0 reports an error they share.
   Result<JobInputs> inputs = LoadJobInputs(c);
-  ELDR_RETURN_IF_ERROR(AgreeOnSetup(tr, inputs.ok() ? Status::Ok() : inputs.status()));
+  Status loaded = inputs.ok() ? Status::Ok() : inputs.status();
+  if (mpi_tr) {  // what this rank and the others on its node will allocate, before any of them does
+    const Status memory = CheckNodeMemory(mpi_tr->comm(), tr.rank(), c, inputs.ok() ? &*inputs : nullptr);
+    if (loaded.ok()) loaded = memory;
+  }
+  ELDR_RETURN_IF_ERROR(AgreeOnSetup(tr, loaded));
   const ModelConfig& mc = inputs->mc;
   const JobRequests& in = inputs->in;
   const std::vector<Placement>& placements = inputs->placements;

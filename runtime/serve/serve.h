@@ -64,7 +64,8 @@ Status RunServeJob(const JobConfig& config, Transport& transport, bool progress)
 // collective another has left, and an error every rank sees is printed once: rank 0 returns its own error (or
 // says another rank failed); another rank returns an empty message (nothing to print) when rank 0 failed too, or
 // its own error when rank 0 did not. Not MPI: `local`.
-Status AgreeOnSetup(Transport& tr, const Status& local);
+// `what` names the step in rank 0's line when another rank failed it ("another rank could not load WHAT").
+Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what = "the job's inputs");
 
 // A serve job's error line, "eldr: error: ROLE (rank R): MESSAGE" on stderr, flushed. `rank_name` is "ROLE
 // (rank R)" (JobConfig::RoleOf).

@@ -162,7 +162,7 @@ class Simulation {
   Status Setup(const Calibration* calib) {
     // One process holds every rank's block tables (and, at the router, every token's latency): checked whole.
     const double prefill_block =
-        BlockManager::MemoryBytes(1) +
+        BlockManager::MemoryBytes(1, c_.block_size, true) +
         SignatureCache::MemoryBytes(1, in_.trace.shape.num_layers, in_.trace.shape.num_experts);
     ELDR_RETURN_IF_ERROR(
         CheckJobMemory({{c_.Key("kv_cache.prefill_blocks") + " = " + std::to_string(c_.prefill_blocks) + " on " +
@@ -170,7 +170,7 @@ class Simulation {
                          prefill_block * c_.prefill_blocks * c_.prefill_ranks},
                         {c_.Key("kv_cache.decode_blocks") + " = " + std::to_string(c_.decode_blocks) + " on " +
                              std::to_string(c_.decode_ranks) + " decoders",
-                         BlockManager::MemoryBytes(c_.decode_blocks) * c_.decode_ranks},
+                         BlockManager::MemoryBytes(c_.decode_blocks, c_.block_size, false) * c_.decode_ranks},
                         OutputTokenMemory(c_, in_)}));
     FrontendActions actions;
     actions.send_to_prefill = [this](int64_t i, int p) {

@@ -100,7 +100,7 @@ expect_error "decode blocks past the memory budget" \
   "kv_cache.decode_blocks \(--decode-blocks\) = 1073741824 on 2 decoders \(36.5 GB\) \+ .*: needs 36.5 GB, this machine has 1.1 GB available \(as ELDR_MEMORY_BUDGET says\)" \
   run/metrics.json env ELDR_MEMORY_BUDGET=1G "$ELDR" simulate -c job.yaml --decode-blocks 1073741824 --quiet
 expect_error "output tokens past the memory budget" \
-  "the workload's 4000000000 output tokens \(workload.output_len \(--output-len\)\) \(32.0 GB\)" \
+  "the workload's 4000000000 output tokens \(workload.output_len \(--output-len\)\) \(160.0 GB\)" \
   run/metrics.json env ELDR_MEMORY_BUDGET=1G "$ELDR" simulate -c job.yaml --output-len 100000000 --decode-blocks 30000000 --quiet
 expect_error "output_len past any KV cache" "--output-len: must be an integer in \[0, 136365211648\]" - \
   "$ELDR" simulate -c job.yaml --output-len 9223372036854775807 --quiet

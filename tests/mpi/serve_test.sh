@@ -382,7 +382,7 @@ expect_fail "eldr policy without calibration" "needs routing.calibration" 4 noca
 sed 's/prefill_blocks: [0-9]*/prefill_blocks: 1073741824/' ws.yaml > bigkv.yaml
 "${MPIRUN[@]}" -x ELDR_MEMORY_BUDGET=1G -np 4 "$ELDR" serve -c bigkv.yaml --quiet >f.out 2>f.err
 if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && \
-   grep -qE "kv_cache.prefill_blocks = 1073741824 on a prefill rank: needs [0-9.]+ GB, this machine has 1.1 GB available" f.err; then
+   grep -qE "the 4 ranks on this node: .*kv_cache.prefill_blocks = 1073741824 \\(.*needs [0-9.]+ GB, this machine has 1.1 GB available" f.err; then
   ok "KV cache past the memory budget: one line naming kv_cache.prefill_blocks"
 else bad "KV cache past the memory budget" "$(grep eldr f.err | head -3)"; fi
 # The run directory: one that holds an earlier run is refused before the job starts (output.replace: false), once,
