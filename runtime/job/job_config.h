@@ -31,7 +31,7 @@
 //               max_concurrency: 0, seed: 0}
 //   output:    {dir: run, tokens: false, replace: false}   # tokens: generated ids in requests.jsonl; replace: an
 //                                                          #   earlier run in dir (else refused; job/metrics.h)
-//   watchdog_s: 120                                       # also the limit for every rank to load its weights
+//   watchdog_s: 120                                       # >= 1; also the limit for every rank to load its weights
 //   compute:   auto                                       # cpu | cuda | auto: where the worker ranks compute
 //              (runtime/serve/compute_plan.h). One GPU per worker rank, chosen once (its local rank among the
 //              node's worker ranks, modulo the devices it sees) and shared by the executor and the KV transport;
