@@ -3,7 +3,7 @@
 // and no rank left in a collective; the job-level choice (auto, mpi, nccl) agrees on every rank; where NCCL
 // can be used (a GPU per rank), host buffers staged through the device arrive intact; a message whose payload
 // comes late (its sender stalled after the header) keeps Transport::RecvPolling calling its hook, and arrives
-// intact. GoogleTest with a main
+// intact; Transport::Post keeps order with blocking sends and drains. GoogleTest with a main
 // that silences ranks other than 0 and fails if any rank fails (STYLE.md).
 #include "runtime/comm/kv_transport.h"
 
@@ -22,6 +22,41 @@
 
 namespace eldr {
 namespace {
+
+// Transport::Post never blocks and keeps MPI's order with blocking sends to the same rank and tag: a 4 MiB posted
+// message (too large to go out before its receiver matches it) is still posted after a blocking send and another
+// post behind it; the receiver, let go only then (by a message of another tag), gets the three in posting order,
+// byte for byte, and the posted sends then complete (posted() drains to 0).
+TEST(Transport, PostKeepsOrderWithSendAndDrainsOnceReceived) {
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  if (size < 2) GTEST_SKIP() << "needs 2 ranks";
+  constexpr int kTag = 43, kGoTag = 44;
+  auto bytes = [](size_t n, uint8_t seed) {
+    std::vector<uint8_t> v(n);
+    for (size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 13 + seed);
+    return v;
+  };
+  const std::vector<uint8_t> a = bytes(4 << 20, 1), b = bytes(16, 2), c = bytes(100, 3);
+  MpiTransport tr(MPI_COMM_WORLD);
+  if (rank == 0) {
+    tr.Post(1, kTag, a);
+    tr.Send(1, kTag, b.data(), b.size());
+    tr.Post(1, kTag, c);
+    EXPECT_GE(tr.posted(), 1u) << "the 4 MiB message went out before its receiver matched it";
+    const uint8_t go = 1;
+    tr.Send(1, kGoTag, &go, 1);
+    for (int i = 0; i < 100000 && tr.posted() > 0; ++i) std::this_thread::sleep_for(std::chrono::microseconds(100));
+    EXPECT_EQ(tr.posted(), 0u);
+  } else if (rank == 1) {
+    EXPECT_EQ(tr.Recv(0, kGoTag).payload.size(), 1u);
+    EXPECT_EQ(tr.Recv(0, kTag).payload, a);
+    EXPECT_EQ(tr.Recv(0, kTag).payload, b);
+    EXPECT_EQ(tr.Recv(0, kTag).payload, c);
+  }
+  MPI_Barrier(MPI_COMM_WORLD);
+}
 
 // The sender's side written out by hand, in MpiTransport's wire format (a uint64 byte count, then the bytes,
 // both with the message's tag), stalling 300 ms between the two as a stopped or dying sender would: until the
