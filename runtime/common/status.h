@@ -46,6 +46,11 @@ class [[nodiscard]] Status {
   const std::string& message() const { return message_; }
   // Returns a copy whose message is "<prefix>: <message>" (context added while unwinding).
   Status WithPrefix(const std::string& prefix) const { return ok() ? *this : Status(code_, prefix + ": " + message_); }
+  // WithPrefix(prefix) when the message is about `subject` (starts with it: "t.h5: no such file"), else a copy: a
+  // file's error named by what pointed at the file ("workload.trace: t.h5: ...").
+  Status WithPrefixIfAbout(const std::string& subject, const std::string& prefix) const {
+    return !subject.empty() && message_.rfind(subject, 0) == 0 ? WithPrefix(prefix) : *this;
+  }
   std::string ToString() const { return ok() ? "OK" : message_; }
 
  private:

@@ -557,8 +557,7 @@ Result<CostModel> LoadJobCostModel(const std::string& job_path) {
     }
     auto read = ReadCostModelFile(file);
     if (!read.ok()) {  // named by its key: "job.yaml: simulate.cost_model: c.yaml: no such file"
-      const Status& st = read.status();
-      return !file.empty() && st.message().rfind(file, 0) == 0 ? st.WithPrefix(job_path + ": simulate.cost_model") : st;
+      return read.status().WithPrefixIfAbout(file, job_path + ": simulate.cost_model");
     }
     m = std::move(read).value();
   } else {

@@ -150,7 +150,7 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
 }
 
 Status ForKey(const JobConfig& c, const Status& st, const std::string& key, const std::string& file) {
-  return !file.empty() && st.message().rfind(file, 0) == 0 ? st.WithPrefix(c.Key(key)) : st;
+  return st.WithPrefixIfAbout(file, c.Key(key));
 }
 
 Result<std::optional<CostModel>> JobStepCost(const JobConfig& c, const CostModel* simulated) {

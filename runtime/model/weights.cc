@@ -123,19 +123,6 @@ struct MappedFile {
   }
 };
 
-// The bytes of the matrices (storage dtype) and of the norm vectors (float32) of `config`, as doubles: a shape read
-// from a model config may be far past memory, and its product past int64.
-void WeightBytes(const ModelConfig& config, double* matrices, double* vectors) {
-  ModelWeights w;
-  const double dtype_bytes = kernels::DTypeBytes(config.torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32);
-  *matrices = *vectors = 0;
-  for (const auto& s : Specs(config, &w)) {
-    double elements = 1;
-    for (auto d : s.shape) elements *= static_cast<double>(d);
-    (s.matrix ? *matrices : *vectors) += elements * (s.matrix ? dtype_bytes : sizeof(float));
-  }
-}
-
 }  // namespace
 
 double SyntheticWeightBytes(const ModelConfig& c) {
@@ -161,15 +148,16 @@ Result<ModelWeights> MakeSyntheticWeights(const ModelConfig& config, const Synth
   if (o.num_domains < 1 || o.num_domains > config.vocab_size) {
     return Status::InvalidArgument("synthetic weights: num_domains must be in [1, vocab_size]");
   }
+  ELDR_RETURN_IF_ERROR(
+      CheckMemoryBudget(SyntheticWeightBytes(config), config.name + ": the synthetic weights of this model config"));
   ModelWeights w;
   w.config = config;
   const DType dtype = config.torch_dtype == "bfloat16" ? DType::kBF16 : DType::kF32;
   std::vector<TensorSpec> specs = Specs(config, &w);
-  ELDR_RETURN_IF_ERROR(
-      CheckMemoryBudget(SyntheticWeightBytes(config), config.name + ": the synthetic weights of this model config"));
-  double matrix_bytes = 0, vector_bytes = 0;
-  WeightBytes(config, &matrix_bytes, &vector_bytes);
-  const int64_t total = static_cast<int64_t>(matrix_bytes);
+  int64_t total = 0;
+  for (const auto& s : specs) {
+    if (s.matrix) total += Elements(s.shape) * kernels::DTypeBytes(dtype);
+  }
   auto buffer = std::shared_ptr<uint8_t[]>(new uint8_t[total]);
   w.storage = buffer;
   w.storage_bytes = total;

@@ -692,6 +692,9 @@ class RouterRank {
  private:
   enum class Stop { kNone, kSilent, kRouterStalled, kSignal };
 
+  // watchdog_s as given: "4", "1.5".
+  std::string WatchdogText() const { return Fmt(c_.watchdog_s, c_.watchdog_s == std::trunc(c_.watchdog_s) ? 0 : 2); }
+
   // Once per loop: notices rank 0's own stall (a gap in this loop: the time is not charged to the workers), the
   // signal flag, and a worker silent for watchdog_s; sends the heartbeats. False when the job must stop (stop_).
   bool Tick(bool ping) {
@@ -944,8 +947,8 @@ class RouterRank {
     std::string report = phase;
     if (stop_ == Stop::kRouterStalled) {
       report += "the router (rank 0) itself was stopped for " + Fmt(router_gap_, 1) + " s, longer than watchdog_s (" +
-                Fmt(c_.watchdog_s, c_.watchdog_s == std::trunc(c_.watchdog_s) ? 0 : 2) +
-                " s); the other ranks give up on it after watchdog_s + " + Fmt(kRouterGraceS, 0) + " s";
+                WatchdogText() + " s); the other ranks give up on it after watchdog_s + " + Fmt(kRouterGraceS, 0) +
+                " s";
     } else if (stop_ == Stop::kSignal) {
       report += std::string("rank 0 received ") + SignalName(g_signal) +
                 " (mpirun and srun send it about a second after a rank has exited, or when the job is cancelled)";
@@ -958,8 +961,7 @@ class RouterRank {
       }
     } else if (!silent.empty()) {
       report += "watchdog: " + RankName(silent[0]) + " silent for " + Fmt(now - last_heard_[silent[0]], 1) +
-                " s (watchdog_s " + Fmt(c_.watchdog_s, c_.watchdog_s == std::trunc(c_.watchdog_s) ? 0 : 2) +
-                "): stopped, hung or dead";
+                " s (watchdog_s " + WatchdogText() + "): stopped, hung or dead";
       for (size_t i = 1; i < silent.size(); ++i) {
         report += (i == 1 ? "; also silent (likely waiting on it): " : ", ") + RankName(silent[i]) + " " +
                   Fmt(now - last_heard_[silent[i]], 1) + " s";
