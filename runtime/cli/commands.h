@@ -83,6 +83,10 @@ struct PolicyOption {
 };
 Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy, std::initializer_list<PolicyOption> own = {});
 
+// The settings read from the environment (ELDR_NUM_THREADS, ELDR_MEMORY_BUDGET), each checked: InvalidArgument
+// naming the variable. main.cc checks them before every command but serve, which agrees on them over its ranks.
+Status CheckEnvironment();
+
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);
 

@@ -73,6 +73,11 @@ Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy, std::initia
   return Status::Ok();
 }
 
+Status CheckEnvironment() {
+  ELDR_RETURN_IF_ERROR(ThreadsFromEnvironment().status());
+  return MemoryBudgetFromEnvironment().status();
+}
+
 nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd) {
   const nlohmann::json provenance = Provenance(OptionsJson(cmd));  // named: items() must not outlive it
   for (const auto& [key, value] : provenance.items()) report[key] = value;
@@ -103,12 +108,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    // Every rank of an mpirun or srun launch has the same command line and would print the same error: rank 0
+    // prints it, once. (The other ranks still fail, so the launcher ends the job.)
+    if (eldr::LauncherRank() > 0) return e.get_exit_code();
     return app.exit(e);
   }
   try {
-    // The environment's settings are checked before any work, as the options are.
-    eldr::Status st = eldr::ThreadsFromEnvironment().status();
-    if (st.ok()) st = eldr::MemoryBudgetFromEnvironment().status();
+    // The environment's settings are checked before any work, as the options are; eldr serve checks them on every
+    // rank and agrees on the result, so that an error all ranks see is printed once.
+    eldr::Status st = app.got_subcommand("serve") ? eldr::Status::Ok() : eldr::cli::CheckEnvironment();
     if (st.ok()) st = action ? action() : eldr::Status::InvalidArgument("no command given");
     // A command that installed the interrupt handlers (runtime/common/signals.h) has unwound and removed its
     // temporaries by now: one line, and the shell's exit code of a run killed by that signal.

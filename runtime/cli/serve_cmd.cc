@@ -45,6 +45,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
     *action = [=]() -> Status {
       // The job config with the command line's overrides, each checked (the same for --print-ranks and the job).
       const auto load_job = [=]() -> Result<JobConfig> {
+        ELDR_RETURN_IF_ERROR(CheckEnvironment());  // ELDR_NUM_THREADS, ELDR_MEMORY_BUDGET (main.cc leaves it here)
         ELDR_ASSIGN_OR_RETURN(JobConfig job, LoadJobConfig(*config));
         // The simulate: section is eldr simulate's, but its keys are checked here too (a typo is never silent).
         ELDR_RETURN_IF_ERROR(CheckJobCostKeys(*config));

@@ -385,6 +385,15 @@ if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && \
    grep -qE "the 4 ranks on this node: .*kv_cache.prefill_blocks = 1073741824 \\(.*needs [0-9.]+ GB, this machine has 1.1 GB available" f.err; then
   ok "KV cache past the memory budget: one line naming kv_cache.prefill_blocks"
 else bad "KV cache past the memory budget" "$(grep eldr f.err | head -3)"; fi
+# A bad command line or environment is the same on every rank: printed once (was: once per rank).
+"${MPIRUN[@]}" -np 4 "$ELDR" serve -c ws.yaml --quiet --bogus >f.out 2>f.err
+if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && grep -q "eldr: error: The following argument" f.err
+then ok "serve: an unknown option under mpirun -np 4 is one line"
+else bad "serve: an unknown option under mpirun -np 4 is one line" "$(grep eldr f.err | head -5)"; fi
+ELDR_NUM_THREADS=abc "${MPIRUN[@]}" -np 4 "$ELDR" serve -c ws.yaml --quiet >f.out 2>f.err
+if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && grep -q "ELDR_NUM_THREADS='abc' must be" f.err
+then ok "serve: a bad ELDR_NUM_THREADS under mpirun -np 4 is one line"
+else bad "serve: a bad ELDR_NUM_THREADS under mpirun -np 4 is one line" "$(grep eldr f.err | head -5)"; fi
 # The run directory: one that holds an earlier run is refused before the job starts (output.replace: false), once,
 # naming output.dir, and left as it was.
 job again 1 2 jsq ""
