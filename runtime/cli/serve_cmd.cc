@@ -71,6 +71,7 @@ void AddServeCommand(CLI::App& app, Action* action) {
         std::printf("watchdog_s %g\n", job.watchdog_s);  // launch/eldr-launch sizes the launcher's kill delay by it
         return Status::Ok();
       }
+      InstallServeSignalHandlers();
       int provided = 0;
       MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
       int rank = 0, size = 1;

@@ -116,6 +116,14 @@ extern "C" void OnTerminate(int sig) { g_signal = sig; }
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
+// Fault injection for the setup-signal test: ELDR_FAULT_SLOW_SETUP_RANK=r makes rank r spend 3 s (ended early by
+// a signal) before the ranks agree on the job's inputs, as a slow file system would.
+void MaybeSlowSetup(int rank) {
+  const char* v = std::getenv("ELDR_FAULT_SLOW_SETUP_RANK");
+  if (!v || std::atoi(v) != rank) return;
+  for (int i = 0; i < 300 && !g_signal; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+}
+
 // "1 request", "3 requests".
 std::string Requests(int64_t n) { return std::to_string(n) + (n == 1 ? " request" : " requests"); }
 
@@ -1138,6 +1146,10 @@ void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* k
 
 }  // namespace
 
+void InstallServeSignalHandlers() {
+  for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
+}
+
 Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what) {
   auto* mpi = dynamic_cast<MpiTransport*>(&tr);
   if (!mpi) return local;
@@ -1196,7 +1208,15 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     const Status memory = CheckNodeMemory(mpi_tr->comm(), tr.rank(), c, inputs.ok() ? &*inputs : nullptr);
     if (loaded.ok()) loaded = memory;
   }
-  ELDR_RETURN_IF_ERROR(AgreeOnSetup(tr, loaded));
+  MaybeSlowSetup(tr.rank());
+  // A signal during setup (InstallServeSignalHandlers) ends the job here, on every rank, before any request is
+  // accepted or any output written: one line from the rank that received it.
+  if (loaded.ok() && g_signal) {
+    loaded = Status::FailedPrecondition(std::string("received ") + SignalName(g_signal) +
+                                        " while the job was setting up: stopped before any request was accepted; "
+                                        "nothing was written");
+  }
+  ELDR_RETURN_IF_ERROR(AgreeOnSetup(tr, loaded, "the job's inputs or was stopped by a signal"));
   const ModelConfig& mc = inputs->mc;
   const JobRequests& in = inputs->in;
   const std::vector<Placement>& placements = inputs->placements;
@@ -1209,7 +1229,6 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
       return Status::FailedPrecondition(std::string("decode.ep_size > 1 needs the MPI transport, not ") + tr.name());
     group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
   }
-  for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
   if (rank == 0) {
     inputs->weights.reset();  // the router needs no weights
     return RouterRank(c, tr, in, mc, kv_name, plan.compute).Run(progress);

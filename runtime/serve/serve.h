@@ -60,6 +60,11 @@ namespace eldr {
 // A Status with an empty message is one that rank 0 has already printed (PrintRankError): print nothing more.
 Status RunServeJob(const JobConfig& config, Transport& transport, bool progress);
 
+// Turns SIGTERM, SIGINT and SIGHUP into a flag that the job reads (serve.cc, g_signal): called by each rank before
+// MPI_Init, so that a signal at any time after it gives one line, not a silent death. During setup it fails the
+// ranks' agreement on the job's inputs; once the job runs, rank 0 accounts for every request and writes the metrics.
+void InstallServeSignalHandlers();
+
 // One MPI_Allreduce of the ranks' outcomes of a setup step (every rank calls it), so that no rank goes on to a
 // collective another has left, and an error every rank sees is printed once: rank 0 returns its own error (or
 // says another rank failed); another rank returns an empty message (nothing to print) when rank 0 failed too, or

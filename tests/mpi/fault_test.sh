@@ -150,4 +150,28 @@ for launcher in mpirun launch; do
 done
 run_case mpirun 1 STOP round_robin 0 "the prefill rank under 2000 req/s" "(watchdog|silent longest): prefill 0 \(rank 1\)" fast
 
+# SIGTERM to rank 0 while the job sets up (ELDR_FAULT_SLOW_SETUP_RANK=0 holds rank 0 there for up to 3 s): one line
+# from rank 0 saying so, non-zero exit, no run directory (it used to die at the signal's default action, exit 143 and
+# no line, when the signal came in the ~0.7 s before the handlers were installed). The signal is sent once rank 0's
+# /proc status shows SIGTERM caught (SigCgt bit 14), so the case does not depend on timing.
+job setup-term round_robin 0
+ELDR_FAULT_SLOW_SETUP_RANK=0 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+  -x ELDR_FAULT_SLOW_SETUP_RANK "$ELDR" serve -c setup-term.yaml --quiet >setup-term.log 2>&1 &
+job_pid=$!
+pid="" caught=""
+for i in $(seq 300); do
+  pid=$(tagged_pids 0)
+  mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
+  [ -n "$pid" ] && [ -n "$mask" ] && (( (0x$mask >> 14) & 1 )) && caught=1 && break
+  sleep 0.01
+done
+[ -n "$caught" ] && kill -TERM "$pid"
+wait "$job_pid"
+rc=$?
+if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' setup-term.log)" = 1 ] &&
+   grep -q "eldr: error: router (rank 0): received SIGTERM while the job was setting up" setup-term.log &&
+   [ ! -e out-setup-term ]
+then ok "SIGTERM to rank 0 during setup: one line, exit $rc, no run directory"
+else bad "SIGTERM to rank 0 during setup" "caught=$caught rc=$rc $(grep -m2 -E 'eldr|exited' setup-term.log)"; fi
+
 finish
