@@ -27,6 +27,11 @@ void AddServeCommand(CLI::App& app, Action* action);
 void AddPlaceCommand(CLI::App& app, Action* action);
 void AddSimulateCommand(CLI::App& app, Action* action);
 
+// A serve rank whose command line did not parse: it takes part in the ranks' agreement on the job config with
+// `message` as its error, so that an error every rank has (mpirun gives them all the same command line) is printed
+// once, by rank 0, and one rank's own (an MPMD launch) by that rank. Never returns OK.
+Status ServeAfterCommandLineError(const std::string& message);
+
 // CLI11 validators that check an option like the config key it overrides (runtime/common/yaml.h), before
 // CLI11 converts it: "--tau: must be >= 0, got 'nan' (not a number)", "--max-batch: must be an integer in [1, 1048576],
 // got '0'". An option whose unset state matters is read with add_option_function into a std::optional.

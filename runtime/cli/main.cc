@@ -108,8 +108,14 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // Every rank of an mpirun or srun launch has the same command line and would print the same error: rank 0
-    // prints it, once. (The other ranks still fail, so the launcher ends the job.)
+    // A rank of an mpirun or srun launch: an error that every rank has is printed once. A serve rank agrees on it
+    // with the others (an MPMD launch may give ranks different command lines); any other command's ranks all have
+    // the same command line, and rank 0 prints the error (--help and --version too).
+    const bool serve_rank = argc > 1 && std::string(argv[1]) == "serve";
+    if (eldr::LauncherRank() >= 0 && serve_rank && e.get_exit_code() != 0) {
+      (void)eldr::cli::ServeAfterCommandLineError(std::string(e.what()) + " (see eldr serve --help)");
+      return 1;
+    }
     if (eldr::LauncherRank() > 0) return e.get_exit_code();
     return app.exit(e);
   }

@@ -14,6 +14,64 @@
 
 namespace eldr::cli {
 
+namespace {
+
+// This rank's part of the job (every rank calls it once): MPI start, the ranks' agreement on `load_job`'s outcome
+// (the job config with the command line's overrides, or a command line that did not parse), then the job.
+Status ServeRank(const std::function<Result<JobConfig>()>& load_job, bool progress) {
+  InstallServeSignalHandlers();
+  int provided = 0;
+  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  int rank = 0, size = 1;
+  MPI_Comm_rank(MPI_COMM_WORLD, &rank);
+  MPI_Comm_size(MPI_COMM_WORLD, &size);
+  Status st;
+  std::string role = "rank " + std::to_string(rank);
+  try {
+    MpiTransport transport(MPI_COMM_WORLD);
+    // Agreed on, so that an error every rank sees (a config's) is printed once, by rank 0, and one only some
+    // ranks see (a file missing on one node) by each of them.
+    Result<JobConfig> job = Status::FailedPrecondition("");
+    try {  // every rank reaches the agreement, an exception too
+      job = load_job();
+    } catch (const std::exception& e) {
+      job = Status::FailedPrecondition(std::string("internal error: ") + e.what());
+    }
+    const Status agreed =
+        AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status(), "its command line or the job config");
+    if (!agreed.ok()) {
+      if (!agreed.message().empty()) PrintRankError(role, agreed.message());
+      st = Status(agreed.code(), "");
+    } else {
+      role = job->RoleOf(rank) + " (rank " + std::to_string(rank) + ")";
+      st = RunServeJob(job.value(), transport, progress && rank == 0);
+    }
+  } catch (const std::exception& e) {
+    st = Status::FailedPrecondition(std::string("internal error: ") + e.what());
+  }
+  if (!st.ok()) {
+    // Every rank sees the same config errors; print them once. Other errors name the rank and role,
+    // and the job is aborted so that no rank waits forever on one that gave up.
+    // An empty message: rank 0 reports this error (runtime/serve/serve.cc, AgreeOnSetup).
+    if (!st.message().empty() && (rank == 0 || st.code() != StatusCode::kInvalidArgument)) {
+      PrintRankError(role, st.message());
+    }
+    if (size > 1) {
+      // Leave without MPI_Finalize and with a failure status: mpirun (and srun) then end every other rank,
+      // the hung one included. (MPI_Abort does the same but Open MPI 4.1's mpirun sometimes stays behind.)
+      ::usleep(200 * 1000);  // let rank 0's line reach the terminal first
+      std::fflush(nullptr);
+      std::_Exit(1);
+    }
+    MPI_Finalize();
+    return Status(StatusCode::kFailedPrecondition, "");
+  }
+  MPI_Finalize();
+  return Status::Ok();
+}
+
+}  // namespace
+
 void AddServeCommand(CLI::App& app, Action* action) {
   auto config = std::make_shared<std::string>();
   auto quiet = std::make_shared<bool>(false);
@@ -71,56 +129,13 @@ void AddServeCommand(CLI::App& app, Action* action) {
         std::printf("watchdog_s %g\n", job.watchdog_s);  // launch/eldr-launch sizes the launcher's kill delay by it
         return Status::Ok();
       }
-      InstallServeSignalHandlers();
-      int provided = 0;
-      MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
-      int rank = 0, size = 1;
-      MPI_Comm_rank(MPI_COMM_WORLD, &rank);
-      MPI_Comm_size(MPI_COMM_WORLD, &size);
-      Status st;
-      std::string role = "rank " + std::to_string(rank);
-      try {
-        MpiTransport transport(MPI_COMM_WORLD);
-        // Agreed on, so that an error every rank sees (a config's) is printed once, by rank 0, and one only some
-        // ranks see (a file missing on one node) by each of them.
-        Result<JobConfig> job = Status::FailedPrecondition("");
-        try {  // every rank reaches the agreement, an exception too
-          job = load_job();
-        } catch (const std::exception& e) {
-          job = Status::FailedPrecondition(std::string("internal error: ") + e.what());
-        }
-        const Status agreed = AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status(), "the job config");
-        if (!agreed.ok()) {
-          if (!agreed.message().empty()) PrintRankError(role, agreed.message());
-          st = Status(agreed.code(), "");
-        } else {
-          role = job->RoleOf(rank) + " (rank " + std::to_string(rank) + ")";
-          st = RunServeJob(job.value(), transport, !*quiet && rank == 0);
-        }
-      } catch (const std::exception& e) {
-        st = Status::FailedPrecondition(std::string("internal error: ") + e.what());
-      }
-      if (!st.ok()) {
-        // Every rank sees the same config errors; print them once. Other errors name the rank and role,
-        // and the job is aborted so that no rank waits forever on one that gave up.
-        // An empty message: rank 0 reports this error (runtime/serve/serve.cc, AgreeOnSetup).
-        if (!st.message().empty() && (rank == 0 || st.code() != StatusCode::kInvalidArgument)) {
-          PrintRankError(role, st.message());
-        }
-        if (size > 1) {
-          // Leave without MPI_Finalize and with a failure status: mpirun (and srun) then end every other rank,
-          // the hung one included. (MPI_Abort does the same but Open MPI 4.1's mpirun sometimes stays behind.)
-          ::usleep(200 * 1000);  // let rank 0's line reach the terminal first
-          std::fflush(nullptr);
-          std::_Exit(1);
-        }
-        MPI_Finalize();
-        return Status(StatusCode::kFailedPrecondition, "");
-      }
-      MPI_Finalize();
-      return Status::Ok();
+      return ServeRank(load_job, !*quiet);
     };
   });
+}
+
+Status ServeAfterCommandLineError(const std::string& message) {
+  return ServeRank([&]() -> Result<JobConfig> { return Status::InvalidArgument(message); }, false);
 }
 
 }  // namespace eldr::cli

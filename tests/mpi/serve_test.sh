@@ -387,9 +387,15 @@ if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && \
 else bad "KV cache past the memory budget" "$(grep eldr f.err | head -3)"; fi
 # A bad command line or environment is the same on every rank: printed once (was: once per rank).
 "${MPIRUN[@]}" -np 4 "$ELDR" serve -c ws.yaml --quiet --bogus >f.out 2>f.err
-if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && grep -q "eldr: error: The following argument" f.err
+if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] &&
+   grep -q "eldr: error: rank 0: The following argument was not expected: --bogus" f.err
 then ok "serve: an unknown option under mpirun -np 4 is one line"
 else bad "serve: an unknown option under mpirun -np 4 is one line" "$(grep eldr f.err | head -5)"; fi
+# An MPMD launch where only rank 3's command line is bad: that rank's own error is printed, not hidden.
+"${MPIRUN[@]}" -np 3 "$ELDR" serve -c ws.yaml --quiet : -np 1 "$ELDR" serve -c ws.yaml --nope >f.out 2>f.err
+if [ $? -ne 0 ] && grep -q "eldr: error: rank 3: The following argument was not expected: --nope" f.err
+then ok "serve: one MPMD rank's bad option is named by that rank"
+else bad "serve: one MPMD rank's bad option is named by that rank" "$(grep eldr f.err | head -5)"; fi
 ELDR_NUM_THREADS=abc "${MPIRUN[@]}" -np 4 "$ELDR" serve -c ws.yaml --quiet >f.out 2>f.err
 if [ $? -ne 0 ] && [ "$(grep -c 'eldr: error' f.err)" = 1 ] && grep -q "ELDR_NUM_THREADS='abc' must be" f.err
 then ok "serve: a bad ELDR_NUM_THREADS under mpirun -np 4 is one line"
