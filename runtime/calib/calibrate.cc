@@ -241,6 +241,16 @@ Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions&
   c.n_star = greedy.n_star;
   c.features = o.features;
   c.signatures = BuildSignatures(fc, c.signature);
+  // A signature of zeros has no direction: when every request's is one (gate_prob on gate weights that are all 0),
+  // no ρ can be measured and no centroid placed; k-means would "succeed" on NaNs.
+  if (std::all_of(c.signatures.begin(), c.signatures.end(), [](float x) { return x == 0.0f; })) {
+    return Status::InvalidArgument(std::string("every request's ") + SignatureVariantName(o.variant) +
+                                   " signature is all zeros" +
+                                   (o.variant == SignatureVariant::kGateProb
+                                        ? " (the trace's /tokens/topk_weights are all 0 on the selected layers)"
+                                        : "") +
+                                   ": nothing to cluster; check the trace or choose another --signature");
+  }
   for (int32_t i : calib_idx) {
     c.request_ids.push_back(counts.requests[i].id);
     c.domains.push_back(counts.requests[i].domain);

@@ -67,6 +67,9 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
     if (w > kMaxIdf) return bad("/signature/idf has a weight over " + std::to_string(static_cast<int>(kMaxIdf)));
   }
   if (c.signature.layer_mask.size() != static_cast<size_t>(L)) return bad("/signature/layer_mask must be [num_layers]");
+  for (uint8_t m : c.signature.layer_mask) {
+    if (m > 1) return bad("/signature/layer_mask has a value " + std::to_string(m) + ": each layer's is 0 or 1");
+  }
   const int D = c.dim();
   if (D == 0) return bad("/signature/layer_mask selects no layer");
   if (c.layer_order.size() != static_cast<size_t>(L)) return bad("/signature/layer_order must be [num_layers]");
@@ -125,7 +128,17 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   }
   if (!AllFinite(c.decode_profiles)) return bad("/calibration/decode_profiles has NaN or infinite values");
   for (float v : c.decode_profiles) {
-    if (v < 0) return bad("/calibration/decode_profiles has negative values");
+    if (v < 0 || v > 1 + 1e-5f) return bad("/calibration/decode_profiles has values outside [0, 1]");
+  }
+  // A profile is the fraction of a request's decode tokens routed to each expert: each token picks top_k distinct
+  // experts of every layer, so every layer of it sums to top_k (a file whose top_k attribute was edited does not).
+  for (size_t r = 0; r < c.decode_profiles.size() / std::max<size_t>(E, 1); ++r) {
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += c.decode_profiles[r * E + e];
+    if (std::abs(sum - c.shape.top_k) > 1e-3 * c.shape.top_k) {
+      return bad("/calibration/decode_profiles request " + std::to_string(r / L) + " layer " + std::to_string(r % L) +
+                 " sums to " + std::to_string(sum) + ", not top_k = " + std::to_string(c.shape.top_k));
+    }
   }
   const int K = c.num_clusters;
   if (K < 1 || static_cast<size_t>(K) > N) return bad("/clusters K must be in [1, N]");
@@ -201,9 +214,9 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
     for (size_t r = 0; r < static_cast<size_t>(K) * L; ++r) {
       double sum = 0;
       for (int e = 0; e < E; ++e) sum += c.expert_load[r * E + e];
-      if (sum > c.shape.top_k * (1 + 1e-4)) {
+      if (std::abs(sum - c.shape.top_k) > 1e-3 * c.shape.top_k) {  // a mean of profiles that each sum to top_k
         return bad("/clusters/expert_load cluster " + std::to_string(r / L) + " layer " + std::to_string(r % L) +
-                   " sums to " + std::to_string(sum) + ", over top_k " + std::to_string(c.shape.top_k));
+                   " sums to " + std::to_string(sum) + ", not top_k = " + std::to_string(c.shape.top_k));
       }
     }
   }

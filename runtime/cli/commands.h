@@ -92,6 +92,10 @@ Status CheckPolicyOptions(const CLI::App& cmd, RoutingPolicy policy, std::initia
 // naming the variable. main.cc checks them before every command but serve, which agrees on them over its ranks.
 Status CheckEnvironment();
 
+// Flushes stdout and says whether everything printed reached it. A report that did not (a full disk, a closed pipe)
+// is a failed run, not exit 0 with a truncated report: false after one line on stderr saying so.
+bool StdoutWritten();
+
 // Prints `text` to stdout, or `json` (indented) when as_json.
 void PrintResult(bool as_json, const std::string& text, const std::string& json);
 

@@ -7,6 +7,7 @@
 
 #include "runtime/cli/commands.h"
 #include "runtime/common/check.h"
+#include "runtime/common/json_util.h"
 #include "runtime/common/memory_budget.h"
 #include "runtime/common/parallel.h"
 #include "runtime/common/provenance.h"
@@ -78,6 +79,20 @@ Status CheckEnvironment() {
   return MemoryBudgetFromEnvironment().status();
 }
 
+bool StdoutWritten() {
+  // The buffered rest is flushed here, and every earlier write's error is remembered by the stream.
+  std::cout.flush();
+  errno = 0;
+  const bool flushed = std::fflush(stdout) == 0;
+  const int flush_errno = errno;
+  if (flushed && !std::ferror(stdout) && !std::cout.fail()) return true;
+  std::fprintf(stderr,
+               "eldr: error: stdout: the output could not be written in full (%s): what was printed is incomplete "
+               "(files the command wrote are complete); redirect stdout to a disk with space\n",
+               !flushed && flush_errno != 0 ? std::strerror(flush_errno) : "a write failed");
+  return false;
+}
+
 nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd) {
   const nlohmann::json provenance = Provenance(OptionsJson(cmd));  // named: items() must not outlive it
   for (const auto& [key, value] : provenance.items()) report[key] = value;
@@ -117,7 +132,8 @@ int main(int argc, char** argv) {
       return 1;
     }
     if (eldr::LauncherRank() > 0) return e.get_exit_code();
-    return app.exit(e);
+    const int code = app.exit(e);  // --help and --version print to stdout
+    return code == 0 && !eldr::cli::StdoutWritten() ? 1 : code;
   }
   try {
     // The environment's settings are checked before any work, as the options are; eldr serve checks them on every
@@ -138,19 +154,7 @@ int main(int argc, char** argv) {
       }
       return 1;
     }
-    // A report that did not reach stdout (a full disk, a closed pipe) is a failed run, not exit 0 with a truncated
-    // report: the buffered rest is flushed here and every earlier write's error is remembered by the stream.
-    std::cout.flush();
-    errno = 0;
-    const bool flushed = std::fflush(stdout) == 0;
-    const int flush_errno = errno;
-    if (!flushed || std::ferror(stdout) || std::cout.fail()) {
-      std::fprintf(stderr,
-                   "eldr: error: stdout: the output could not be written in full (%s): what was printed is "
-                   "incomplete; redirect stdout to a disk with space\n",
-                   !flushed && flush_errno != 0 ? std::strerror(flush_errno) : "a write failed");
-      return 1;
-    }
+    if (!eldr::cli::StdoutWritten()) return 1;
   } catch (const eldr::Error& e) {
     std::fprintf(stderr, "eldr: internal error: %s\n", eldr::PrintableMessage(e.what()).c_str());
     return 3;
@@ -158,7 +162,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "eldr: error: out of memory (an input is larger than this machine can hold)\n");
     return 1;
   } catch (const std::exception& e) {
-    std::fprintf(stderr, "eldr: error: %s\n", eldr::PrintableMessage(e.what()).c_str());
+    std::fprintf(stderr, "eldr: error: %s\n", eldr::PrintableMessage(eldr::JsonErrorText(e)).c_str());
     return 1;
   }
   return 0;

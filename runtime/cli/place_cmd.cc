@@ -160,7 +160,7 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
     }
     return std::make_unique<Placement>(std::move(prev).value());
   } catch (const nlohmann::json::exception& e) {
-    return Status::InvalidArgument(path + ": not the JSON output of eldr place profile (" + e.what() + ")");
+    return Status::InvalidArgument(path + ": not the JSON output of eldr place profile (" + JsonErrorText(e) + ")");
   }
 }
 
@@ -428,7 +428,9 @@ void AddEvaluateCommand(CLI::App* place, Action* action) {
   cmd->add_flag("--holdout-from-calib", a->holdout_from_calib,
                 "only the requests of --trace that are not calibration members (on the calibrated trace: the ones "
                 "eldr calibrate --holdout kept out)");
-  cmd->add_option("--batch", a->batch, "decode tokens per step")->capture_default_str();
+  cmd->add_option("--batch", a->batch, "decode tokens per step")
+      ->capture_default_str()
+      ->check(InRange(IntRange::Between(1, 1 << 20)));
   AddSpecOptions(cmd, &a->spec, false, "physical expert slots per layer (default: the stored /placement's, else E)",
                  "expert-parallel ranks (default: the stored /placement's)");
   cmd->add_flag("--json", a->as_json, "print the report as JSON");

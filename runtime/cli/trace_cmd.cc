@@ -250,8 +250,12 @@ void AddTraceCommand(CLI::App& app, Action* action) {
     auto o = std::make_shared<TraceStatsOptions>();
     cmd->add_option("trace", *path, "HDF5 trace")->required()->check(NonEmptyPath());
     cmd->add_flag("--json", *as_json, "print JSON instead of tables");
-    cmd->add_option("--batch-sizes", o->batch_sizes, "decode batch sizes B")->capture_default_str();
-    cmd->add_option("--batches", o->num_batches, "sampled batches per B and kind")->capture_default_str();
+    cmd->add_option("--batch-sizes", o->batch_sizes, "decode batch sizes B")
+        ->capture_default_str()
+        ->check(InRange(IntRange::Between(1, TraceStatsOptions::kMaxBatchSize)));
+    cmd->add_option("--batches", o->num_batches, "sampled batches per B and kind")
+        ->capture_default_str()
+        ->check(InRange(IntRange::Between(1, TraceStatsOptions::kMaxBatches)));
     cmd->add_option("--seed", o->seed, "sampling seed")->capture_default_str()->check(SeedValue());
     cmd->callback([=] {
       *action = [=]() -> Status {

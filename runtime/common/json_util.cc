@@ -121,6 +121,15 @@ class DuplicateKeySax {
 
 }  // namespace
 
+std::string JsonErrorText(const std::exception& e) {
+  std::string text = e.what();
+  if (text.rfind("[json.exception.", 0) == 0) {
+    const size_t end = text.find("] ");
+    if (end != std::string::npos) text.erase(0, end + 2);
+  }
+  return text;
+}
+
 Result<nlohmann::json> ParseJson(const std::string& text) {
   using json = nlohmann::json;
   json j;
@@ -128,7 +137,7 @@ Result<nlohmann::json> ParseJson(const std::string& text) {
   try {
     json::sax_parse(text, &sax);
   } catch (const json::exception& e) {
-    return Status::InvalidArgument(std::string("not valid JSON (") + e.what() + ")");
+    return Status::InvalidArgument("not valid JSON (" + JsonErrorText(e) + ")");
   }
   if (!sax.duplicate().empty()) {
     return Status::InvalidArgument("duplicate key \"" + sax.duplicate() + "\" in a JSON object");

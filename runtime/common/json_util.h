@@ -1,6 +1,7 @@
 // Output helpers shared by the subcommands: readable fixed-width tables and atomic JSON files.
 #pragma once
 
+#include <exception>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -14,6 +15,11 @@ namespace eldr {
 // object"; the caller adds the file and line. The parser's message quotes bytes of the input as they are: the
 // command line makes every error line printable (PrintableMessage, runtime/common/status.h).
 Result<nlohmann::json> ParseJson(const std::string& text);
+
+// An exception's text without nlohmann::json's "[json.exception.parse_error.101] " prefix (a library's internal
+// name, meaningless to a user): "parse error at line 1, column 13: ...", "key 'kind' not found". Other exceptions'
+// text as it is.
+std::string JsonErrorText(const std::exception& e);
 
 // Left-aligned first column, right-aligned others, a rule under the header.
 std::string FormatTable(const std::vector<std::string>& header, const std::vector<std::vector<std::string>>& rows);

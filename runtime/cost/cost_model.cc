@@ -312,7 +312,7 @@ Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, doubl
         throw std::runtime_error("kind must be prefill or decode, got '" + kind + "'");
       }
     } catch (const std::exception& e) {
-      return Status::InvalidArgument(path + ":" + std::to_string(n) + ": not a step record: " + e.what());
+      return Status::InvalidArgument(path + ":" + std::to_string(n) + ": not a step record: " + JsonErrorText(e));
     }
   }
   if (cores > 0 && cpu_work.size() == decode_spans.size() + prefill_spans.size()) {

@@ -138,12 +138,14 @@ nlohmann::json NumberOrNull(double v) { return std::isfinite(v) ? nlohmann::json
 
 Result<TraceStats> ComputeTraceStats(const Trace& trace, const TraceStatsOptions& options) {
   for (int b : options.batch_sizes) {
-    if (b < 1 || b > 65536) {
-      return Status::InvalidArgument("trace stats: batch sizes must be in [1, 65536], got " + std::to_string(b));
+    if (b < 1 || b > TraceStatsOptions::kMaxBatchSize) {
+      return Status::InvalidArgument("trace stats: batch sizes must be in [1, " +
+                                     std::to_string(TraceStatsOptions::kMaxBatchSize) + "], got " + std::to_string(b));
     }
   }
-  if (options.num_batches < 1 || options.num_batches > 1000000) {
-    return Status::InvalidArgument("trace stats: num_batches must be in [1, 1000000], got " +
+  if (options.num_batches < 1 || options.num_batches > TraceStatsOptions::kMaxBatches) {
+    return Status::InvalidArgument("trace stats: num_batches must be in [1, " +
+                                   std::to_string(TraceStatsOptions::kMaxBatches) + "], got " +
                                    std::to_string(options.num_batches));
   }
   ELDR_RETURN_IF_ERROR(CheckTraceLayout(trace));

@@ -24,8 +24,10 @@
 namespace eldr {
 
 struct TraceStatsOptions {
-  std::vector<int> batch_sizes{8, 16, 32};  // each >= 1
-  int num_batches = 200;                    // batches averaged per batch size and kind, >= 1
+  static constexpr int kMaxBatchSize = 65536;
+  static constexpr int kMaxBatches = 1000000;
+  std::vector<int> batch_sizes{8, 16, 32};  // each in [1, kMaxBatchSize]
+  int num_batches = 200;                    // batches averaged per batch size and kind, in [1, kMaxBatches]
   uint64_t seed = 0;
 };
 

@@ -46,6 +46,10 @@ if [ -w /dev/full ]; then
     sh -c "'$ELDR' route --calib calib.h5 --trace real.h5 --json > /dev/full"
   expect_error "trace stats > /dev/full" "^eldr: error: stdout: the output could not be written" - \
     sh -c "'$ELDR' trace stats real.h5 > /dev/full"
+  for what in --help "route --help" --version; do  # were exit 0 with nothing printed
+    expect_error "eldr $what > /dev/full" "^eldr: error: stdout: the output could not be written" - \
+      sh -c "'$ELDR' $what > /dev/full"
+  done
 fi
 # route's --calib is required (its K is the decoder count): never refused; --tau with one policy that has no band is.
 run_ok "route --policy jsq (the calibration gives K)" "$ELDR" route --calib calib.h5 --trace real.h5 --policy jsq
@@ -420,7 +424,7 @@ for p in j['policies']:
     assert sum(d['requests'] for d in p['decoders']) == 108, p['policy']
     assert p['max_in_flight'] <= 2 * j['num_decoders'], (p['policy'], p['max_in_flight'])
 " && ok "cap respected, every request routed" || bad "cap respected, every request routed"
-expect_error "absurd batch size" "batch sizes must be in" - "$ELDR" trace stats real.h5 --batch-sizes 100000000
+expect_error "absurd batch size" "--batch-sizes: must be an integer in \\[1, 65536\\], got '100000000'" - "$ELDR" trace stats real.h5 --batch-sizes 100000000
 
 # ---- eldr place evaluate: held-out decode steps through contiguous, global and per-cluster placements ----
 "$ELDR" place --help | grep -q "evaluate" && "$ELDR" place evaluate --help | grep -q -- "--holdout-from-calib" \

@@ -415,7 +415,28 @@ def rho(f):
     r = f["/signature/rho_curve"][:]; r[0] = 5.0
     f["/signature/rho_curve"][...] = r
 edit("c.h5", "rho5.h5", rho)
+def mask7(f):
+    m = f["/signature/layer_mask"][:]; m[m == 1] = 7
+    f["/signature/layer_mask"][...] = m
+edit("c.h5", "mask7.h5", mask7)
+edit("c.h5", "topk3.h5", lambda f: f.attrs.__setitem__("top_k", np.int64(f.attrs["top_k"] + 1)))
+def noprof(f):  # without the members' profiles, the cluster means alone are checked against top_k
+    del f["/calibration/decode_profiles"]
+    f.attrs["top_k"] = np.int64(f.attrs["top_k"] + 1)
+edit("c.h5", "topk3np.h5", noprof)
+edit("t.h5", "w0.h5", lambda f: f["/tokens/topk_weights"].write_direct(0 * f["/tokens/topk_weights"][:]))
 PYEOF
+expect_error "calibration: a layer mask value of 7 (was: read as selected)" \
+  "mask7.h5: /signature/layer_mask has a value 7: each layer's is 0 or 1" - "$ELDR" inspect mask7.h5
+expect_error "calibration: top_k attribute contradicting the decode profiles (was: accepted)" \
+  "topk3.h5: /calibration/decode_profiles request 0 layer 0 sums to [0-9.]+, not top_k = [0-9]+" - "$ELDR" inspect topk3.h5
+expect_error "calibration without profiles: top_k contradicting the cluster loads" \
+  "topk3np.h5: /clusters/expert_load cluster 0 layer 0 sums to [0-9.]+, not top_k = [0-9]+" - \
+  "$ELDR" calibrate --refit topk3np.h5 -K 2 --out never.h5
+[ -e never.h5 ] && bad "refused refit left no output" "never.h5 exists"
+expect_error "gate_prob signatures on gate weights that are all 0 (was: calibrated on NaN)" \
+  "every request's gate_prob signature is all zeros .*topk_weights are all 0" - \
+  "$ELDR" calibrate --trace w0.h5 -K 2 --signature gate_prob --out never.h5
 expect_error "calibration: a layer mask that is not the greedy order's prefix" \
   "nprefix.h5: /signature/layer_mask is not the first 2 layers of /signature/layer_order" - "$ELDR" inspect nprefix.h5
 expect_error "calibration: negative signatures" "signeg.h5: /calibration/signatures row [0-9]+ has a negative value" - \

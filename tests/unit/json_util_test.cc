@@ -6,6 +6,7 @@
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
@@ -42,8 +43,21 @@ TEST(ParseJson, RefusesWhatNlohmannRefuses) {
     EXPECT_FALSE(nlohmann::json::accept(text)) << text;
     if (!parsed.ok()) {
       EXPECT_EQ(parsed.status().message().rfind("not valid JSON (", 0), 0u) << parsed.status().message();
+      // The library's internal exception name is not shown ("[json.exception.parse_error.101] parse error ...").
+      EXPECT_EQ(parsed.status().message().find("json.exception"), std::string::npos) << parsed.status().message();
     }
   }
+}
+
+TEST(JsonErrorText, DropsTheLibrarysExceptionNameOnly) {
+  try {
+    (void)nlohmann::json::object().at("kind");
+    ADD_FAILURE() << "at() of a missing key did not throw";
+  } catch (const nlohmann::json::exception& e) {
+    EXPECT_EQ(JsonErrorText(e), "key 'kind' not found") << e.what();
+  }
+  EXPECT_EQ(JsonErrorText(std::runtime_error("[json.exception. is not a prefix")), "[json.exception. is not a prefix");
+  EXPECT_EQ(JsonErrorText(std::runtime_error("seconds must be > 0")), "seconds must be > 0");
 }
 
 TEST(ParseJson, FindsAKeyGivenTwiceAtAnyDepth) {
