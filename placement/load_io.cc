@@ -40,7 +40,7 @@ Status CheckLoadValue(const std::string& where, double v) {
   return Status::Ok();
 }
 
-// Every load finite and >= 0, and their total small enough that the sums and products of balancedness stay
+// Every load finite and >= 0, not all 0, and their total small enough that the sums and products of balancedness stay
 // finite (a load of 1e308 is finite, its sum over a layer is not).
 Status CheckLoadTotal(const std::string& where, const std::vector<double>& load) {
   constexpr double kMaxTotal = 1e300;
@@ -49,6 +49,12 @@ Status CheckLoadTotal(const std::string& where, const std::vector<double>& load)
   if (!(total <= kMaxTotal)) {
     return Status::InvalidArgument(where + ": the loads sum to " + Fmt(total, 0) +
                                    ", above 1e300 (balancedness would overflow); scale them down");
+  }
+  // A profile of zeros places by nothing (any placement is "balanced", balancedness 0/0 reported as 1).
+  if (total == 0) {
+    return Status::InvalidArgument(where +
+                                   ": every load is 0, so there is nothing to balance (a profile recorded before any "
+                                   "traffic?); give a profile of recorded expert loads");
   }
   return Status::Ok();
 }

@@ -158,6 +158,19 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
                                      " but phy2log holds " + std::to_string(prev.value().num_slots) +
                                      " slots per layer");
     }
+    // log2phy and logcnt are written beside phy2log too, and so is the algorithm's name: checked the same way.
+    for (const auto& [key, derived] : {std::pair{"logcnt", &prev.value().logcnt}, {"log2phy", &prev.value().log2phy}}) {
+      if (j.contains(key) && j[key] != *derived) {
+        return Status::InvalidArgument(path + ": " + key + " contradicts phy2log (the file was edited; re-run eldr " +
+                                       "place profile --json, or drop " + key + ")");
+      }
+    }
+    if (j.contains("algorithm")) {
+      if (!j["algorithm"].is_string() || !ParsePlacementAlgorithm(j["algorithm"].get<std::string>()).ok()) {
+        return Status::InvalidArgument(path + ": algorithm = " + j["algorithm"].dump().substr(0, 40) +
+                                       " is not a placement algorithm of eldr place profile");
+      }
+    }
     return std::make_unique<Placement>(std::move(prev).value());
   } catch (const nlohmann::json::exception& e) {
     return Status::InvalidArgument(path + ": not the JSON output of eldr place profile (" + JsonErrorText(e) + ")");

@@ -10,6 +10,7 @@
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
+#include <string_view>
 
 #include "runtime/common/atomic_file.h"
 #include "runtime/common/check.h"
@@ -283,7 +284,25 @@ Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, doubl
       auto parsed = ParseJson(line);
       if (!parsed.ok()) throw std::runtime_error(parsed.status().message());
       j = std::move(parsed).value();
+      if (!j.is_object()) throw std::runtime_error("a step record is a JSON object");
       const std::string kind = j.at("kind").get<std::string>();
+      // The fields of runtime/job/metrics.cc AppendStepLine; another is a typo or another file, never ignored.
+      if (kind != "decode" && kind != "prefill")
+        throw std::runtime_error("kind must be prefill or decode, got '" + kind + "'");
+      const bool decode = kind == "decode";
+      for (const auto& [key, value] : j.items()) {
+        static constexpr std::string_view kCommon[] = {"kind", "seconds", "time", "worker", "cpu_seconds"};
+        static constexpr std::string_view kDecode[] = {"batch", "context_tokens", "distinct_experts"};
+        const auto in = [&key](const auto& keys) {
+          return std::find(std::begin(keys), std::end(keys), key) != std::end(keys);
+        };
+        if (!in(kCommon) && !(decode ? in(kDecode) : key == "prompt_tokens")) {
+          throw std::runtime_error(
+              "unknown field '" + key + "' in a " + kind +
+              " step (the fields of serve's steps.jsonl: kind, seconds, time, worker, cpu_seconds, and " +
+              (decode ? "batch, context_tokens, distinct_experts" : "prompt_tokens") + ")");
+        }
+      }
       // A step's time is a cost model time (kCostSeconds): 1e300 s overflowed the fit's residuals to inf, which
       // fitted a model that costs nothing.
       const double seconds = j.at("seconds").get<double>();

@@ -270,6 +270,10 @@ Status ParseLine(const std::string& line, ParsedRequest* out) {
       return required ? Status::InvalidArgument(std::string("missing field '") + key + "'") : Status::Ok();
     }
     if (!it->is_number_integer()) return Status::InvalidArgument(std::string("field '") + key + "' must be an integer");
+    // An unsigned value above 2^63 - 1 would wrap to a negative one (and be refused as such, misnamed).
+    if (it->is_number_unsigned() && it->get<uint64_t>() > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
+      return Status::InvalidArgument(std::string("field '") + key + "' = " + it->dump() + " is out of range");
+    }
     *v = it->get<int64_t>();
     return Status::Ok();
   };

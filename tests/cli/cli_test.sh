@@ -557,6 +557,23 @@ json.dump(j, open('prev_slots.json', 'w'))
 "
 expect_error "place --previous: num_slots contradicts phy2log" "prev_slots.json: num_slots = 96 but phy2log holds 160 slots" - \
   "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous prev_slots.json
+# --previous: logcnt, log2phy or algorithm contradicting phy2log (were ignored).
+$PY -c "
+import json
+j = json.load(open('place_eldr.json'))
+a = dict(j); a['logcnt'] = [[1] * len(r) for r in j['logcnt']] if isinstance(j['logcnt'][0], list) else [1] * len(j['logcnt'])
+json.dump(a, open('prev_logcnt.json', 'w'))
+b = dict(j); b['log2phy'] = list(reversed(j['log2phy']))
+json.dump(b, open('prev_log2phy.json', 'w'))
+c = dict(j); c['algorithm'] = 'magic'
+json.dump(c, open('prev_algo.json', 'w'))
+"
+for key in logcnt log2phy; do
+  expect_error "place --previous: $key contradicts phy2log" "prev_$key.json: $key contradicts phy2log" - \
+    "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous "prev_$key.json"
+done
+expect_error "place --previous: an unknown algorithm" "prev_algo.json: algorithm = \"magic\" is not a placement algorithm" - \
+  "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous prev_algo.json
 # A missing required option or subcommand is CLI11's error (and its "Run with --help" line).
 "$ELDR" place evaluate --calib placed.h5 >"$WORK/out.txt" 2>"$WORK/err.txt"
 [ $? -ne 0 ] && grep -q -- "--trace is required" "$WORK/err.txt" && ok "evaluate: without --trace" \

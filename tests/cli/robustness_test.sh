@@ -534,11 +534,18 @@ expect_error "synth --like --length-jitter 5 (was: OOM kill)" \
   "--length-jitter 5.* drew a request of .* tokens|--length-jitter 5.*: needs|--length-jitter 5\.00\) is about .* lower --requests or --length-jitter" \
   jit.h5 env ELDR_MEMORY_BUDGET=64M "$ELDR" trace synth --like t.h5 --requests 2000 --length-jitter 5 --out jit.h5
 echo '{"token_scores": {"0": {"0": 5, "1": 1, "2": 1, "3": 1}, "1": {"0": 1, "1": 1, "2": 1, "3": 5}}}' >p4.json
+echo '{"token_scores": {"0": {"0": 0, "1": 0}, "1": {"0": 0, "1": 0}}}' >p0.json
+expect_error "place profile of loads that are all 0 (was: balancedness 1.0000)" \
+  "p0.json: every load is 0, so there is nothing to balance" - "$ELDR" place profile --load p0.json -P 2 -R 2
+echo '{"id": "a", "num_layers": 1, "num_experts": 4, "top_k": 1, "num_tokens": 9223372036854775808, "prompt_len": 1, "topk_ids": [[[0]]]}' >t63.jsonl
+expect_error "import: num_tokens of 2^63 (was: 'must be positive')" \
+  "t63.jsonl:1: field 'num_tokens' = 9223372036854775808 is out of range" t63.h5 "$ELDR" trace import --in t63.jsonl --out t63.h5
 "$ELDR" place profile --load p4.json -P 6 -R 2 --json >p4-place.json 2>/dev/null
 /usr/bin/python3 - <<'PYEOF'
 import json
 j = json.load(open("p4-place.json"))
 j["phy2log"] = j["phy2log"][::-1]
+del j["logcnt"], j["log2phy"]  # they would contradict the edited phy2log (refused)
 json.dump(j, open("p4-rev.json", "w"))
 j["phy2log"][0] = 2 ** 70
 json.dump(j, open("p4-big.json", "w"))

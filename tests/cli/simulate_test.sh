@@ -245,6 +245,10 @@ expect_error "--fit of a line with binary bytes: quoted as \\xNN" 'latin.jsonl:1
   bf.yaml "$ELDR" simulate --fit latin.jsonl --model "$TINY" -o bf.yaml
 LC_ALL=C grep -q $'\x89' "$WORK/err.txt" && bad "no raw bytes in the --fit error" "$(cat -v "$WORK/err.txt")" \
   || ok "no raw bytes in the --fit error"
+# A step record with a field serve does not write is refused by name (was: ignored).
+sed '2s/}$/, "extra": 1}/' steps.jsonl > extra.jsonl
+expect_error "--fit of a step record with an unknown field" "extra.jsonl:2: not a step record: unknown field 'extra'" \
+  bf.yaml "$ELDR" simulate --fit extra.jsonl --model "$TINY" -o bf.yaml
 # moe_layer_bench names its arguments (ArgNames): "BM_MoeLayer/experts:16/batch:16/min_time:1.000/real_time" fits as
 # "BM_MoeLayer/16/16/real_time" does (was: refused as holding no BM_MoeLayer results).
 $PY - <<'PY'
