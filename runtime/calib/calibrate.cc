@@ -241,15 +241,15 @@ Result<Calibration> Calibrate(const TraceCounts& counts, const CalibrateOptions&
   c.n_star = greedy.n_star;
   c.features = o.features;
   c.signatures = BuildSignatures(fc, c.signature);
-  // A signature of zeros has no direction: when every request's is one (gate_prob on gate weights that are all 0),
-  // no ρ can be measured and no centroid placed; k-means would "succeed" on NaNs.
-  if (std::all_of(c.signatures.begin(), c.signatures.end(), [](float x) { return x == 0.0f; })) {
-    return Status::InvalidArgument(std::string("every request's ") + SignatureVariantName(o.variant) +
-                                   " signature is all zeros" +
-                                   (o.variant == SignatureVariant::kGateProb
-                                        ? " (the trace's /tokens/topk_weights are all 0 on the selected layers)"
-                                        : "") +
-                                   ": nothing to cluster; check the trace or choose another --signature");
+  // gate_prob signatures (sums of gate weights, no idf) are all zeros only on gate weights that are all 0, which no
+  // softmax gives: no ρ could be measured and k-means would "succeed" on NaNs. (count_idf signatures of zeros are a
+  // tiny trace's where every request uses every expert, idf 0: read as "no locality", see calibration.cc.)
+  if (o.variant == SignatureVariant::kGateProb &&
+      std::all_of(c.signatures.begin(), c.signatures.end(), [](float x) { return x == 0.0f; })) {
+    return Status::InvalidArgument(
+        "every request's gate_prob signature is all zeros: the trace's /tokens/topk_weights are all 0 on the "
+        "selected layers' prompt tokens, which are not gate probabilities; check the trace or use --signature "
+        "count_idf");
   }
   for (int32_t i : calib_idx) {
     c.request_ids.push_back(counts.requests[i].id);

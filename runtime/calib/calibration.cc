@@ -1,6 +1,7 @@
 #include "runtime/calib/calibration.h"
 
 #include <cmath>
+#include <functional>
 #include <string>
 #include <unordered_set>
 
@@ -21,6 +22,28 @@ std::vector<double> ClusterMeanDecodeLen(const std::vector<int64_t>& decode_lens
   for (int k = 0; k < num_clusters; ++k) sum[k] = n[k] > 0 ? sum[k] / static_cast<double>(n[k]) : 0.0;
   return sum;
 }
+
+namespace {
+
+// The first layer row (E values) of `rows` whose values do not sum to top_k (within 1e-3 relative), or row -1;
+// rows where skip(row) are passed over.
+struct LayerSum {
+  int64_t row = -1;
+  double sum = 0;
+};
+LayerSum FirstLayerNotSummingTo(const std::vector<float>& rows, int E, int top_k,
+                                const std::function<bool(int64_t)>& skip) {
+  const int64_t num_rows = E > 0 ? static_cast<int64_t>(rows.size()) / E : 0;
+  for (int64_t r = 0; r < num_rows; ++r) {
+    if (skip && skip(r)) continue;
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += rows[static_cast<size_t>(r) * E + e];
+    if (std::abs(sum - top_k) > 1e-3 * top_k) return {r, sum};
+  }
+  return {};
+}
+
+}  // namespace
 
 std::vector<float> ClusterExpertLoad(const std::vector<float>& decode_profiles, const std::vector<int32_t>& assignment,
                                      int num_clusters, size_t row_size) {
@@ -130,15 +153,12 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
   for (float v : c.decode_profiles) {
     if (v < 0 || v > 1 + 1e-5f) return bad("/calibration/decode_profiles has values outside [0, 1]");
   }
-  // A profile is the fraction of a request's decode tokens routed to each expert: each token picks top_k distinct
-  // experts of every layer, so every layer of it sums to top_k (a file whose top_k attribute was edited does not).
-  for (size_t r = 0; r < c.decode_profiles.size() / std::max<size_t>(E, 1); ++r) {
-    double sum = 0;
-    for (int e = 0; e < E; ++e) sum += c.decode_profiles[r * E + e];
-    if (std::abs(sum - c.shape.top_k) > 1e-3 * c.shape.top_k) {
-      return bad("/calibration/decode_profiles request " + std::to_string(r / L) + " layer " + std::to_string(r % L) +
-                 " sums to " + std::to_string(sum) + ", not top_k = " + std::to_string(c.shape.top_k));
-    }
+  // A profile is the fraction of a request's decode tokens routed to each expert: each token picks top_k experts
+  // of every layer, so every layer of it sums to top_k (a file whose top_k attribute was edited does not).
+  if (const LayerSum bad_sum = FirstLayerNotSummingTo(c.decode_profiles, E, c.shape.top_k, {}); bad_sum.row >= 0) {
+    return bad("/calibration/decode_profiles of request '" + c.request_ids[bad_sum.row / L] + "' layer " +
+               std::to_string(bad_sum.row % L) + " sums to " + std::to_string(bad_sum.sum) +
+               ", not top_k = " + std::to_string(c.shape.top_k));
   }
   const int K = c.num_clusters;
   if (K < 1 || static_cast<size_t>(K) > N) return bad("/clusters K must be in [1, N]");
@@ -211,13 +231,12 @@ Status ValidateCalibration(const Calibration& c, const std::string& name) {
       }
     }
   } else {
-    for (size_t r = 0; r < static_cast<size_t>(K) * L; ++r) {
-      double sum = 0;
-      for (int e = 0; e < E; ++e) sum += c.expert_load[r * E + e];
-      if (std::abs(sum - c.shape.top_k) > 1e-3 * c.shape.top_k) {  // a mean of profiles that each sum to top_k
-        return bad("/clusters/expert_load cluster " + std::to_string(r / L) + " layer " + std::to_string(r % L) +
-                   " sums to " + std::to_string(sum) + ", not top_k = " + std::to_string(c.shape.top_k));
-      }
+    // A cluster's load is the mean of its members' profiles (an empty cluster's is all 0).
+    const auto empty = [&](int64_t r) { return sizes[static_cast<size_t>(r / L)] == 0; };
+    if (const LayerSum bad_sum = FirstLayerNotSummingTo(c.expert_load, E, c.shape.top_k, empty); bad_sum.row >= 0) {
+      return bad("/clusters/expert_load cluster " + std::to_string(bad_sum.row / L) + " layer " +
+                 std::to_string(bad_sum.row % L) + " sums to " + std::to_string(bad_sum.sum) +
+                 ", not top_k = " + std::to_string(c.shape.top_k));
     }
   }
   if (!c.decode_lens.empty()) {

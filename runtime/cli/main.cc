@@ -123,15 +123,15 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    // A rank of an mpirun or srun launch: an error that every rank has is printed once. A serve rank agrees on it
-    // with the others (an MPMD launch may give ranks different command lines); any other command's ranks all have
-    // the same command line, and rank 0 prints the error (--help and --version too).
-    const bool serve_rank = argc > 1 && std::string(argv[1]) == "serve";
-    if (eldr::LauncherRank() >= 0 && serve_rank && e.get_exit_code() != 0) {
+    // A rank of an eldr serve job of several processes agrees on the error with the others, so that an error every
+    // rank has is printed once, by rank 0, and one rank's own (an MPMD launch) by that rank. Not --print-ranks,
+    // which runs without MPI (launch/eldr-launch calls it, in a Slurm batch script too).
+    bool serve_rank = argc > 1 && std::string(argv[1]) == "serve" && eldr::LauncherWorldSize() > 1;
+    for (int i = 2; i < argc && serve_rank; ++i) serve_rank = std::string(argv[i]) != "--print-ranks";
+    if (serve_rank && e.get_exit_code() != 0) {
       (void)eldr::cli::ServeAfterCommandLineError(std::string(e.what()) + " (see eldr serve --help)");
       return 1;
     }
-    if (eldr::LauncherRank() > 0) return e.get_exit_code();
     const int code = app.exit(e);  // --help and --version print to stdout
     return code == 0 && !eldr::cli::StdoutWritten() ? 1 : code;
   }

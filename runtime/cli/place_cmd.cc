@@ -4,6 +4,7 @@
 //             (runtime/calib/placement_store.h);
 //   evaluate  the replay of a trace's decode steps through the contiguous, global and per-cluster placements
 //             (runtime/eval/placement_replay.h).
+#include <algorithm>
 #include <chrono>
 #include <fstream>
 #include <iterator>
@@ -158,11 +159,29 @@ Result<std::unique_ptr<Placement>> ReadPrevious(const std::string& path) {
                                      " but phy2log holds " + std::to_string(prev.value().num_slots) +
                                      " slots per layer");
     }
-    // log2phy and logcnt are written beside phy2log too, and so is the algorithm's name: checked the same way.
-    for (const auto& [key, derived] : {std::pair{"logcnt", &prev.value().logcnt}, {"log2phy", &prev.value().log2phy}}) {
-      if (j.contains(key) && j[key] != *derived) {
-        return Status::InvalidArgument(path + ": " + key + " contradicts phy2log (the file was edited; re-run eldr " +
-                                       "place profile --json, or drop " + key + ")");
+    // logcnt and log2phy are written beside phy2log too, and so is the algorithm's name: checked the same way.
+    // log2phy lists each expert's slots in the algorithm's replica order (eplb's for the DeepSeek ones, ascending
+    // for eldr), so it is compared as a set per expert.
+    const Placement& pl = prev.value();
+    const auto contradicts = [&path](const char* key) {
+      return Status::InvalidArgument(path + ": " + key + " contradicts phy2log (the file was edited; re-run eldr " +
+                                     "place profile --json, or drop " + key + ")");
+    };
+    if (j.contains("logcnt") && j["logcnt"] != pl.logcnt) return contradicts("logcnt");
+    if (j.contains("log2phy")) {
+      const nlohmann::json& file = j["log2phy"];
+      if (!file.is_array() || file.size() != pl.log2phy.size()) return contradicts("log2phy");
+      const size_t width = static_cast<size_t>(pl.max_replicas);
+      std::vector<int64_t> given(width), derived(width);
+      for (size_t row = 0; row < pl.log2phy.size(); row += width) {
+        for (size_t r = 0; r < width; ++r) {
+          if (!file[row + r].is_number_integer()) return contradicts("log2phy");
+          given[r] = file[row + r].get<int64_t>();
+          derived[r] = pl.log2phy[row + r];
+        }
+        std::sort(given.begin(), given.end());
+        std::sort(derived.begin(), derived.end());
+        if (given != derived) return contradicts("log2phy");
       }
     }
     if (j.contains("algorithm")) {
@@ -347,6 +366,9 @@ void AddCalibCommand(CLI::App* place, Action* action) {
 
 // ---- evaluate ----
 
+// Decode tokens per replayed step (--batch): far beyond any decode batch, and a step fits in memory.
+constexpr IntRange kEvaluateBatch{1, 1 << 20};
+
 struct EvaluateArgs {
   std::string calib, trace, out;
   SpecArgs spec;
@@ -401,7 +423,6 @@ Result<ComparedPlacements> LoadComparedPlacements(const EvaluateArgs& a, const P
 }
 
 Status RunEvaluate(const EvaluateArgs& a, const GivenSpec& given, const CLI::App& cmd) {
-  if (a.batch < 1) return Status::InvalidArgument("--batch must be >= 1, got " + std::to_string(a.batch));
   ELDR_RETURN_IF_ERROR(CheckOutputs({{a.out, "--out"}}, {{a.trace, "--trace"}, {a.calib, "--calib"}}));
   ELDR_ASSIGN_OR_RETURN(Calibration calib, ReadCalibration(a.calib));
   ELDR_ASSIGN_OR_RETURN(Trace trace, ReadTrace(a.trace));
@@ -441,9 +462,7 @@ void AddEvaluateCommand(CLI::App* place, Action* action) {
   cmd->add_flag("--holdout-from-calib", a->holdout_from_calib,
                 "only the requests of --trace that are not calibration members (on the calibrated trace: the ones "
                 "eldr calibrate --holdout kept out)");
-  cmd->add_option("--batch", a->batch, "decode tokens per step")
-      ->capture_default_str()
-      ->check(InRange(IntRange::Between(1, 1 << 20)));
+  cmd->add_option("--batch", a->batch, "decode tokens per step")->capture_default_str()->check(InRange(kEvaluateBatch));
   AddSpecOptions(cmd, &a->spec, false, "physical expert slots per layer (default: the stored /placement's, else E)",
                  "expert-parallel ranks (default: the stored /placement's)");
   cmd->add_flag("--json", a->as_json, "print the report as JSON");

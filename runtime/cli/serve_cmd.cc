@@ -38,8 +38,9 @@ Status ServeRank(const std::function<Result<JobConfig>()>& load_job, bool progre
       job = Status::FailedPrecondition(std::string("internal error: ") + e.what());
     }
     const Status agreed =
-        AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status(), "its command line or the job config");
+        AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status(), "the job config (or parse its command line)");
     if (!agreed.ok()) {
+      EndServeSetup();
       if (!agreed.message().empty()) PrintRankError(role, agreed.message());
       st = Status(agreed.code(), "");
     } else {
@@ -50,20 +51,26 @@ Status ServeRank(const std::function<Result<JobConfig>()>& load_job, bool progre
     st = Status::FailedPrecondition(std::string("internal error: ") + e.what());
   }
   if (!st.ok()) {
+    EndServeSetup();  // a failure before the inputs' agreement ends setup here
     // Every rank sees the same config errors; print them once. Other errors name the rank and role,
     // and the job is aborted so that no rank waits forever on one that gave up.
     // An empty message: rank 0 reports this error (runtime/serve/serve.cc, AgreeOnSetup).
     if (!st.message().empty() && (rank == 0 || st.code() != StatusCode::kInvalidArgument)) {
       PrintRankError(role, st.message());
     }
+    const int exit_code = ServeSignal() != 0 ? 128 + ServeSignal() : 1;  // a signal's: the shell's convention
     if (size > 1) {
       // Leave without MPI_Finalize and with a failure status: mpirun (and srun) then end every other rank,
       // the hung one included. (MPI_Abort does the same but Open MPI 4.1's mpirun sometimes stays behind.)
       ::usleep(200 * 1000);  // let rank 0's line reach the terminal first
       std::fflush(nullptr);
-      std::_Exit(1);
+      std::_Exit(exit_code);
     }
     MPI_Finalize();
+    if (ServeSignal() != 0) {
+      std::fflush(nullptr);
+      std::_Exit(exit_code);
+    }
     return Status(StatusCode::kFailedPrecondition, "");
   }
   MPI_Finalize();

@@ -1,5 +1,6 @@
 #include "runtime/common/check.h"
 
+#include <algorithm>
 #include <cstdlib>
 
 namespace eldr {
@@ -9,6 +10,16 @@ int LauncherRank() {
     if (const char* v = std::getenv(name)) return std::atoi(v);
   }
   return -1;
+}
+
+int LauncherWorldSize() {
+  for (const char* name : {"OMPI_COMM_WORLD_SIZE", "PMI_SIZE"}) {
+    if (const char* v = std::getenv(name)) return std::max(1, std::atoi(v));
+  }
+  if (std::getenv("SLURM_STEP_ID") != nullptr) {
+    if (const char* v = std::getenv("SLURM_NTASKS")) return std::max(1, std::atoi(v));
+  }
+  return 1;
 }
 
 namespace {

@@ -11,6 +11,9 @@ namespace eldr {
 // The MPI rank of this process as the launcher announced it (Open MPI, PMI, Slurm), or -1.
 // Read from the environment so that common/ does not depend on MPI being initialised.
 int LauncherRank();
+// The number of processes the launcher started (Open MPI's mpirun, PMI, an srun step), or 1: not under a launcher,
+// or in a Slurm batch script itself (SLURM_NTASKS without a job step).
+int LauncherWorldSize();
 
 class Error : public std::runtime_error {
  public:

@@ -286,17 +286,15 @@ Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, doubl
       j = std::move(parsed).value();
       if (!j.is_object()) throw std::runtime_error("a step record is a JSON object");
       const std::string kind = j.at("kind").get<std::string>();
-      // The fields of runtime/job/metrics.cc AppendStepLine; another is a typo or another file, never ignored.
       if (kind != "decode" && kind != "prefill")
         throw std::runtime_error("kind must be prefill or decode, got '" + kind + "'");
+      // The fields of kStepFields (cost_model.h); another is a typo or another file, never ignored.
       const bool decode = kind == "decode";
       for (const auto& [key, value] : j.items()) {
-        static constexpr std::string_view kCommon[] = {"kind", "seconds", "time", "worker", "cpu_seconds"};
-        static constexpr std::string_view kDecode[] = {"batch", "context_tokens", "distinct_experts"};
         const auto in = [&key](const auto& keys) {
           return std::find(std::begin(keys), std::end(keys), key) != std::end(keys);
         };
-        if (!in(kCommon) && !(decode ? in(kDecode) : key == "prompt_tokens")) {
+        if (!in(kStepFields) && !(decode ? in(kDecodeStepFields) : in(kPrefillStepFields))) {
           throw std::runtime_error(
               "unknown field '" + key + "' in a " + kind +
               " step (the fields of serve's steps.jsonl: kind, seconds, time, worker, cpu_seconds, and " +
@@ -322,13 +320,11 @@ Status ReadStepLog(const std::string& path, int64_t log_index, Samples* s, doubl
         s->decode_source.push_back((log_index << 32) + static_cast<int64_t>(worker));
         s->decode_y.push_back(seconds);
         decode_spans.emplace_back(end - seconds, end);
-      } else if (kind == "prefill") {
+      } else {  // prefill
         s->prefill_x.insert(s->prefill_x.end(),
                             {1.0, CountField(j, "prompt_tokens", IntRange::Between(1, kMaxStepCount))});
         s->prefill_y.push_back(seconds);
         prefill_spans.emplace_back(end - seconds, end);
-      } else {
-        throw std::runtime_error("kind must be prefill or decode, got '" + kind + "'");
       }
     } catch (const std::exception& e) {
       return Status::InvalidArgument(path + ":" + std::to_string(n) + ": not a step record: " + JsonErrorText(e));

@@ -25,6 +25,7 @@
 #pragma once
 
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "runtime/common/status.h"
@@ -145,6 +146,12 @@ struct FitReport {
   WithinBatchFit within_batch;         // from step logs (steps == 0 for moe_layer_bench input)
   std::string Summary() const;
 };
+// The fields of a steps.jsonl record, which runtime/job/metrics.cc AppendStepLine writes (its test checks it against
+// these lists) and FitCostModel reads: any other field is refused.
+inline constexpr std::string_view kStepFields[] = {"kind", "seconds", "time", "worker", "cpu_seconds"};
+inline constexpr std::string_view kDecodeStepFields[] = {"batch", "context_tokens", "distinct_experts"};
+inline constexpr std::string_view kPrefillStepFields[] = {"prompt_tokens"};
+
 // Fits from `eldr serve` steps.jsonl files and/or moe_layer_bench JSON files (told apart by content).
 // `model` gives the MoE layer count and KV bytes needed to scale bench figures. Coefficients are
 // non-negative (a coefficient the data would make negative is fixed at 0 and the rest refitted).

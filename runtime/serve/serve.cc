@@ -21,6 +21,7 @@
 #include "runtime/calib/calibration.h"
 #include "runtime/comm/kv_transport.h"
 #include "runtime/common/atomic_file.h"
+#include "runtime/common/check.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/progress.h"
 #include "runtime/job/frontend.h"
@@ -109,19 +110,34 @@ void MaybeDie(int rank) {
 // worker once more whether it lives (the dead rank is the one that does not answer) and writes the metrics it has
 // within that second. A worker goes on answering for kSignalGraceS (its RouterWatch ends it then), because a
 // worker that died at the SIGTERM would make Open MPI's mpirun SIGKILL rank 0 at once (it ends its wait between
-// SIGTERM and SIGKILL when a rank exits). (A signal handler can only set a flag: this is the one piece of
-// process-wide state.)
+// SIGTERM and SIGKILL when a rank exits). (A signal handler can only set a flag: this and the setup state below
+// are the process-wide state.)
 volatile std::sig_atomic_t g_signal = 0;  // the signal received, 0 for none
 extern "C" void OnTerminate(int sig) { g_signal = sig; }
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 
-// Fault injection for the setup-signal test: ELDR_FAULT_SLOW_SETUP_RANK=r makes rank r spend 3 s (ended early by
-// a signal) before the ranks agree on the job's inputs, as a slow file system would.
+// Setup (MPI start-up to the ranks' agreement on the job's inputs): a signal there fails that agreement, one line.
+// A rank blocked in setup (in MPI_Init, a collective with a rank that is stuck, a read on a dead file system) never
+// gets there: the setup watch ends rank 0 kSetupSignalGraceS after the signal, with one line, before mpirun's
+// SIGKILL a second after its SIGTERM, and any other rank silently kSignalGraceS after it. Whichever comes first, the
+// end of setup or the watch, wins (g_setup_state).
+constexpr double kSetupSignalGraceS = 0.5;
+enum SetupState : int { kSettingUp = 0, kSetupOver = 1, kSetupWatchFired = 2 };
+std::atomic<int> g_setup_state{kSettingUp};
+
+// Fault injection for the setup-signal tests, as a slow or a dead file system would be: before the ranks agree on
+// the job's inputs, ELDR_FAULT_SLOW_SETUP_RANK=r makes rank r spend 3 s (ended early by a signal), and
+// ELDR_FAULT_STUCK_SETUP_RANK=r 30 s (a signal does not end it).
 void MaybeSlowSetup(int rank) {
-  const char* v = std::getenv("ELDR_FAULT_SLOW_SETUP_RANK");
-  if (!v || std::atoi(v) != rank) return;
-  for (int i = 0; i < 300 && !g_signal; ++i) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  const auto is_rank = [rank](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && *v != '\0' && std::atoi(v) == rank;
+  };
+  const bool slow = is_rank("ELDR_FAULT_SLOW_SETUP_RANK"), stuck = is_rank("ELDR_FAULT_STUCK_SETUP_RANK");
+  for (int i = 0; (slow && i < 300 && !g_signal) || (stuck && i < 3000); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
 }
 
 // "1 request", "3 requests".
@@ -155,6 +171,30 @@ constexpr double kRouterGraceS = 2;
 // before it exits (silently, 128 + signal; mpirun has usually SIGKILLed it by then).
 constexpr double kSignalPingS = 0.3;
 constexpr double kSignalGraceS = 2;
+
+// The setup watch (g_setup_state above), on a thread of its own from InstallServeSignalHandlers until setup ends.
+void RunSetupWatch() {
+  double signal_at = 0;
+  while (g_setup_state.load() == kSettingUp) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (g_signal && signal_at == 0) signal_at = now;
+    // Rank 0 leaves first: were a worker to exit first, mpirun would SIGKILL rank 0 before its line.
+    const double grace = LauncherRank() <= 0 ? kSetupSignalGraceS : kSignalGraceS;
+    if (signal_at == 0 || now - signal_at < grace) continue;
+    int expected = kSettingUp;
+    if (!g_setup_state.compare_exchange_strong(expected, kSetupWatchFired)) return;
+    if (LauncherRank() <= 0) {
+      std::fprintf(stderr,
+                   "eldr: error: rank 0: received %s while the job was setting up, and setup did not end within "
+                   "%.1f s (blocked in MPI start-up, a collective with another rank or a file read): stopped before "
+                   "any request was accepted; nothing was written\n",
+                   SignalName(g_signal), kSetupSignalGraceS);
+    }
+    std::fflush(nullptr);
+    std::_Exit(128 + g_signal);
+  }
+}
 
 double HeartbeatInterval(double watchdog_s) { return std::clamp(watchdog_s / 16, 0.02, 0.25); }
 
@@ -1148,7 +1188,16 @@ void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* k
 
 void InstallServeSignalHandlers() {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
+  std::thread(RunSetupWatch).detach();
 }
+
+void EndServeSetup() {
+  int expected = kSettingUp;
+  if (g_setup_state.compare_exchange_strong(expected, kSetupOver) || expected == kSetupOver) return;
+  for (;;) ::pause();  // the setup watch fired: it prints and ends the process
+}
+
+int ServeSignal() { return g_signal; }
 
 Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what) {
   auto* mpi = dynamic_cast<MpiTransport*>(&tr);
@@ -1216,7 +1265,9 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
                                         " while the job was setting up: stopped before any request was accepted; "
                                         "nothing was written");
   }
-  ELDR_RETURN_IF_ERROR(AgreeOnSetup(tr, loaded, "the job's inputs or was stopped by a signal"));
+  const Status agreed = AgreeOnSetup(tr, loaded, "the job's inputs or was stopped by a signal");
+  EndServeSetup();
+  ELDR_RETURN_IF_ERROR(agreed);
   const ModelConfig& mc = inputs->mc;
   const JobRequests& in = inputs->in;
   const std::vector<Placement>& placements = inputs->placements;

@@ -62,8 +62,18 @@ Status RunServeJob(const JobConfig& config, Transport& transport, bool progress)
 
 // Turns SIGTERM, SIGINT and SIGHUP into a flag that the job reads (serve.cc, g_signal): called by each rank before
 // MPI_Init, so that a signal at any time after it gives one line, not a silent death. During setup it fails the
-// ranks' agreement on the job's inputs; once the job runs, rank 0 accounts for every request and writes the metrics.
+// ranks' agreement on the job's inputs, and a rank blocked in setup is ended 0.5 s after the signal by a watch
+// thread (128 + signal; rank 0 prints one line); once the job runs, rank 0 accounts for every request and writes
+// the metrics.
 void InstallServeSignalHandlers();
+
+// Setup is over (RunServeJob calls it once the ranks agreed on the job's inputs; ServeRank on an error before): a
+// signal from here on is the job's to handle. Idempotent. If the setup watch has already fired, it never returns
+// (the watch is ending the process).
+void EndServeSetup();
+
+// The signal received since InstallServeSignalHandlers (SIGTERM, SIGINT, SIGHUP), 0 for none.
+int ServeSignal();
 
 // One MPI_Allreduce of the ranks' outcomes of a setup step (every rank calls it), so that no rank goes on to a
 // collective another has left, and an error every rank sees is printed once: rank 0 returns its own error (or

@@ -563,7 +563,7 @@ import json
 j = json.load(open('place_eldr.json'))
 a = dict(j); a['logcnt'] = [[1] * len(r) for r in j['logcnt']] if isinstance(j['logcnt'][0], list) else [1] * len(j['logcnt'])
 json.dump(a, open('prev_logcnt.json', 'w'))
-b = dict(j); b['log2phy'] = list(reversed(j['log2phy']))
+b = dict(j); b['log2phy'] = list(reversed(j['log2phy']))  # other experts' slots
 json.dump(b, open('prev_log2phy.json', 'w'))
 c = dict(j); c['algorithm'] = 'magic'
 json.dump(c, open('prev_algo.json', 'w'))
@@ -571,6 +571,12 @@ json.dump(c, open('prev_algo.json', 'w'))
 for key in logcnt log2phy; do
   expect_error "place --previous: $key contradicts phy2log" "prev_$key.json: $key contradicts phy2log" - \
     "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous "prev_$key.json"
+done
+# A DeepSeek placement lists an expert's replicas in eplb's order, not by slot: a re-plan from it is accepted.
+for algo in deepseek-global deepseek-hierarchical; do
+  "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --algorithm $algo --json >"prev_$algo.json"
+  run_ok "place --previous from $algo's output" "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 \
+    --previous "prev_$algo.json" --json
 done
 expect_error "place --previous: an unknown algorithm" "prev_algo.json: algorithm = \"magic\" is not a placement algorithm" - \
   "$ELDR" place profile --load "$PROFILE" -P 160 -R 16 -N 2 -G 8 --previous prev_algo.json

@@ -174,4 +174,33 @@ if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eld
 then ok "SIGTERM to rank 0 during setup: one line, exit $rc, no run directory"
 else bad "SIGTERM to rank 0 during setup" "caught=$caught rc=$rc $(grep -m2 -E 'eldr|exited' setup-term.log)"; fi
 
+# SIGTERM to mpirun while rank 2 is stuck in setup where a signal cannot reach it (ELDR_FAULT_STUCK_SETUP_RANK=2,
+# 30 s, as a read on a dead file system) and rank 0 waits for it in the ranks' agreement: mpirun passes the SIGTERM
+# on and SIGKILLs a second later. Rank 0's setup watch must print its line within that second (it was killed with
+# no line). Sent once every rank shows SIGTERM caught.
+job setup-stuck round_robin 0
+ELDR_FAULT_STUCK_SETUP_RANK=2 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+  -x ELDR_FAULT_STUCK_SETUP_RANK "$ELDR" serve -c setup-stuck.yaml --quiet >setup-stuck.log 2>&1 &
+job_pid=$!
+caught=""
+for i in $(seq 300); do
+  n=0
+  for p in $(tagged_pids); do
+    mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$p/status" 2>/dev/null)
+    [ -n "$mask" ] && (( (0x$mask >> 14) & 1 )) && n=$((n + 1))
+  done
+  [ "$n" = 4 ] && caught=1 && break
+  sleep 0.01
+done
+t0=$(date +%s.%N)
+[ -n "$caught" ] && kill -TERM "$(pgrep -P "$job_pid" -x mpirun)"
+wait "$job_pid"
+rc=$?
+took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
+if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' setup-stuck.log)" = 1 ] &&
+   grep -q "eldr: error: rank 0: received SIGTERM while the job was setting up, and setup did not end" setup-stuck.log &&
+   [ ! -e out-setup-stuck ] && awk -v t="$took" -v b="$((W + GRACE + SLACK))" 'BEGIN { exit !(t <= b) }'
+then ok "SIGTERM to mpirun while a rank is stuck in setup: rank 0's line, exit $rc, ${took} s"
+else bad "SIGTERM to mpirun while a rank is stuck in setup" "caught=$caught rc=$rc took=$took $(grep -m2 -E 'eldr|exited' setup-stuck.log)"; fi
+
 finish

@@ -5,8 +5,13 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <set>
+#include <span>
+#include <string>
+#include <string_view>
 
 #include "runtime/common/json_util.h"
+#include "runtime/cost/cost_model.h"
 #include "runtime/job/metrics.h"
 #include "runtime/job/workload.h"
 
@@ -159,6 +164,17 @@ TEST(Metrics, StepLineIsWhatNlohmannDumps) {
     std::string line;
     AppendStepLine(line, st);
     ASSERT_EQ(line, DumpJsonLine(j) + "\n") << i;
+    // Every field written is one the cost-model fit reads (cost_model.h kStepFields), and the other way round.
+    std::set<std::string> written, read;
+    const nlohmann::json parsed = nlohmann::json::parse(line);  // named: items() must not outlive it
+    for (const auto& [key, value] : parsed.items()) written.insert(key);
+    for (std::string_view f : kStepFields) read.emplace(f);
+    for (std::string_view f : st.kind == "decode" ? std::span<const std::string_view>(kDecodeStepFields)
+                                                  : std::span<const std::string_view>(kPrefillStepFields)) {
+      read.emplace(f);
+    }
+    if (st.cpu_seconds < 0) read.erase("cpu_seconds");  // optional: written when measured
+    ASSERT_EQ(written, read) << line;
   }
 }
 
