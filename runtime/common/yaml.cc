@@ -207,8 +207,9 @@ std::string NearestWord(const std::string& word, const std::vector<std::string>&
 
 // ---- YamlMap ----
 
-YamlMap::YamlMap(std::string path, YAML::Node node, std::string prefix)
-    : YamlMap(std::move(path), std::move(node), std::move(prefix), std::make_shared<Shared>()) {}
+YamlMap::YamlMap(std::string path, YAML::Node node, std::string prefix, NullValues nulls)
+    : YamlMap(std::move(path), std::move(node), std::move(prefix),
+              std::make_shared<Shared>(Shared{Status::Ok(), nulls})) {}
 
 YamlMap::YamlMap(std::string path, YAML::Node node, std::string prefix, std::shared_ptr<Shared> shared)
     : path_(std::move(path)), node_(std::move(node)), prefix_(std::move(prefix)), shared_(std::move(shared)) {
@@ -234,6 +235,19 @@ YAML::Node YamlMap::Value(const std::string& key) {
   // node_[key] on a const copy: never inserts; the first of duplicate keys (Finish reports the second).
   const YAML::Node& n = node_;
   YAML::Node v = n[key];
+  if (v.IsDefined() && v.IsNull() && shared_->nulls == NullValues::kRefused) {
+    // At the key's line: a null value's own mark is where the parser stopped (the next line for "key:\n").
+    YAML::Node at = v;
+    for (auto it = n.begin(); it != n.end(); ++it) {
+      if (it->first.IsScalar() && it->first.Scalar() == key) {
+        at = it->first;
+        break;
+      }
+    }
+    Fail(at, Name(key) + " has no value (nothing after '" + key +
+                 ":', or ~); give one, or delete the key for its "
+                 "default");
+  }
   if (!v.IsDefined() || v.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
   return v;
 }
@@ -248,7 +262,10 @@ bool YamlMap::Has(const std::string& key) const {
 YamlMap& YamlMap::Section(const std::string& key) {
   auto it = sections_.find(key);
   if (it != sections_.end()) return *it->second;
-  YAML::Node v = Value(key);
+  Allow(key);
+  const YAML::Node& n = node_;  // a null section is an empty one (not Value's error)
+  const YAML::Node raw = n[key];
+  YAML::Node v = raw.IsDefined() && raw.IsNull() ? YAML::Node(YAML::NodeType::Undefined) : Value(key);
   auto section = std::unique_ptr<YamlMap>(new YamlMap(path_, v, Name(key), shared_));
   return *sections_.emplace(key, std::move(section)).first->second;
 }

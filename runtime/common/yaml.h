@@ -106,7 +106,10 @@ int EditDistance(const std::string& a, const std::string& b);
 std::string NearestWord(const std::string& word, const std::vector<std::string>& candidates);
 
 // A YAML mapping read against a schema. Every getter declares its key (whether or not the file has it); an
-// absent or null ("key:") value leaves the destination as it is. The first error is kept; Finish() returns
+// absent value leaves the destination as it is. A null value ("key:" with nothing after it, or "~") is an error
+// naming the key (a forgotten value is never read as the default), unless the map was made with
+// NullValues::kAbsent (Hugging Face's config.json, where null means "unset"). A null section ("decode:" with
+// every line under it commented out) reads as an empty mapping. The first error is kept; Finish() returns
 // it, after the structural errors that explain it (an unknown key, a duplicate key, a section that is not a
 // mapping), checked over this map and every Section() of it.
 //
@@ -114,10 +117,11 @@ std::string NearestWord(const std::string& word, const std::vector<std::string>&
 // "PATH:LINE: duplicate key 'NAME'", "PATH:LINE: NAME must be a mapping, got a list", "PATH: NAME is required".
 //
 // Not thread-safe; a map and its sections live as long as the root.
+enum class NullValues { kRefused, kAbsent };
 class YamlMap {
  public:
   // `node`: the mapping (an undefined or null node reads as empty). `prefix`: its dotted name ("" at the root).
-  YamlMap(std::string path, YAML::Node node, std::string prefix = "");
+  YamlMap(std::string path, YAML::Node node, std::string prefix = "", NullValues nulls = NullValues::kRefused);
   YamlMap(const YamlMap&) = delete;
   YamlMap& operator=(const YamlMap&) = delete;
 
@@ -147,9 +151,10 @@ class YamlMap {
  private:
   struct Shared {  // one per root: the first value error of the whole tree
     Status error;
+    NullValues nulls = NullValues::kRefused;
   };
   YamlMap(std::string path, YAML::Node node, std::string prefix, std::shared_ptr<Shared> shared);
-  // The value at `key` (declaring it), or an undefined node when absent or null.
+  // The value at `key` (declaring it), or an undefined node when absent or null (an error, with kRefused).
   YAML::Node Value(const std::string& key);
   void Fail(const YAML::Node& at, const std::string& message);
   Status CheckKeys() const;

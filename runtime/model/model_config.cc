@@ -48,7 +48,7 @@ Status ValidateModelConfig(const ModelConfig& c, const std::string& name) {
 Result<ModelConfig> LoadModelConfig(const std::string& path) {
   ELDR_ASSIGN_OR_RETURN(const YAML::Node y, LoadYamlFile(path, "a model config"));
   ModelConfig c;
-  YamlMap m(path, y);
+  YamlMap m(path, y, "", NullValues::kAbsent);  // a Hugging Face config.json writes null for "unset"
   const IntRange positive = IntRange::AtLeast(1), count = IntRange::AtLeast(0);
   c.name = std::filesystem::path(path).stem().string();
   std::string model_type;

@@ -66,6 +66,12 @@ bad_job "misspelt top-level key" "bad.yaml:8: unknown key 'watchdgo_s' \(did you
 bad_job "misspelt section key" "bad.yaml:5: unknown key 'decode.max_btach' \(did you mean 'max_batch'\?\)" \
   's/max_batch/max_btach/'
 bad_job "misspelt section" "bad.yaml:3: unknown key 'routnig' \(did you mean 'routing'\?\)" 's/^routing:/routnig:/'
+# A key with no value is a forgotten value, never its default (an empty watchdog_s ran with 120 s, an empty
+# output.dir wrote ./run).
+bad_job "watchdog_s with no value" "bad.yaml:8: watchdog_s has no value \(nothing after 'watchdog_s:', or ~\)" \
+  's/^watchdog_s: 60/watchdog_s:/'
+bad_job "output.dir with no value" "bad.yaml:7: output.dir has no value" 's/^output: {dir: run}/output: {dir: }/'
+bad_job "workload.num_requests as ~" "bad.yaml:6: workload.num_requests has no value" 's/num_requests: 40/num_requests: ~/'
 bad_job "topology as a list" "bad.yaml:1: topology must be a mapping, got a list" \
   's/^topology: .*/topology: [1, 2]/'
 bad_job "negative tau" "bad.yaml:3: routing.tau must be >= 0, got '-0.5'" 's/tau: 0.1/tau: -0.5/'

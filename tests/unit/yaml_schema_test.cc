@@ -56,12 +56,28 @@ TEST(YamlMapTest, UnsetIsNotAValue) {
   Small s;
   ASSERT_TRUE(Read("routing: {policy: jsq}\n", &s).ok());
   EXPECT_FALSE(s.tau.has_value());
-  Small t;
-  ASSERT_TRUE(Read("routing: {tau:}\n", &t).ok());  // "key:" with no value: unset too
-  EXPECT_FALSE(t.tau.has_value());
   Small z;
   ASSERT_TRUE(Read("routing: {tau: 0}\n", &z).ok());  // 0 is a value, not "unset"
   EXPECT_EQ(z.tau, 0.0);
+}
+
+// "key:" with nothing after it (or ~) is a forgotten value, never the default (it used to read as unset: an empty
+// watchdog_s ran with 120 s); a section whose every line is commented out is an empty section.
+TEST(YamlMapTest, ANullValueIsAnErrorNamingItsKeyAndANullSectionIsEmpty) {
+  const std::string hint = " has no value (nothing after '";
+  EXPECT_EQ(Error("routing: {tau:}\n"),
+            "job.yaml:1: routing.tau" + hint + "tau:', or ~); give one, or delete the key for its default");
+  EXPECT_EQ(Error("watchdog_s: 8\ntokens: ~\n").rfind("job.yaml:2: tokens" + hint, 0), 0u) << Error("tokens: ~\n");
+  EXPECT_EQ(Error("watchdog_s:\n").rfind("job.yaml:1: watchdog_s" + hint, 0), 0u) << Error("watchdog_s:\n");
+  Small s;
+  ASSERT_TRUE(Read("routing:\n  # tau: 0.1\nwatchdog_s: 8\n", &s).ok());
+  EXPECT_FALSE(s.tau.has_value());
+  // Hugging Face's config.json writes null for "unset": NullValues::kAbsent reads it so.
+  YamlMap hf("config.json", YAML::Load("{\"head_dim\": null}"), "", NullValues::kAbsent);
+  int head_dim = 7;
+  hf.Get("head_dim", &head_dim, IntRange::Between(1, 1024));
+  EXPECT_TRUE(hf.Finish().ok()) << hf.Finish().message();
+  EXPECT_EQ(head_dim, 7);
 }
 
 TEST(YamlMapTest, UnknownKeyNamesItsLineAndTheNearestKey) {
