@@ -230,12 +230,12 @@ void YamlMap::Allow(const std::string& key) {
   if (declared_.insert(key).second) declared_order_.push_back(key);
 }
 
-YAML::Node YamlMap::Value(const std::string& key) {
+YAML::Node YamlMap::Value(const std::string& key, bool null_is_unset) {
   Allow(key);
   // node_[key] on a const copy: never inserts; the first of duplicate keys (Finish reports the second).
   const YAML::Node& n = node_;
   YAML::Node v = n[key];
-  if (v.IsDefined() && v.IsNull() && shared_->nulls == NullValues::kRefused) {
+  if (v.IsDefined() && v.IsNull() && !null_is_unset && shared_->nulls == NullValues::kRefused) {
     // At the key's line: a null value's own mark is where the parser stopped (the next line for "key:\n").
     YAML::Node at = v;
     for (auto it = n.begin(); it != n.end(); ++it) {
@@ -290,12 +290,17 @@ std::string Shown(const YAML::Node& n) {
 
 void YamlMap::Get(const std::string& key, double* v, const NumberRange& range) {
   std::optional<double> o;
-  Get(key, &o, range);
+  GetNumber(key, &o, range, false);
   if (o) *v = *o;
 }
 
 void YamlMap::Get(const std::string& key, std::optional<double>* v, const NumberRange& range) {
-  const YAML::Node n = Value(key);
+  GetNumber(key, v, range, !v->has_value());
+}
+
+void YamlMap::GetNumber(const std::string& key, std::optional<double>* v, const NumberRange& range,
+                        bool null_is_unset) {
+  const YAML::Node n = Value(key, null_is_unset);
   if (!n) return;
   const auto text = ScalarText(n);
   double x = 0;
@@ -349,7 +354,7 @@ void YamlMap::Get(const std::string& key, bool* v) {
 }
 
 void YamlMap::Get(const std::string& key, std::string* v, const std::vector<std::string>& choices) {
-  const YAML::Node n = Value(key);
+  const YAML::Node n = Value(key, v->empty());
   if (!n) return;
   if (!n.IsScalar()) return Fail(n, Name(key) + " must be a string, got " + Shown(n));
   const std::string s = n.Scalar();

@@ -107,11 +107,12 @@ std::string NearestWord(const std::string& word, const std::vector<std::string>&
 
 // A YAML mapping read against a schema. Every getter declares its key (whether or not the file has it); an
 // absent value leaves the destination as it is. A null value ("key:" with nothing after it, or "~") is an error
-// naming the key (a forgotten value is never read as the default), unless the map was made with
-// NullValues::kAbsent (Hugging Face's config.json, where null means "unset"). A null section ("decode:" with
-// every line under it commented out) reads as an empty mapping. The first error is kept; Finish() returns
-// it, after the structural errors that explain it (an unknown key, a duplicate key, a section that is not a
-// mapping), checked over this map and every Section() of it.
+// naming the key where the key's default is a value (watchdog_s: 120, output.dir: run): a forgotten value is never
+// read as that default. Where the default is "unset" itself (an empty string, an unset optional) a null is that,
+// as absence is; and everywhere with NullValues::kAbsent (Hugging Face's config.json, where null means "unset"). A null
+// section ("decode:" with every line under it commented out) reads as an empty mapping. The first error is kept;
+// Finish() returns it, after the structural errors that explain it (an unknown key, a duplicate key, a section that is
+// not a mapping), checked over this map and every Section() of it.
 //
 // Errors: "PATH:LINE: NAME must be RANGE, got VALUE", "PATH:LINE: unknown key 'NAME' (did you mean 'KEY'?)",
 // "PATH:LINE: duplicate key 'NAME'", "PATH:LINE: NAME must be a mapping, got a list", "PATH: NAME is required".
@@ -154,8 +155,11 @@ class YamlMap {
     NullValues nulls = NullValues::kRefused;
   };
   YamlMap(std::string path, YAML::Node node, std::string prefix, std::shared_ptr<Shared> shared);
-  // The value at `key` (declaring it), or an undefined node when absent or null (an error, with kRefused).
-  YAML::Node Value(const std::string& key);
+  // The value at `key` (declaring it), or an undefined node when absent or null. A null is an error (with
+  // kRefused) unless `null_is_unset`: the key's default is "unset" itself (an empty path, an optional number), so
+  // that "calibration:" with nothing means no calibration, as absence does.
+  YAML::Node Value(const std::string& key, bool null_is_unset = false);
+  void GetNumber(const std::string& key, std::optional<double>* v, const NumberRange& range, bool null_is_unset);
   void Fail(const YAML::Node& at, const std::string& message);
   Status CheckKeys() const;
 

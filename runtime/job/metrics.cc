@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -504,6 +505,23 @@ void SyncDirectory(const std::string& dir) {
 
 Status CheckRunDirectory(const std::string& dir, bool replace) {
   ELDR_ASSIGN_OR_RETURN(const bool holds_files, RunDirectoryHoldsFiles(dir));
+  {
+    // The run is written beside output.dir at the end: a place where nothing can be created (a read-only file
+    // system, /sys, no permission) is found now, by creating and removing a directory in the nearest existing
+    // directory on the way, not after the whole job has run.
+    fs::path at = fs::absolute(fs::path(dir)).lexically_normal();
+    if (!at.has_filename()) at = at.parent_path();
+    std::error_code ec;
+    do {
+      at = at.parent_path();
+    } while (!fs::is_directory(at, ec) && at.has_relative_path());
+    const std::string probe = TemporaryPath((at / ".eldr-write-probe").string());
+    if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST) {
+      return Status::IoError("output.dir " + dir + ": nothing can be created in " + at.string() + " (" +
+                             std::strerror(errno) + "); choose a writable output.dir");
+    }
+    ::rmdir(probe.c_str());
+  }
   if (holds_files && !replace) {
     return Status::InvalidArgument("output.dir " + dir +
                                    " already holds files (an earlier run?); set output.replace: true to replace it "

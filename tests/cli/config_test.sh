@@ -71,6 +71,9 @@ bad_job "misspelt section" "bad.yaml:3: unknown key 'routnig' \(did you mean 'ro
 bad_job "watchdog_s with no value" "bad.yaml:8: watchdog_s has no value \(nothing after 'watchdog_s:', or ~\)" \
   's/^watchdog_s: 60/watchdog_s:/'
 bad_job "output.dir with no value" "bad.yaml:7: output.dir has no value" 's/^output: {dir: run}/output: {dir: }/'
+sed 's|^output: {dir: run}|output: {dir: /sys/eldr-run}|' job.yaml > sysdir.yaml
+expect_error "output.dir where nothing can be created (simulate, before the run)" \
+  "output.dir /sys/eldr-run: nothing can be created in /sys" - "$ELDR" simulate -c sysdir.yaml --quiet
 bad_job "workload.num_requests as ~" "bad.yaml:6: workload.num_requests has no value" 's/num_requests: 40/num_requests: ~/'
 bad_job "topology as a list" "bad.yaml:1: topology must be a mapping, got a list" \
   's/^topology: .*/topology: [1, 2]/'

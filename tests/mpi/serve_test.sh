@@ -407,6 +407,9 @@ mkdir -p "$WORK/out-again" && echo '{"earlier": true}' >"$WORK/out-again/metrics
 expect_fail_once "output.dir holding an earlier run" "output.dir .*out-again already holds files .*output.replace: true" 4 again.yaml
 [ "$(cat "$WORK/out-again/metrics.json")" = '{"earlier": true}' ] && [ "$(ls "$WORK/out-again")" = metrics.json ] \
   && ok "the refused run directory is left as it was" || bad "the refused run directory is left as it was"
+# An output.dir where nothing can be created is refused before the job runs (it was found after the whole job).
+sed "s|dir: .*}|dir: /sys/eldr-run}|" again.yaml > sysdir.yaml
+expect_fail_once "output.dir where nothing can be created" "output.dir /sys/eldr-run: nothing can be created in /sys" 4 sysdir.yaml
 job wrongk 1 2 eldr "$WORK/calib4.h5"
 expect_fail "calibration for another decoder count" "K = 4 centroids but the job has 2 decoders" 4 wrongk.yaml
 "$ELDR" trace synth --domains 2 --requests 10 --layers 3 --experts 8 --top-k 2 --out other.h5 >/dev/null

@@ -61,14 +61,19 @@ TEST(YamlMapTest, UnsetIsNotAValue) {
   EXPECT_EQ(z.tau, 0.0);
 }
 
-// "key:" with nothing after it (or ~) is a forgotten value, never the default (it used to read as unset: an empty
-// watchdog_s ran with 120 s); a section whose every line is commented out is an empty section.
-TEST(YamlMapTest, ANullValueIsAnErrorNamingItsKeyAndANullSectionIsEmpty) {
+// "key:" with nothing after it (or ~) is a forgotten value where the key's default is a value: never that default
+// (an empty watchdog_s used to run with 120 s). Where the default is "unset" (an optional number, an empty string)
+// a null is that, as absence is. A section whose every line is commented out is an empty section.
+TEST(YamlMapTest, ANullValueIsAnErrorWhereTheDefaultIsAValue) {
   const std::string hint = " has no value (nothing after '";
-  EXPECT_EQ(Error("routing: {tau:}\n"),
-            "job.yaml:1: routing.tau" + hint + "tau:', or ~); give one, or delete the key for its default");
+  EXPECT_EQ(Error("watchdog_s:\n"),
+            "job.yaml:1: watchdog_s" + hint + "watchdog_s:', or ~); give one, or delete the key for its default");
   EXPECT_EQ(Error("watchdog_s: 8\ntokens: ~\n").rfind("job.yaml:2: tokens" + hint, 0), 0u) << Error("tokens: ~\n");
-  EXPECT_EQ(Error("watchdog_s:\n").rfind("job.yaml:1: watchdog_s" + hint, 0), 0u) << Error("watchdog_s:\n");
+  EXPECT_EQ(Error("routing: {policy: }\n").rfind("job.yaml:1: routing.policy" + hint, 0), 0u);
+  EXPECT_EQ(Error("topology: {decode_ranks: ~}\n").rfind("job.yaml:1: topology.decode_ranks" + hint, 0), 0u);
+  Small t;
+  ASSERT_TRUE(Read("routing: {tau:}\n", &t).ok());  // an optional: unset, as absent
+  EXPECT_FALSE(t.tau.has_value());
   Small s;
   ASSERT_TRUE(Read("routing:\n  # tau: 0.1\nwatchdog_s: 8\n", &s).ok());
   EXPECT_FALSE(s.tau.has_value());
