@@ -179,7 +179,8 @@ Status CheckWorldSize(const JobConfig& c, int world_size) {
         c.path + ": the topology needs " + std::to_string(c.world_size()) + " ranks (1 router + " +
         std::to_string(c.prefill_ranks) + " prefill + " + std::to_string(c.decode_ranks) + " decode" +
         (c.ep_size > 1 ? " x " + std::to_string(c.ep_size) + " EP ranks" : "") + ") but the job has " +
-        std::to_string(world_size) + "; run with mpirun -np " + std::to_string(c.world_size()));
+        std::to_string(world_size) + "; run with mpirun -np " + std::to_string(c.world_size()) + " (srun -n " +
+        std::to_string(c.world_size()) + ")");
   }
   return Status::Ok();
 }

@@ -999,7 +999,10 @@ class RouterRank {
                 " s";
     } else if (stop_ == Stop::kSignal) {
       report += std::string("rank 0 received ") + SignalName(g_signal) +
-                " (mpirun and srun send it about a second after a rank has exited, or when the job is cancelled)";
+                (g_signal == SIGTERM
+                     ? " (mpirun and srun send it about a second after a rank has exited, or when the job is cancelled)"
+                 : g_signal == SIGINT ? " (Ctrl-C)"
+                                      : " (the terminal closed)");
       if (!silent.empty())
         report += "; silent longest: " + RankName(silent[0]) + ", " + Fmt(now - last_heard_[silent[0]], 1) +
                   " s, no answer to the last heartbeat";

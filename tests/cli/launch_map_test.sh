@@ -74,6 +74,16 @@ rank 2: decode 0 (gpu of its task: --gpus-per-task)
 rank 3: decode 1 (gpu of its task: --gpus-per-task)
 rank 4: decode 2 (gpu of its task: --gpus-per-task)
 rank 5: decode 3 (gpu of its task: --gpus-per-task)"
+# --ranks-per-node reaches the launcher (it only changed the printed map); --kill-delay is mpirun's (srun refuses it).
+ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --ranks-per-node 3 | tail -1 | grep -q -- "--map-by ppr:3:node " &&
+  ok "--ranks-per-node 3: mpirun --map-by ppr:3:node" || bad "--ranks-per-node 3 for mpirun"
+ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --launcher srun --ranks-per-node 3 | tail -1 |
+  grep -q -- "srun --mpi=pmix -n 6 --ntasks-per-node 3 " && ok "--ranks-per-node 3: srun --ntasks-per-node 3" ||
+  bad "--ranks-per-node 3 for srun"
+if ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --launcher srun --kill-delay 5 >/dev/null 2>err.txt; then
+  bad "srun --kill-delay refused" "exit 0"
+else grep -q "kill-delay sets mpirun's delay; under srun it is Slurm's KillWait" err.txt &&
+  ok "srun --kill-delay refused (was: dropped)" || bad "srun --kill-delay refused" "$(cat err.txt)"; fi
 if ELDR="$ELDR" "$SRC/launch/eldr-launch" job.yaml --ranks-per-node 0 >/dev/null 2>err.txt; then
   bad "--ranks-per-node 0 refused"
 else grep -q "ranks-per-node must be a positive integer" err.txt && ok "--ranks-per-node 0 refused" || bad "--ranks-per-node 0" "$(cat err.txt)"; fi
