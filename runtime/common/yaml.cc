@@ -244,9 +244,8 @@ YAML::Node YamlMap::Value(const std::string& key, bool null_is_unset) {
         break;
       }
     }
-    Fail(at, Name(key) + " has no value (nothing after '" + key +
-                 ":', or ~); give one, or delete the key for its "
-                 "default");
+    Fail(at, Name(key) + " has no value (nothing after '" + key + ":', or ~); give one, or delete the key for " +
+                 "its default");
   }
   if (!v.IsDefined() || v.IsNull()) return YAML::Node(YAML::NodeType::Undefined);
   return v;

@@ -509,9 +509,10 @@ Status CheckRunDirectory(const std::string& dir, bool replace) {
     // The run is written beside output.dir at the end: a place where nothing can be created (a read-only file
     // system, /sys, no permission) is found now, by creating and removing a directory in the nearest existing
     // directory on the way, not after the whole job has run.
-    fs::path at = fs::absolute(fs::path(dir)).lexically_normal();
-    if (!at.has_filename()) at = at.parent_path();
     std::error_code ec;
+    fs::path at = fs::absolute(fs::path(dir), ec).lexically_normal();
+    if (ec) return Status::IoError("output.dir " + dir + ": " + ec.message());
+    if (!at.has_filename()) at = at.parent_path();
     do {
       at = at.parent_path();
     } while (!fs::is_directory(at, ec) && at.has_relative_path());
