@@ -337,7 +337,7 @@ expect_error "malformed step log" "badsteps.jsonl:1: not a step record" fit2.yam
   "$ELDR" simulate --fit badsteps.jsonl --model "$SRC/configs/models/tiny.yaml" -o fit2.yaml
 expect_error "missing trace" "nope.h5" - "$ELDR" simulate -c job.yaml --trace nope.h5 --no-output
 expect_error "unknown policy" "policy" - "$ELDR" simulate -c job.yaml --policy fastest --no-output
-expect_error "unwritable output" "cannot" - "$ELDR" simulate -c job.yaml --output-dir /proc/nope --quiet
+expect_error "unwritable output (before the run)" "output.dir /proc/nope: nothing can be created in /proc" - "$ELDR" simulate -c job.yaml --output-dir /proc/nope --quiet
 # Expert-parallel decoders are not modelled: refused, not simulated as ep_size 1 (and no metrics written).
 sed 's/^decode: {max_batch: 8}/decode: {max_batch: 8, ep_size: 2}/' job.yaml > ep2.yaml
 grep -q "ep_size: 2" ep2.yaml || bad "ep2.yaml has ep_size 2"
