@@ -177,7 +177,7 @@ void RunSetupWatch() {
   double signal_at = 0;
   while (g_setup_state.load() == kSettingUp) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const double now = std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+    const double now = Now();
     if (g_signal && signal_at == 0) signal_at = now;
     // Rank 0 leaves first: were a worker to exit first, mpirun would SIGKILL rank 0 before its line.
     const double grace = LauncherRank() <= 0 ? kSetupSignalGraceS : kSignalGraceS;
