@@ -314,11 +314,13 @@ Result<ReadyMsg> ReadyMsg::Decode(std::span<const uint8_t> bytes) {
   return Done(r, ReadyMsg{});
 }
 
-std::vector<uint8_t> HeartbeatMsg::Encode() const { return Writer(kTag).Take(); }
+std::vector<uint8_t> HeartbeatMsg::Encode() const { return Writer(kTag).Put(signal).Take(); }
 
 Result<HeartbeatMsg> HeartbeatMsg::Decode(std::span<const uint8_t> bytes) {
   Reader r(bytes, kTag);
-  return Done(r, HeartbeatMsg{});
+  HeartbeatMsg m;
+  r.Get(&m.signal);
+  return Done(r, std::move(m));
 }
 
 std::vector<uint8_t> ByeMsg::Encode() const { return Writer(kTag).Take(); }

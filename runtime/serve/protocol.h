@@ -33,7 +33,7 @@ enum MessageTag : int {
   kTagFailed = 6,     // prefill/decode → 0: FailedMsg
   kTagShutdown = 7,   // 0 → every other rank: ShutdownMsg
   kTagReady = 8,      // every other rank → 0, once its weights are loaded: ReadyMsg
-  kTagHeartbeat = 9,  // 0 → prefill/decode leader (ping) and back (pong): HeartbeatMsg
+  kTagHeartbeat = 9,  // 0 → every worker (ping) and back (pong): HeartbeatMsg
   kTagBye = 10,       // prefill/decode leader → 0, the last message after a ShutdownMsg: ByeMsg
   kTagKvAccept = 11,  // decode leader → prefill: KvAcceptMsg (blocks allocated: send the KV; or refused)
   kTagKv = 12,        // prefill → decode leader: KvMsg (the KV, inline or announcing the KV transport's transfer)
@@ -180,10 +180,13 @@ struct ReadyMsg {
   static Result<ReadyMsg> Decode(std::span<const uint8_t> bytes);
 };
 
-// 0 → prefill/decode leader every JobConfig::HeartbeatInterval(), answered by the same message back: each side
-// learns that the other is alive (serve.cc, "Liveness").
+// 0 → every worker every JobConfig::HeartbeatInterval(), answered by the same message back: each side learns that
+// the other is alive (serve.cc, "Liveness"). A worker's answer carries the signal it has received (SIGTERM, SIGINT,
+// SIGHUP; 0 for none): rank 0 then ends the job and writes the metrics before that worker's exit can have the
+// launcher kill every rank.
 struct HeartbeatMsg {
   static constexpr int kTag = kTagHeartbeat;
+  int32_t signal = 0;  // rank 0's ping: always 0
   std::vector<uint8_t> Encode() const;
   static Result<HeartbeatMsg> Decode(std::span<const uint8_t> bytes);
 };

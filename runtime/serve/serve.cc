@@ -110,12 +110,25 @@ void MaybeDie(int rank) {
 // worker once more whether it lives (the dead rank is the one that does not answer) and writes the metrics it has
 // within that second. A worker goes on answering for kSignalGraceS (its RouterWatch ends it then), because a
 // worker that died at the SIGTERM would make Open MPI's mpirun SIGKILL rank 0 at once (it ends its wait between
-// SIGTERM and SIGKILL when a rank exits). (A signal handler can only set a flag: this and the setup state below
-// are the process-wide state.)
+// SIGTERM and SIGKILL when a rank exits). A worker's answers to rank 0's heartbeats carry its signal (Pong): a
+// signal sent to one worker alone makes rank 0 end the job the same way, within that grace, and then tell every
+// worker to exit (under srun, where one task's exit has every task SIGKILLed at once, that is the only way the
+// metrics get written). (A signal handler can only set a flag: this and the setup state below are the
+// process-wide state.)
 volatile std::sig_atomic_t g_signal = 0;  // the signal received, 0 for none
 extern "C" void OnTerminate(int sig) { g_signal = sig; }
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
+
+// A worker's answer to rank 0's heartbeat.
+HeartbeatMsg Pong() { return HeartbeatMsg{static_cast<int32_t>(g_signal)}; }
+
+// A worker told by rank 0 that the job failed leaves at once, without MPI_Finalize (a peer may be dead): 1, or
+// 128 + the signal it received.
+[[noreturn]] void ExitFailedWorker() {
+  std::fflush(nullptr);
+  std::_Exit(g_signal ? 128 + g_signal : 1);
+}
 
 // Setup (MPI start-up to the ranks' agreement on the job's inputs): a signal there fails that agreement, one line.
 // A rank blocked in setup (in MPI_Init, a collective with a rank that is stuck, a read on a dead file system) never
@@ -259,10 +272,7 @@ class RouterWatch {
 // or let the caller return and finalize under the watch's deadline.
 void SayBye(Transport& tr, RouterWatch* watch, const ShutdownMsg& m) {
   SendMsg(tr, 0, ByeMsg{});
-  if (m.job_failed) {
-    std::fflush(nullptr);
-    std::_Exit(1);
-  }
+  if (m.job_failed) ExitFailedWorker();
   if (watch) watch->Finalizing();
 }
 
@@ -279,14 +289,11 @@ class RouterLink {
     while (tr_.Poll(0, kTagHeartbeat)) {
       tr_.Recv(0, kTagHeartbeat);
       if (watch_) watch_->Heard();
-      SendMsg(tr_, 0, HeartbeatMsg{});
+      SendMsg(tr_, 0, Pong());
     }
     if (!pending_shutdown_ && tr_.Poll(0, kTagShutdown)) {
       Result<ShutdownMsg> m = DecodeMsg<ShutdownMsg>(tr_.Recv(0, kTagShutdown));
-      if (!m.ok() || m->job_failed) {
-        std::fflush(nullptr);
-        std::_Exit(1);
-      }
+      if (!m.ok() || m->job_failed) ExitFailedWorker();
       pending_shutdown_ = *m;
     }
   }
@@ -351,7 +358,7 @@ class PrefillRank {
                                                                     : WaitMessage(tr_);
       if (msg.source == 0 && watch_) watch_->Heard();
       if (msg.tag == kTagHeartbeat) {
-        SendMsg(tr_, 0, HeartbeatMsg{});
+        SendMsg(tr_, 0, Pong());
         continue;
       }
       if (msg.tag == kTagShutdown) {
@@ -561,7 +568,7 @@ class DecodeRank {
   Status Handle(Message msg, bool* stop) {
     if (msg.source == 0 && watch_) watch_->Heard();
     if (msg.tag == kTagHeartbeat) {
-      SendMsg(tr_, 0, HeartbeatMsg{});
+      SendMsg(tr_, 0, Pong());
       return Status::Ok();
     }
     if (msg.tag == kTagShutdown) {
@@ -718,13 +725,16 @@ class RouterRank {
       failure = StopReport("");
       const std::string cause = StopCause() + "; metrics.json's reason says more";
       frontend_->AbandonUnfinished("never sent (" + cause + ")", "unfinished (" + cause + ")");
-      if (stop_ == Stop::kSignal) {
+      if (stop_ == Stop::kSignal || stop_ == Stop::kWorkerSignal) {
         // The launcher SIGKILLs rank 0 a second after its SIGTERM (odls_base_sigkill_timeout), and the ping took
-        // 0.3 s of it: the line naming the failed rank goes out before the outputs are written, so that a slow
-        // disk or a starved core costs the metrics at worst, never the line. A failed write is a second line.
+        // 0.3 s of it; a worker that received a signal exits kSignalGraceS after it: the line naming the failed
+        // rank goes out before the outputs are written, so that a slow disk or a starved core costs the metrics at
+        // worst, never the line. A failed write is a second line. A worker's own signal: the others are then told
+        // to exit (a launcher's signal has reached every rank already).
         PrintRankError(RankName(0), failure + "; writing the metrics to " + c_.output_dir);
         const Status written = WriteOutputs(failure);
-        return FailJob(written.ok() ? Status(StatusCode::kFailedPrecondition, "") : written, false);
+        return FailJob(written.ok() ? Status(StatusCode::kFailedPrecondition, "") : written,
+                       stop_ == Stop::kWorkerSignal && !g_signal);
       }
     }
     Status result = WriteOutputs(failure);
@@ -738,7 +748,7 @@ class RouterRank {
   }
 
  private:
-  enum class Stop { kNone, kSilent, kRouterStalled, kSignal };
+  enum class Stop { kNone, kSilent, kRouterStalled, kSignal, kWorkerSignal };
 
   // watchdog_s as given: "4", "1.5".
   std::string WatchdogText() const { return Fmt(c_.watchdog_s, c_.watchdog_s == std::trunc(c_.watchdog_s) ? 0 : 2); }
@@ -759,6 +769,10 @@ class RouterRank {
     }
     if (g_signal) {
       stop_ = Stop::kSignal;
+      return false;
+    }
+    if (signalled_rank_ >= 0) {
+      stop_ = Stop::kWorkerSignal;
       return false;
     }
     if (ping && now - last_ping_ >= HeartbeatInterval(c_.watchdog_s)) {
@@ -833,20 +847,23 @@ class RouterRank {
         ready[m.source] = true;
         continue;
       }
-      // The ranks already serving watch rank 0 (RouterWatch): keep them hearing from it.
+      // The ranks already serving watch rank 0 (RouterWatch): keep them hearing from it, and hear their signals.
+      while (tr_.Poll(Transport::kAnySource, kTagHeartbeat)) {
+        ELDR_RETURN_IF_ERROR(OnPong(tr_.Recv(Transport::kAnySource, kTagHeartbeat)));
+      }
       if (Now() - last_ping_ >= HeartbeatInterval(c_.watchdog_s)) {
         for (int r : watched_) {
           if (ready[r]) PostMsg(tr_, r, HeartbeatMsg{});
         }
         last_ping_ = Now();
       }
-      if (g_signal || Now() - wait_start > c_.watchdog_s) {
+      if (g_signal || signalled_rank_ >= 0 || Now() - wait_start > c_.watchdog_s) {
         std::string missing;
         for (int r = 1; r < tr_.size(); ++r) {
           if (!ready[r]) missing += (missing.empty() ? "" : ", ") + c_.RoleOf(r) + " (rank " + std::to_string(r) + ")";
         }
-        if (g_signal)
-          return FailJob(Status::FailedPrecondition(std::string("rank 0 received ") + SignalName(g_signal) +
+        if (g_signal || signalled_rank_ >= 0)
+          return FailJob(Status::FailedPrecondition(SignalCause() +
                                                     " while the ranks loaded their weights; not ready: " + missing),
                          true);
         return FailJob(
@@ -907,8 +924,8 @@ class RouterRank {
         return OnTokens(msg, t);
       case kTagFailed:
         return OnFailed(msg, t);
-      case kTagHeartbeat:  // the answer to rank 0's heartbeat: being heard is all it says
-        return DecodeMsg<HeartbeatMsg>(msg).status();
+      case kTagHeartbeat:  // the answer to rank 0's heartbeat: being heard, and the worker's signal
+        return OnPong(msg);
       default:
         return Status::Corrupt("router: unexpected " + std::string(MessageTagName(msg.tag)) + " message (tag " +
                                std::to_string(msg.tag) + ") from rank " + std::to_string(msg.source));
@@ -954,6 +971,23 @@ class RouterRank {
     return Status::Ok();
   }
 
+  // A worker's answer to a heartbeat: the first worker to report a signal stops the job (Tick).
+  Status OnPong(const Message& msg) {
+    ELDR_ASSIGN_OR_RETURN(HeartbeatMsg m, DecodeMsg<HeartbeatMsg>(msg));
+    if (m.signal != 0 && signalled_rank_ < 0) {
+      signalled_rank_ = msg.source;
+      worker_signal_ = m.signal;
+    }
+    return Status::Ok();
+  }
+
+  // "rank 0 received SIGTERM", or the worker's signal that stopped the job (rank 0's own comes first).
+  std::string SignalCause() const {
+    if (stop_ == Stop::kWorkerSignal || !g_signal)
+      return RankName(signalled_rank_) + " received " + SignalName(worker_signal_);
+    return std::string("rank 0 received ") + SignalName(g_signal);
+  }
+
   Status OnFailed(const Message& msg, double t) {
     ELDR_ASSIGN_OR_RETURN(FailedMsg m, DecodeMsg<FailedMsg>(msg));
     ELDR_RETURN_IF_ERROR(CheckRequest(m.request, msg.source));
@@ -969,7 +1003,8 @@ class RouterRank {
   std::string StopCause() const {
     switch (stop_) {
       case Stop::kSignal:
-        return std::string("rank 0 received ") + SignalName(g_signal);
+      case Stop::kWorkerSignal:
+        return SignalCause();
       case Stop::kRouterStalled:
         return "the router (rank 0) was stopped longer than watchdog_s";
       case Stop::kSilent:
@@ -1010,6 +1045,8 @@ class RouterRank {
         report += (i == 1 ? "; also silent (likely waiting on it): " : ", ") + RankName(silent[i]) + " " +
                   Fmt(now - last_heard_[silent[i]], 1) + " s";
       }
+    } else if (stop_ == Stop::kWorkerSignal) {
+      report += SignalCause() + ": the job stops there, every request accounted for";
     } else if (!silent.empty()) {
       report += "watchdog: " + RankName(silent[0]) + " silent for " + Fmt(now - last_heard_[silent[0]], 1) +
                 " s (watchdog_s " + WatchdogText() + "): stopped, hung or dead";
@@ -1081,9 +1118,10 @@ class RouterRank {
   std::vector<int> talkers_;          // prefill ranks and decoder leaders: the ranks rank 0 talks to
   std::vector<int> watched_;          // every worker (EP members too): heartbeats and the watchdog
   double start_ = 0;
-  double last_tick_ = 0, last_ping_ = 0;  // Tick(): the previous loop, the last heartbeat sent
-  double router_gap_ = 0;                 // Stop::kRouterStalled: how long rank 0 was stopped
-  double ping_sent_ = 0;                  // PingAfterSignal: when its heartbeats went out (0: not sent)
+  double last_tick_ = 0, last_ping_ = 0;         // Tick(): the previous loop, the last heartbeat sent
+  double router_gap_ = 0;                        // Stop::kRouterStalled: how long rank 0 was stopped
+  double ping_sent_ = 0;                         // PingAfterSignal: when its heartbeats went out (0: not sent)
+  int signalled_rank_ = -1, worker_signal_ = 0;  // the first worker whose heartbeat answer carried a signal
   Stop stop_ = Stop::kNone;
 };
 

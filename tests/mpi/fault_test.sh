@@ -148,6 +148,14 @@ for launcher in mpirun launch; do
     run_case "$launcher" 3 "$sig" round_robin 0 "an EP group member" "(watchdog|silent longest): decode 0 ep 1 \(rank 3\)" ep
   done
 done
+# SIGTERM to one worker alone (not to the launcher): its heartbeat answers carry the signal, and rank 0 names it,
+# accounts for every request and writes the metrics within the worker's 2 s grace, then tells the others to exit.
+# (Before, rank 0 learnt nothing until the worker's exit had the launcher SIGTERM every rank.)
+for launcher in mpirun launch; do
+  run_case "$launcher" 3 TERM round_robin 0 "a busy decoder" "router \(rank 0\): decode 1 \(rank 3\) received SIGTERM"
+done
+run_case mpirun 1 TERM round_robin 0 "the prefill rank" "router \(rank 0\): prefill 0 \(rank 1\) received SIGTERM"
+run_case mpirun 3 TERM round_robin 0 "an EP group member" "router \(rank 0\): decode 0 ep 1 \(rank 3\) received SIGTERM" ep
 run_case mpirun 1 STOP round_robin 0 "the prefill rank under 2000 req/s" "(watchdog|silent longest): prefill 0 \(rank 1\)" fast
 
 # SIGTERM to rank 0 while the job sets up (ELDR_FAULT_SLOW_SETUP_RANK=0 holds rank 0 there for up to 3 s): one line

@@ -105,7 +105,11 @@ TEST(Protocol, EveryMessageRoundTrips) {
   EXPECT_TRUE(failed_job->job_failed);
   EXPECT_TRUE(HeartbeatMsg::Decode(HeartbeatMsg{}.Encode()).ok());
   EXPECT_TRUE(ByeMsg::Decode(ByeMsg{}.Encode()).ok());
-  EXPECT_EQ(HeartbeatMsg{}.Encode(), std::vector<uint8_t>{kTagHeartbeat});
+  // The tag byte, then the signal as a little-endian int32 (15: SIGTERM).
+  EXPECT_EQ(HeartbeatMsg{15}.Encode(), (std::vector<uint8_t>{kTagHeartbeat, 15, 0, 0, 0}));
+  auto pong = HeartbeatMsg::Decode(HeartbeatMsg{2}.Encode());
+  ASSERT_TRUE(pong.ok());
+  EXPECT_EQ(pong->signal, 2);
   EXPECT_EQ(ByeMsg{}.Encode(), std::vector<uint8_t>{kTagBye});
   EXPECT_FALSE(ByeMsg::Decode(HeartbeatMsg{}.Encode()).ok());
   EXPECT_STREQ(MessageTagName(kTagHeartbeat), "heartbeat");
