@@ -60,34 +60,6 @@ Status WriteOrPrint(const std::string& out, const std::string& text) {
   return Status::Ok();
 }
 
-// The output directory (and any missing parents) created before a run, so that a path that cannot be created
-// fails before the run rather than after it; removed again, deepest first and only while empty, unless Keep() was
-// called once the run's files are in it: a failed run leaves no empty directory behind.
-class CreatedDirectories {
- public:
-  CreatedDirectories() = default;
-  CreatedDirectories(const CreatedDirectories&) = delete;
-  CreatedDirectories& operator=(const CreatedDirectories&) = delete;
-  ~CreatedDirectories() {
-    std::error_code ec;
-    for (const auto& d : created_) std::filesystem::remove(d, ec);  // fails (harmlessly) on a non-empty one
-  }
-  Status Create(const std::string& dir) {
-    std::error_code ec;
-    for (std::filesystem::path p = std::filesystem::absolute(dir, ec).lexically_normal();
-         !p.empty() && !std::filesystem::exists(p, ec) && p != p.parent_path(); p = p.parent_path()) {
-      created_.push_back(p);  // deepest first
-    }
-    std::filesystem::create_directories(dir, ec);
-    if (ec) return Status::IoError(dir + ": cannot create the output directory: " + ec.message());
-    return Status::Ok();
-  }
-  void Keep() { created_.clear(); }
-
- private:
-  std::vector<std::filesystem::path> created_;
-};
-
 Status RunFit(const SimulateArgs& a) {
   if (a.model.empty()) return Status::InvalidArgument("--fit needs --model (the model config the steps ran)");
   std::vector<PathArg> inputs{{a.model, "--model"}};
@@ -258,9 +230,13 @@ Status RunSimulation(const SimulateArgs& a, const CLI::App& cmd) {
     if (!cal.ok()) return ForKey(c, cal.status(), "routing.calibration", c.calibration);
     calib = std::make_unique<Calibration>(std::move(cal).value());
   }
+  std::optional<RunDirectoryClaim> claim;  // until the run's files are committed; before `created` (destroyed after)
   CreatedDirectories created;
   if (!a.no_output) {  // fail before the run, not after it
     ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));
+    Result<RunDirectoryClaim> claimed = RunDirectoryClaim::Acquire(c.output_dir);
+    if (!claimed.ok()) return claimed.status();
+    claim.emplace(std::move(claimed).value());
     ELDR_RETURN_IF_ERROR(created.Create(c.output_dir));
     ELDR_RETURN_IF_ERROR(
         CheckOutputs({{c.output_dir + "/metrics.json", "output.dir"}, {c.output_dir + "/requests.jsonl", "output.dir"}},

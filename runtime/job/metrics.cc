@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <stdio.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -536,6 +537,81 @@ Status CheckRunDirectory(const std::string& dir, bool replace) {
     }
   }
   return Status::Ok();
+}
+
+CreatedDirectories::~CreatedDirectories() {
+  std::error_code ec;
+  for (const auto& d : created_) fs::remove(d, ec);  // fails (harmlessly) on a non-empty one
+}
+
+Status CreatedDirectories::Create(const std::string& dir) {
+  std::error_code ec;
+  for (fs::path p = fs::absolute(dir, ec).lexically_normal(); !p.empty() && !fs::exists(p, ec) && p != p.parent_path();
+       p = p.parent_path()) {
+    created_.push_back(p);  // deepest first
+  }
+  fs::create_directories(dir, ec);
+  if (ec) return Status::IoError(dir + ": cannot create the output directory: " + ec.message());
+  return Status::Ok();
+}
+
+Result<RunDirectoryClaim> RunDirectoryClaim::Acquire(const std::string& dir) {
+  std::error_code ec;
+  fs::path target = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (ec) return Status::IoError("output.dir " + dir + ": " + ec.message());
+  if (!target.has_filename()) target = target.parent_path();
+  RunDirectoryClaim claim;
+  ELDR_RETURN_IF_ERROR(claim.parents_.Create(target.parent_path().string()));
+  claim.lock_path_ = (target.parent_path() / ("." + target.filename().string() + ".eldr-lock")).string();
+  // The holder removes the lock file before it unlocks: a lock taken on a file that is no longer (or no longer
+  // the same file) at lock_path_ came too late; open the path again.
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    const int fd = ::open(claim.lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    if (fd < 0) {
+      return Status::IoError("output.dir " + dir + ": cannot create its lock file " + claim.lock_path_ + ": " +
+                             std::strerror(errno));
+    }
+    if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
+      const int err = errno;
+      if (err != EWOULDBLOCK) {  // no flock on this file system: no claim (see the header)
+        claim.fd_ = fd;
+        return claim;
+      }
+      char holder[256] = {};
+      const ssize_t n = ::pread(fd, holder, sizeof holder - 1, 0);
+      ::close(fd);
+      std::string who = n > 0 ? std::string(holder, static_cast<size_t>(n)) : "";
+      while (!who.empty() && (who.back() == '\n' || who.back() == '\0')) who.pop_back();
+      return Status::FailedPrecondition("output.dir " + dir + " is in use by another eldr job" +
+                                        (who.empty() ? "" : " (" + PrintableMessage(who) + ")") +
+                                        "; wait for it to end or choose another directory");
+    }
+    struct stat held {
+    }, named{};
+    if (::fstat(fd, &held) == 0 && ::lstat(claim.lock_path_.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+        held.st_ino == named.st_ino) {
+      char host[256] = {};
+      if (::gethostname(host, sizeof host - 1) != 0 || host[0] == '\0') std::snprintf(host, sizeof host, "this host");
+      const std::string who = "pid " + std::to_string(::getpid()) + " on " + host + "\n";
+      if (::ftruncate(fd, 0) != 0 || ::pwrite(fd, who.data(), who.size(), 0) < 0) {
+        // The lock holds without its note: the message then names no holder.
+      }
+      claim.fd_ = fd;
+      return claim;
+    }
+    ::close(fd);
+  }
+  return Status::IoError("output.dir " + dir + ": its lock file " + claim.lock_path_ +
+                         " keeps being replaced; is another program removing it?");
+}
+
+RunDirectoryClaim::RunDirectoryClaim(RunDirectoryClaim&& o) noexcept
+    : fd_(std::exchange(o.fd_, -1)), lock_path_(std::move(o.lock_path_)), parents_(std::move(o.parents_)) {}
+
+RunDirectoryClaim::~RunDirectoryClaim() {
+  if (fd_ < 0) return;
+  ::unlink(lock_path_.c_str());  // before the unlock: see Acquire
+  ::close(fd_);
 }
 
 Status CommitRunDirectory(const std::string& dir, bool replace,

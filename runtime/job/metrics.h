@@ -4,8 +4,10 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "runtime/common/distinct_experts.h"
@@ -134,6 +136,45 @@ Status CommitRunDirectory(const std::string& dir, bool replace, std::vector<std:
 
 // What CommitRunDirectory would refuse, checked before a job runs (so that a long run is not lost at its end).
 Status CheckRunDirectory(const std::string& dir, bool replace);
+
+// Directories (a path and any missing parents) created before a run, so that a path that cannot be created fails
+// before the run rather than after it; removed again, deepest first and only while empty, unless Keep() was called:
+// a failed run leaves no empty directory behind.
+class CreatedDirectories {
+ public:
+  CreatedDirectories() = default;
+  CreatedDirectories(CreatedDirectories&& o) noexcept : created_(std::exchange(o.created_, {})) {}
+  CreatedDirectories& operator=(CreatedDirectories&&) = delete;
+  ~CreatedDirectories();
+  // Creates `dir` and its missing parents. Error (IoError): "DIR: cannot create the output directory: WHY".
+  Status Create(const std::string& dir);
+  void Keep() { created_.clear(); }
+
+ private:
+  std::vector<std::filesystem::path> created_;  // deepest first
+};
+
+// A job's claim on its output.dir, from before its run until its files are committed, so that a second job given
+// the same output.dir (two launches of one config) is refused before it runs instead of at its end: an exclusive
+// flock(2) on "<parent>/.<name>.eldr-lock" beside output.dir (the parent created if missing, removed again if it
+// stays empty), whose content names the holder ("pid 1234 on node7"). Released when destroyed (the lock file
+// removed) and by the kernel when the process dies (a stale lock file is reused). On a file system without flock
+// the claim is taken without a lock (CommitRunDirectory still refuses to mix two runs).
+class RunDirectoryClaim {
+ public:
+  // Error (FailedPrecondition): "output.dir DIR is in use by another eldr job (pid 1234 on node7); wait for it to
+  // end or choose another directory"; IoError when the parent or the lock file cannot be created.
+  static Result<RunDirectoryClaim> Acquire(const std::string& dir);
+  RunDirectoryClaim(RunDirectoryClaim&& o) noexcept;
+  RunDirectoryClaim& operator=(RunDirectoryClaim&&) = delete;
+  ~RunDirectoryClaim();
+
+ private:
+  RunDirectoryClaim() = default;
+  int fd_ = -1;
+  std::string lock_path_;
+  CreatedDirectories parents_;  // removed (when empty) after the destructor has removed the lock file
+};
 
 // <dir>/requests.jsonl and <dir>/metrics.json (eldr simulate), through CommitRunDirectory.
 Status WriteJobOutputs(const std::string& dir, bool replace, const nlohmann::json& metrics,

@@ -1294,6 +1294,14 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   // starts; the ranks agree on the outcome and only rank 0 reports an error they share.
   Result<JobInputs> inputs = LoadJobInputs(c);
   Status loaded = inputs.ok() ? Status::Ok() : inputs.status();
+  // Rank 0 writes the run directory: it claims output.dir until the job ends, so that a second job given the same
+  // one is refused now, not when it commits.
+  std::optional<RunDirectoryClaim> claim;
+  if (tr.rank() == 0 && loaded.ok()) {
+    Result<RunDirectoryClaim> claimed = RunDirectoryClaim::Acquire(c.output_dir);
+    if (claimed.ok()) claim.emplace(std::move(claimed).value());
+    loaded = claimed.status();
+  }
   if (mpi_tr) {  // what this rank and the others on its node will allocate, before any of them does
     const Status memory = CheckNodeMemory(mpi_tr->comm(), tr.rank(), c, inputs.ok() ? &*inputs : nullptr);
     if (loaded.ok()) loaded = memory;

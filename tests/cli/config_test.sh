@@ -334,6 +334,21 @@ expect_error "output.replace never takes a user's metrics.json for a run's" \
   "output.dir mine holds a metrics.json that no eldr run wrote" - "$ELDR" simulate -c rdr.yaml --output-dir mine --quiet
 [ "$(cat mine/metrics.json mine/requests.jsonl | tr '\n' ' ')" = "precious mine " ] \
   && ok "the user's files named like a run's are left in place" || bad "the user's files named like a run's"
+# An output.dir that another job is writing (it holds the flock on .NAME.eldr-lock beside it) is refused before the
+# run, naming the holder; nothing is written and the holder's lock file is left alone.
+rm -f busy.ready
+( flock 9 && echo "pid 4242 on othernode" >&9 && touch busy.ready && sleep 60 ) 9>.busy.eldr-lock &
+holder=$!
+for i in $(seq 100); do [ -e busy.ready ] && break; sleep 0.05; done
+expect_error "an output.dir another job is writing" \
+  "output.dir busy is in use by another eldr job \(pid 4242 on othernode\); wait for it to end or choose another" busy \
+  "$ELDR" simulate -c rd.yaml --output-dir busy --quiet
+[ "$(cat .busy.eldr-lock)" = "pid 4242 on othernode" ] && ok "the holder's lock file is left alone" ||
+  bad "the holder's lock file is left alone"
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
+rm -f .busy.eldr-lock
+run_ok "the same output.dir once the other job has ended" "$ELDR" simulate -c rd.yaml --output-dir busy --quiet
+[ "$(ls -A . | grep -c 'eldr-lock')" = 0 ] && ok "no lock file left after a run" || bad "no lock file left after a run"
 sed 's|replace: true|replace: maybe|' rdr.yaml > rdbad.yaml
 expect_error "output.replace: not a bool" "rdbad.yaml:[0-9]+: output.replace" - "$ELDR" serve --print-ranks -c rdbad.yaml
 sed 's|^simulate:|simulate:\n  cost_model: '"$SRC"'/configs/costs/h200-qwen3-30b-a3b.yaml|; /^  decode:/d; /^  prefill:/d' job.yaml \

@@ -407,6 +407,18 @@ mkdir -p "$WORK/out-again" && echo '{"earlier": true}' >"$WORK/out-again/metrics
 expect_fail_once "output.dir holding an earlier run" "output.dir .*out-again already holds files .*output.replace: true" 4 again.yaml
 [ "$(cat "$WORK/out-again/metrics.json")" = '{"earlier": true}' ] && [ "$(ls "$WORK/out-again")" = metrics.json ] \
   && ok "the refused run directory is left as it was" || bad "the refused run directory is left as it was"
+# An output.dir another job is writing (it holds the flock on .NAME.eldr-lock beside it, as a running eldr job does)
+# is refused before this job runs, naming the holder; the holder's lock file is left alone.
+job inuse 1 2 jsq ""
+rm -f inuse.ready
+( flock 9 && echo "pid 4242 on othernode" >&9 && touch inuse.ready && sleep 60 ) 9>"$WORK/.out-inuse.eldr-lock" &
+holder=$!
+for i in $(seq 100); do [ -e inuse.ready ] && break; sleep 0.05; done
+expect_fail_once "output.dir in use by another job" \
+  "output.dir .*out-inuse is in use by another eldr job \(pid 4242 on othernode\); wait for it" 4 inuse.yaml
+[ ! -e "$WORK/out-inuse" ] && [ "$(cat "$WORK/.out-inuse.eldr-lock")" = "pid 4242 on othernode" ] &&
+  ok "the refused job wrote nothing and left the holder's lock file" || bad "the refused job left the lock alone"
+kill "$holder" 2>/dev/null; wait "$holder" 2>/dev/null
 # An output.dir where nothing can be created is refused before the job runs (it was found after the whole job).
 sed "s|dir: .*}|dir: /sys/eldr-run}|" again.yaml > sysdir.yaml
 expect_fail_once "output.dir where nothing can be created" "output.dir /sys/eldr-run: nothing can be created in /sys" 4 sysdir.yaml

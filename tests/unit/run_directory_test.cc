@@ -148,5 +148,51 @@ TEST_F(RunDirectoryTest, AFailedWriteLeavesTheEarlierRunAndNoTemporary) {
   EXPECT_EQ(Names(root_), std::set<std::string>{"run"});
 }
 
+// The claim (RunDirectoryClaim): a second job given the same output.dir is refused while the first holds it, by a
+// message naming the holder; released, the lock file is gone and the next job gets it. flock(2) locks belong to an
+// open file description, so two claims in one process conflict as two processes' would.
+TEST_F(RunDirectoryTest, ClaimRefusesASecondJobUntilReleased) {
+  {
+    Result<RunDirectoryClaim> first = RunDirectoryClaim::Acquire(dir_);
+    ASSERT_TRUE(first.ok()) << first.status().message();
+    EXPECT_EQ(Names(root_), std::set<std::string>{".run.eldr-lock"});  // beside output.dir, nothing inside it yet
+    EXPECT_EQ(Read(root_ / ".run.eldr-lock").rfind("pid " + std::to_string(::getpid()) + " on ", 0), 0u);
+    Result<RunDirectoryClaim> second = RunDirectoryClaim::Acquire(dir_ + "/");  // the same directory, spelt otherwise
+    ASSERT_FALSE(second.ok());
+    EXPECT_EQ(second.status().code(), StatusCode::kFailedPrecondition);
+    EXPECT_NE(second.status().message().find("output.dir " + dir_ + "/ is in use by another eldr job (pid " +
+                                             std::to_string(::getpid()) + " on "),
+              std::string::npos)
+        << second.status().message();
+    // The first job commits its run while it holds the claim.
+    ASSERT_TRUE(CommitRunDirectory(dir_, false, kRun2).ok());
+  }
+  EXPECT_EQ(Names(root_), std::set<std::string>{"run"});  // the lock file went with the claim
+  EXPECT_TRUE(RunDirectoryClaim::Acquire(dir_).ok());
+}
+
+TEST_F(RunDirectoryTest, ClaimReusesAStaleLockFileOfADeadJob) {
+  Put(root_ / ".run.eldr-lock", "pid 1 on gone\n");  // left by a SIGKILLed job: the kernel dropped its lock
+  Result<RunDirectoryClaim> claim = RunDirectoryClaim::Acquire(dir_);
+  ASSERT_TRUE(claim.ok()) << claim.status().message();
+  EXPECT_EQ(Read(root_ / ".run.eldr-lock").rfind("pid " + std::to_string(::getpid()) + " on ", 0), 0u);
+}
+
+TEST_F(RunDirectoryTest, ClaimCreatesMissingParentsAndRemovesThemWhenNoRunCame) {
+  const fs::path deep = root_ / "a" / "b" / "run";
+  {
+    Result<RunDirectoryClaim> claim = RunDirectoryClaim::Acquire(deep.string());
+    ASSERT_TRUE(claim.ok()) << claim.status().message();
+    EXPECT_EQ(Names(root_ / "a" / "b"), std::set<std::string>{".run.eldr-lock"});
+  }
+  EXPECT_TRUE(Names(root_).empty());  // a failed run leaves no empty directory behind
+  {
+    Result<RunDirectoryClaim> claim = RunDirectoryClaim::Acquire(deep.string());
+    ASSERT_TRUE(claim.ok());
+    ASSERT_TRUE(CommitRunDirectory(deep.string(), false, kRun2).ok());
+  }
+  EXPECT_EQ(Names(root_ / "a" / "b"), std::set<std::string>{"run"});  // kept: the run is in it
+}
+
 }  // namespace
 }  // namespace eldr
