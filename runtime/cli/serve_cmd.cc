@@ -20,8 +20,20 @@ namespace {
 // (the job config with the command line's overrides, or a command line that did not parse), then the job.
 Status ServeRank(const std::function<Result<JobConfig>()>& load_job, bool progress) {
   InstallServeSignalHandlers();
+  // The job config first (it needs no MPI): its watchdog_s bounds every wait of setup on the other ranks, MPI
+  // start-up's included (SetupWait). Its outcome is agreed on below.
+  Result<JobConfig> job = Status::FailedPrecondition("");
+  try {  // every rank reaches the agreement, an exception too
+    job = load_job();
+  } catch (const std::exception& e) {
+    job = Status::FailedPrecondition(std::string("internal error: ") + e.what());
+  }
+  if (job.ok()) SetSetupWaitLimit(job->watchdog_s);
   int provided = 0;
-  MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  {
+    SetupWait wait("MPI start-up");
+    MPI_Init_thread(nullptr, nullptr, MPI_THREAD_FUNNELED, &provided);
+  }
   int rank = 0, size = 1;
   MPI_Comm_rank(MPI_COMM_WORLD, &rank);
   MPI_Comm_size(MPI_COMM_WORLD, &size);
@@ -31,14 +43,12 @@ Status ServeRank(const std::function<Result<JobConfig>()>& load_job, bool progre
     MpiTransport transport(MPI_COMM_WORLD);
     // Agreed on, so that an error every rank sees (a config's) is printed once, by rank 0, and one only some
     // ranks see (a file missing on one node) by each of them.
-    Result<JobConfig> job = Status::FailedPrecondition("");
-    try {  // every rank reaches the agreement, an exception too
-      job = load_job();
-    } catch (const std::exception& e) {
-      job = Status::FailedPrecondition(std::string("internal error: ") + e.what());
+    Status agreed;
+    {
+      SetupWait wait("the ranks' agreement on the job config");
+      agreed =
+          AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status(), "the job config (or parse its command line)");
     }
-    const Status agreed =
-        AgreeOnSetup(transport, job.ok() ? Status::Ok() : job.status(), "the job config (or parse its command line)");
     if (!agreed.ok()) {
       EndServeSetup();
       if (!agreed.message().empty()) PrintRankError(role, agreed.message());

@@ -13,6 +13,7 @@
 #include <deque>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <thread>
@@ -139,6 +140,12 @@ constexpr double kSetupSignalGraceS = 0.5;
 enum SetupState : int { kSettingUp = 0, kSetupOver = 1, kSetupWatchFired = 2 };
 std::atomic<int> g_setup_state{kSettingUp};
 
+// SetupWait: when this rank began to wait on the others (0: not waiting), on what, and for how long it may.
+std::atomic<double> g_setup_wait_since{0};
+std::atomic<double> g_setup_wait_limit{JobConfig().watchdog_s};
+std::mutex g_setup_wait_mutex;
+std::string g_setup_wait_what;  // guarded by g_setup_wait_mutex
+
 // Fault injection for the setup-signal tests, as a slow or a dead file system would be: before the ranks agree on
 // the job's inputs, ELDR_FAULT_SLOW_SETUP_RANK=r makes rank r spend 3 s (ended early by a signal), and
 // ELDR_FAULT_STUCK_SETUP_RANK=r 30 s (a signal does not end it).
@@ -185,7 +192,8 @@ constexpr double kRouterGraceS = 2;
 constexpr double kSignalPingS = 0.3;
 constexpr double kSignalGraceS = 2;
 
-// The setup watch (g_setup_state above), on a thread of its own from InstallServeSignalHandlers until setup ends.
+// The setup watch (g_setup_state above), on a thread of its own from InstallServeSignalHandlers until setup ends:
+// a signal, or a SetupWait past its limit.
 void RunSetupWatch() {
   double signal_at = 0;
   while (g_setup_state.load() == kSettingUp) {
@@ -193,19 +201,29 @@ void RunSetupWatch() {
     const double now = Now();
     if (g_signal && signal_at == 0) signal_at = now;
     // Rank 0 leaves first: were a worker to exit first, mpirun would SIGKILL rank 0 before its line.
-    const double grace = LauncherRank() <= 0 ? kSetupSignalGraceS : kSignalGraceS;
-    if (signal_at == 0 || now - signal_at < grace) continue;
+    const bool rank0 = LauncherRank() <= 0;
+    const double since = g_setup_wait_since.load(), limit = g_setup_wait_limit.load();
+    const bool waited_out = since > 0 && now - since > limit + (rank0 ? 0 : kSignalGraceS);
+    const bool signalled = signal_at > 0 && now - signal_at >= (rank0 ? kSetupSignalGraceS : kSignalGraceS);
+    if (!waited_out && !signalled) continue;
     int expected = kSettingUp;
     if (!g_setup_state.compare_exchange_strong(expected, kSetupWatchFired)) return;
-    if (LauncherRank() <= 0) {
+    if (rank0 && signalled) {
       std::fprintf(stderr,
                    "eldr: error: rank 0: received %s while the job was setting up, and setup did not end within "
                    "%.1f s (blocked in MPI start-up, a collective with another rank or a file read): stopped before "
                    "any request was accepted; nothing was written\n",
                    SignalName(g_signal), kSetupSignalGraceS);
+    } else if (rank0) {
+      std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
+      std::fprintf(stderr,
+                   "eldr: error: rank 0: waited %.1f s (watchdog_s) for the other ranks in %s: one of them is stopped, "
+                   "hung or never started (or is slower than that: raise watchdog_s); stopped before any request was "
+                   "accepted; nothing was written\n",
+                   now - since, g_setup_wait_what.c_str());
     }
     std::fflush(nullptr);
-    std::_Exit(128 + g_signal);
+    std::_Exit(signalled ? 128 + g_signal : 1);
   }
 }
 
@@ -1240,6 +1258,18 @@ void EndServeSetup() {
 
 int ServeSignal() { return g_signal; }
 
+SetupWait::SetupWait(const std::string& what) {
+  {
+    std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
+    g_setup_wait_what = what;
+  }
+  g_setup_wait_since = Now();
+}
+
+SetupWait::~SetupWait() { g_setup_wait_since = 0; }
+
+void SetSetupWaitLimit(double seconds) { g_setup_wait_limit = seconds; }
+
 Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what) {
   auto* mpi = dynamic_cast<MpiTransport*>(&tr);
   if (!mpi) return local;
@@ -1274,6 +1304,7 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   ComputePlan plan;
   JobKvTransport kv;
   if (mpi_tr) {
+    SetupWait wait("the ranks' agreement on the compute devices and the KV transport");
     ELDR_ASSIGN_OR_RETURN(plan, AgreeCompute(c.path, c.compute, mpi_tr->comm()));
     auto kv_or = MakeJobKvTransport(c.kv_transport, mpi_tr->comm(), plan.devices[tr.rank()], tr.rank() != 0);
     if (!kv_or.ok()) {
@@ -1303,6 +1334,7 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     loaded = claimed.status();
   }
   if (mpi_tr) {  // what this rank and the others on its node will allocate, before any of them does
+    SetupWait wait("the memory check of the ranks on each node");
     const Status memory = CheckNodeMemory(mpi_tr->comm(), tr.rank(), c, inputs.ok() ? &*inputs : nullptr);
     if (loaded.ok()) loaded = memory;
   }
@@ -1314,7 +1346,11 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
                                         " while the job was setting up: stopped before any request was accepted; "
                                         "nothing was written");
   }
-  const Status agreed = AgreeOnSetup(tr, loaded, "the job's inputs or was stopped by a signal");
+  Status agreed;
+  {
+    SetupWait wait("the ranks' agreement on the job's inputs (a rank may still be loading them)");
+    agreed = AgreeOnSetup(tr, loaded, "the job's inputs or was stopped by a signal");
+  }
   EndServeSetup();
   ELDR_RETURN_IF_ERROR(agreed);
   const ModelConfig& mc = inputs->mc;

@@ -75,6 +75,22 @@ void EndServeSetup();
 // The signal received since InstallServeSignalHandlers (SIGTERM, SIGINT, SIGHUP), 0 for none.
 int ServeSignal();
 
+// A wait of this rank on the others during setup (MPI start-up, a collective of the ranks' agreements), for as long
+// as the object lives: the setup watch ends the process when one lasts longer than the setup wait limit, so that a
+// rank stopped, hung or never started in setup cannot hold the others forever. Rank 0 prints one line naming
+// `what` ("MPI start-up") and exits 1; the launcher then ends the others (any other rank exits silently 2 s later).
+class SetupWait {
+ public:
+  explicit SetupWait(const std::string& what);
+  SetupWait(const SetupWait&) = delete;
+  SetupWait& operator=(const SetupWait&) = delete;
+  ~SetupWait();
+};
+
+// The setup wait limit: the job's watchdog_s (ServeRank sets it from the job config before MPI start-up; 120 s,
+// watchdog_s's default, for a config that does not load).
+void SetSetupWaitLimit(double seconds);
+
 // One MPI_Allreduce of the ranks' outcomes of a setup step (every rank calls it), so that no rank goes on to a
 // collective another has left, and an error every rank sees is printed once: rank 0 returns its own error (or
 // says another rank failed); another rank returns an empty message (nothing to print) when rank 0 failed too, or
