@@ -232,11 +232,11 @@ Status RunSimulation(const SimulateArgs& a, const CLI::App& cmd) {
   }
   std::optional<RunDirectoryClaim> claim;  // until the run's files are committed; before `created` (destroyed after)
   CreatedDirectories created;
-  if (!a.no_output) {  // fail before the run, not after it
-    ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));
-    Result<RunDirectoryClaim> claimed = RunDirectoryClaim::Acquire(c.output_dir);
+  if (!a.no_output) {                                                              // fail before the run, not after it
+    Result<RunDirectoryClaim> claimed = RunDirectoryClaim::Acquire(c.output_dir);  // before the check: no gap
     if (!claimed.ok()) return claimed.status();
     claim.emplace(std::move(claimed).value());
+    ELDR_RETURN_IF_ERROR(CheckRunDirectory(c.output_dir, c.output_replace));
     ELDR_RETURN_IF_ERROR(created.Create(c.output_dir));
     ELDR_RETURN_IF_ERROR(
         CheckOutputs({{c.output_dir + "/metrics.json", "output.dir"}, {c.output_dir + "/requests.jsonl", "output.dir"}},

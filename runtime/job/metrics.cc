@@ -504,26 +504,33 @@ void SyncDirectory(const std::string& dir) {
 
 }  // namespace
 
+namespace {
+
+// The run is written beside output.dir at the end: a place where nothing can be created (a read-only file system,
+// /sys, no permission) is found before the run, by creating and removing a directory in the nearest existing
+// directory on the way.
+Status CheckCreatable(const std::string& dir) {
+  std::error_code ec;
+  fs::path at = fs::absolute(fs::path(dir), ec).lexically_normal();
+  if (ec) return Status::IoError("output.dir " + dir + ": " + ec.message());
+  if (!at.has_filename()) at = at.parent_path();
+  do {
+    at = at.parent_path();
+  } while (!fs::is_directory(at, ec) && at.has_relative_path());
+  const std::string probe = TemporaryPath((at / ".eldr-write-probe").string());
+  if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST) {
+    return Status::IoError("output.dir " + dir + ": nothing can be created in " + at.string() + " (" +
+                           std::strerror(errno) + "); choose a writable output.dir");
+  }
+  ::rmdir(probe.c_str());
+  return Status::Ok();
+}
+
+}  // namespace
+
 Status CheckRunDirectory(const std::string& dir, bool replace) {
   ELDR_ASSIGN_OR_RETURN(const bool holds_files, RunDirectoryHoldsFiles(dir));
-  {
-    // The run is written beside output.dir at the end: a place where nothing can be created (a read-only file
-    // system, /sys, no permission) is found now, by creating and removing a directory in the nearest existing
-    // directory on the way, not after the whole job has run.
-    std::error_code ec;
-    fs::path at = fs::absolute(fs::path(dir), ec).lexically_normal();
-    if (ec) return Status::IoError("output.dir " + dir + ": " + ec.message());
-    if (!at.has_filename()) at = at.parent_path();
-    do {
-      at = at.parent_path();
-    } while (!fs::is_directory(at, ec) && at.has_relative_path());
-    const std::string probe = TemporaryPath((at / ".eldr-write-probe").string());
-    if (::mkdir(probe.c_str(), 0700) != 0 && errno != EEXIST) {
-      return Status::IoError("output.dir " + dir + ": nothing can be created in " + at.string() + " (" +
-                             std::strerror(errno) + "); choose a writable output.dir");
-    }
-    ::rmdir(probe.c_str());
-  }
+  ELDR_RETURN_IF_ERROR(CheckCreatable(dir));
   if (holds_files && !replace) {
     return Status::InvalidArgument("output.dir " + dir +
                                    " already holds files (an earlier run?); set output.replace: true to replace it "
@@ -560,13 +567,20 @@ Result<RunDirectoryClaim> RunDirectoryClaim::Acquire(const std::string& dir) {
   fs::path target = fs::absolute(fs::path(dir), ec).lexically_normal();
   if (ec) return Status::IoError("output.dir " + dir + ": " + ec.message());
   if (!target.has_filename()) target = target.parent_path();
+  ELDR_RETURN_IF_ERROR(CheckCreatable(dir));
   RunDirectoryClaim claim;
   ELDR_RETURN_IF_ERROR(claim.parents_.Create(target.parent_path().string()));
-  claim.lock_path_ = (target.parent_path() / ("." + target.filename().string() + ".eldr-lock")).string();
+  // The parent as the file system names it (links followed): two spellings of one directory take one lock.
+  const fs::path parent = fs::weakly_canonical(target.parent_path(), ec);
+  if (ec) return Status::IoError("output.dir " + dir + ": " + ec.message());
+  claim.lock_path_ = (parent / ("." + target.filename().string() + ".eldr-lock")).string();
   // The holder removes the lock file before it unlocks: a lock taken on a file that is no longer (or no longer
   // the same file) at lock_path_ came too late; open the path again.
   for (int attempt = 0; attempt < 100; ++attempt) {
-    const int fd = ::open(claim.lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+    // Another user's stale lock file (mode 0666 less the umask) is still lockable read-only: the note is then not
+    // rewritten, nothing else is lost.
+    int fd = ::open(claim.lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
+    if (fd < 0 && errno == EACCES) fd = ::open(claim.lock_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
     if (fd < 0) {
       return Status::IoError("output.dir " + dir + ": cannot create its lock file " + claim.lock_path_ + ": " +
                              std::strerror(errno));
@@ -610,7 +624,12 @@ RunDirectoryClaim::RunDirectoryClaim(RunDirectoryClaim&& o) noexcept
 
 RunDirectoryClaim::~RunDirectoryClaim() {
   if (fd_ < 0) return;
-  ::unlink(lock_path_.c_str());  // before the unlock: see Acquire
+  struct stat held {
+  }, named{};
+  if (::fstat(fd_, &held) == 0 && ::lstat(lock_path_.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
+      held.st_ino == named.st_ino) {
+    ::unlink(lock_path_.c_str());  // before the unlock (see Acquire); only the file this claim locked
+  }
   ::close(fd_);
 }
 

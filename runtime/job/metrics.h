@@ -158,8 +158,10 @@ class CreatedDirectories {
 // the same output.dir (two launches of one config) is refused before it runs instead of at its end: an exclusive
 // flock(2) on "<parent>/.<name>.eldr-lock" beside output.dir (the parent created if missing, removed again if it
 // stays empty), whose content names the holder ("pid 1234 on node7"). Released when destroyed (the lock file
-// removed) and by the kernel when the process dies (a stale lock file is reused). On a file system without flock
-// the claim is taken without a lock (CommitRunDirectory still refuses to mix two runs).
+// removed) and by the kernel when the process dies (its lock file stays and is reused). The parent's path is
+// resolved (links followed). On a file system without flock the claim is taken without a lock, and where locks are
+// node-local (NFS mounted nolock, Lustre localflock) it excludes only jobs on the same node; CommitRunDirectory
+// still refuses to mix two runs.
 class RunDirectoryClaim {
  public:
   // Error (FailedPrecondition): "output.dir DIR is in use by another eldr job (pid 1234 on node7); wait for it to

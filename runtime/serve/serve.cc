@@ -141,10 +141,11 @@ enum SetupState : int { kSettingUp = 0, kSetupOver = 1, kSetupWatchFired = 2 };
 std::atomic<int> g_setup_state{kSettingUp};
 
 // SetupWait: when this rank began to wait on the others (0: not waiting), on what, and for how long it may.
-std::atomic<double> g_setup_wait_since{0};
-std::atomic<double> g_setup_wait_limit{JobConfig().watchdog_s};
 std::mutex g_setup_wait_mutex;
-std::string g_setup_wait_what;  // guarded by g_setup_wait_mutex
+double g_setup_wait_since = 0;                       // guarded by g_setup_wait_mutex
+double g_setup_wait_limit = JobConfig().watchdog_s;  // guarded by g_setup_wait_mutex; the wait's own limit
+double g_watchdog_s = JobConfig().watchdog_s;        // guarded by g_setup_wait_mutex (SetSetupWaitLimit)
+std::string g_setup_wait_what;                       // guarded by g_setup_wait_mutex
 
 // Fault injection for the setup-signal tests, as a slow or a dead file system would be: before the ranks agree on
 // the job's inputs, ELDR_FAULT_SLOW_SETUP_RANK=r makes rank r spend 3 s (ended early by a signal), and
@@ -177,8 +178,8 @@ double CpuNow() {
 // Who watches whom (README "When a rank fails"). Clocks are monotonic (steady_clock); a watcher whose own loop
 // had a gap (the process was stopped or starved) moves its "last heard" times forward by the gap, so that its
 // own stall is never charged to the ranks it watches.
-//  - Rank 0 sends a HeartbeatMsg to every prefill rank and decoder leader every HeartbeatInterval() and each
-//    answers it, so every live one is heard from that often, idle or busy. A rank silent for watchdog_s is
+//  - Rank 0 sends a HeartbeatMsg to every worker (EP members too) every HeartbeatInterval() and each answers it,
+//    so every live one is heard from that often, idle or busy. A rank silent for watchdog_s is
 //    stopped, hung, dead or blocked behind one that is: rank 0 names the ranks silent longest first, marks the
 //    unfinished requests failed, writes the metrics and ends the job.
 //  - Every prefill rank and decoder leader watches rank 0 from a thread of its own (RouterWatch), which works
@@ -200,10 +201,15 @@ void RunSetupWatch() {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
     const double now = Now();
     if (g_signal && signal_at == 0) signal_at = now;
-    // Rank 0 leaves first: were a worker to exit first, mpirun would SIGKILL rank 0 before its line.
-    const bool rank0 = LauncherRank() <= 0;
-    const double since = g_setup_wait_since.load(), limit = g_setup_wait_limit.load();
-    const bool waited_out = since > 0 && now - since > limit + (rank0 ? 0 : kSignalGraceS);
+    // Rank 0 leaves first: were a worker to exit first, mpirun would SIGKILL rank 0 before its line. Rank 1 reports
+    // a wait that rank 0 did not end (rank 0 is the one stuck): one line per job, as RouterWatch's.
+    const int rank = LauncherRank();
+    const bool rank0 = rank <= 0;
+    std::unique_lock<std::mutex> lock(g_setup_wait_mutex);
+    const double since = g_setup_wait_since, limit = g_setup_wait_limit + (rank0 ? 0 : kSignalGraceS);
+    const std::string what = g_setup_wait_what;
+    lock.unlock();
+    const bool waited_out = since > 0 && now - since > limit;
     const bool signalled = signal_at > 0 && now - signal_at >= (rank0 ? kSetupSignalGraceS : kSignalGraceS);
     if (!waited_out && !signalled) continue;
     int expected = kSettingUp;
@@ -215,12 +221,17 @@ void RunSetupWatch() {
                    "any request was accepted; nothing was written\n",
                    SignalName(g_signal), kSetupSignalGraceS);
     } else if (rank0) {
-      std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
       std::fprintf(stderr,
                    "eldr: error: rank 0: waited %.1f s (watchdog_s) for the other ranks in %s: one of them is stopped, "
                    "hung or never started (or is slower than that: raise watchdog_s); stopped before any request was "
                    "accepted; nothing was written\n",
-                   now - since, g_setup_wait_what.c_str());
+                   now - since, what.c_str());
+    } else if (rank == 1 && !g_signal) {  // a signal: the launcher is ending the job after rank 0 has spoken
+      std::fprintf(stderr,
+                   "eldr: error: rank 1: waited %.1f s (watchdog_s + %.0f s) for the other ranks in %s, and rank 0 did "
+                   "not end the job: rank 0 is stopped, hung or never started (or slower than that: raise "
+                   "watchdog_s); nothing was written\n",
+                   now - since, kSignalGraceS, what.c_str());
     }
     std::fflush(nullptr);
     std::_Exit(signalled ? 128 + g_signal : 1);
@@ -789,7 +800,7 @@ class RouterRank {
       stop_ = Stop::kSignal;
       return false;
     }
-    if (signalled_rank_ >= 0) {
+    if (WorkerSignalled()) {
       stop_ = Stop::kWorkerSignal;
       return false;
     }
@@ -875,12 +886,12 @@ class RouterRank {
         }
         last_ping_ = Now();
       }
-      if (g_signal || signalled_rank_ >= 0 || Now() - wait_start > c_.watchdog_s) {
+      if (g_signal || WorkerSignalled() || Now() - wait_start > c_.watchdog_s) {
         std::string missing;
         for (int r = 1; r < tr_.size(); ++r) {
           if (!ready[r]) missing += (missing.empty() ? "" : ", ") + c_.RoleOf(r) + " (rank " + std::to_string(r) + ")";
         }
-        if (g_signal || signalled_rank_ >= 0)
+        if (g_signal || WorkerSignalled())
           return FailJob(Status::FailedPrecondition(SignalCause() +
                                                     " while the ranks loaded their weights; not ready: " + missing),
                          true);
@@ -995,9 +1006,15 @@ class RouterRank {
     if (m.signal != 0 && signalled_rank_ < 0) {
       signalled_rank_ = msg.source;
       worker_signal_ = m.signal;
+      worker_signal_at_ = Now();
     }
     return Status::Ok();
   }
+
+  // A worker reported a signal kSignalPingS ago: a launcher's signal (mpirun's, scancel's) reaches rank 0 too, maybe
+  // a little later than a worker on another node, and is then the one to name (Tick checks g_signal first). A signal
+  // sent to that worker alone stops the job after this wait, well inside the worker's kSignalGraceS.
+  bool WorkerSignalled() const { return signalled_rank_ >= 0 && Now() - worker_signal_at_ >= kSignalPingS; }
 
   // "rank 0 received SIGTERM", or the worker's signal that stopped the job (rank 0's own comes first).
   std::string SignalCause() const {
@@ -1140,6 +1157,7 @@ class RouterRank {
   double router_gap_ = 0;                        // Stop::kRouterStalled: how long rank 0 was stopped
   double ping_sent_ = 0;                         // PingAfterSignal: when its heartbeats went out (0: not sent)
   int signalled_rank_ = -1, worker_signal_ = 0;  // the first worker whose heartbeat answer carried a signal
+  double worker_signal_at_ = 0;                  // when rank 0 heard it
   Stop stop_ = Stop::kNone;
 };
 
@@ -1258,17 +1276,22 @@ void EndServeSetup() {
 
 int ServeSignal() { return g_signal; }
 
-SetupWait::SetupWait(const std::string& what) {
-  {
-    std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
-    g_setup_wait_what = what;
-  }
+SetupWait::SetupWait(const std::string& what, double at_least_s) {
+  std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
+  g_setup_wait_what = what;
+  g_setup_wait_limit = std::max(g_watchdog_s, at_least_s);
   g_setup_wait_since = Now();
 }
 
-SetupWait::~SetupWait() { g_setup_wait_since = 0; }
+SetupWait::~SetupWait() {
+  std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
+  g_setup_wait_since = 0;
+}
 
-void SetSetupWaitLimit(double seconds) { g_setup_wait_limit = seconds; }
+void SetSetupWaitLimit(double seconds) {
+  std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
+  g_watchdog_s = seconds;
+}
 
 Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what) {
   auto* mpi = dynamic_cast<MpiTransport*>(&tr);
@@ -1304,7 +1327,8 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   ComputePlan plan;
   JobKvTransport kv;
   if (mpi_tr) {
-    SetupWait wait("the ranks' agreement on the compute devices and the KV transport");
+    // The workers start CUDA and NCCL inside it while rank 0 waits: at least kDeviceStartS.
+    SetupWait wait("the ranks' agreement on the compute devices and the KV transport", kDeviceStartS);
     ELDR_ASSIGN_OR_RETURN(plan, AgreeCompute(c.path, c.compute, mpi_tr->comm()));
     auto kv_or = MakeJobKvTransport(c.kv_transport, mpi_tr->comm(), plan.devices[tr.rank()], tr.rank() != 0);
     if (!kv_or.ok()) {
@@ -1323,16 +1347,17 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
   if (tr.rank() == 0) PrintStartupLine(c, plan, kv_name);
   // Every rank loads the same inputs and checks every decoder's placement, so a bad one fails the job before it
   // starts; the ranks agree on the outcome and only rank 0 reports an error they share.
-  Result<JobInputs> inputs = LoadJobInputs(c);
-  Status loaded = inputs.ok() ? Status::Ok() : inputs.status();
-  // Rank 0 writes the run directory: it claims output.dir until the job ends, so that a second job given the same
-  // one is refused now, not when it commits.
+  // Rank 0 writes the run directory: it claims output.dir until the job ends, before it checks it (LoadJobInputs),
+  // so that a second job given the same one is refused now, not when it commits.
   std::optional<RunDirectoryClaim> claim;
-  if (tr.rank() == 0 && loaded.ok()) {
+  Status claimed_status;
+  if (tr.rank() == 0) {
     Result<RunDirectoryClaim> claimed = RunDirectoryClaim::Acquire(c.output_dir);
+    claimed_status = claimed.status();
     if (claimed.ok()) claim.emplace(std::move(claimed).value());
-    loaded = claimed.status();
   }
+  Result<JobInputs> inputs = LoadJobInputs(c);
+  Status loaded = !claimed_status.ok() ? claimed_status : inputs.ok() ? Status::Ok() : inputs.status();
   if (mpi_tr) {  // what this rank and the others on its node will allocate, before any of them does
     SetupWait wait("the memory check of the ranks on each node");
     const Status memory = CheckNodeMemory(mpi_tr->comm(), tr.rank(), c, inputs.ok() ? &*inputs : nullptr);
@@ -1351,8 +1376,7 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     SetupWait wait("the ranks' agreement on the job's inputs (a rank may still be loading them)");
     agreed = AgreeOnSetup(tr, loaded, "the job's inputs or was stopped by a signal");
   }
-  EndServeSetup();
-  ELDR_RETURN_IF_ERROR(agreed);
+  ELDR_RETURN_IF_ERROR(agreed);  // (ServeRank ends setup on an error)
   const ModelConfig& mc = inputs->mc;
   const JobRequests& in = inputs->in;
   const std::vector<Placement>& placements = inputs->placements;
@@ -1363,8 +1387,10 @@ Status RunServeJob(const JobConfig& c, Transport& tr, bool progress) {
     auto* mpi = dynamic_cast<MpiTransport*>(&tr);
     if (!mpi)
       return Status::FailedPrecondition(std::string("decode.ep_size > 1 needs the MPI transport, not ") + tr.name());
+    SetupWait wait("the split of the expert-parallel groups");
     group = GroupComm::Split(mpi->comm(), c.DecoderOfRank(rank), rank);
   }
+  EndServeSetup();
   if (rank == 0) {
     inputs->weights.reset();  // the router needs no weights
     return RouterRank(c, tr, in, mc, kv_name, plan.compute).Run(progress);

@@ -60,6 +60,9 @@ namespace eldr {
 // A Status with an empty message is one that rank 0 has already printed (PrintRankError): print nothing more.
 Status RunServeJob(const JobConfig& config, Transport& transport, bool progress);
 
+// SetupWait's floor for the ranks' agreement on the compute devices and the KV transport (CUDA and NCCL start-up).
+constexpr double kDeviceStartS = 60;
+
 // Turns SIGTERM, SIGINT and SIGHUP into a flag that the job reads (serve.cc, g_signal): called by each rank before
 // MPI_Init, so that a signal at any time after it gives one line, not a silent death. During setup it fails the
 // ranks' agreement on the job's inputs, and a rank blocked in setup is ended 0.5 s after the signal by a watch
@@ -78,10 +81,13 @@ int ServeSignal();
 // A wait of this rank on the others during setup (MPI start-up, a collective of the ranks' agreements), for as long
 // as the object lives: the setup watch ends the process when one lasts longer than the setup wait limit, so that a
 // rank stopped, hung or never started in setup cannot hold the others forever. Rank 0 prints one line naming
-// `what` ("MPI start-up") and exits 1; the launcher then ends the others (any other rank exits silently 2 s later).
+// `what` ("MPI start-up") and exits 1; the launcher then ends the others. Any other rank exits 2 s later (rank 1
+// with one line, unless a signal says the launcher is ending the job: rank 0 itself was the one stuck).
 class SetupWait {
  public:
-  explicit SetupWait(const std::string& what);
+  // `at_least_s`: a floor under the limit, for a wait that covers the other ranks' slow local work (CUDA and NCCL
+  // start-up).
+  explicit SetupWait(const std::string& what, double at_least_s = 0);
   SetupWait(const SetupWait&) = delete;
   SetupWait& operator=(const SetupWait&) = delete;
   ~SetupWait();

@@ -216,22 +216,27 @@ else bad "SIGTERM to mpirun while a rank is stuck in setup" "caught=$caught rc=$
 # the rest. Before, such a job waited forever (a rank stopped in MPI_Init held every other rank there). Rank 2 stuck
 # before the inputs' agreement (ELDR_FAULT_STUCK_SETUP_RANK=2, 30 s), and a 4th rank that starts MPI 30 s late (an
 # MPMD launch whose last rank sleeps first, as a rank stopped in MPI start-up would).
-setup_wait_case() {  # NAME WHERE_PATTERN MPIRUN_ARGS...
+setup_wait_case() {  # NAME WHERE_PATTERN MPIRUN_ARGS... (rank 0's line; SETUP_WAIT_LINE: another pattern)
   local name="$1" where="$2" t0 rc took; shift 2
+  local line="${SETUP_WAIT_LINE:-eldr: error: rank 0: waited [0-9.]+ s \(watchdog_s\) for the other ranks in $where}"
   job "$name" round_robin 0
   t0=$(date +%s.%N)
   timeout -k 5 60 mpirun --oversubscribe -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG "$@" >"$name.log" 2>&1
   rc=$?
   took=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.1f", b - a }')
   if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' "$name.log")" = 1 ] &&
-     grep -qE "eldr: error: rank 0: waited [0-9.]+ s \(watchdog_s\) for the other ranks in $where" "$name.log" &&
+     grep -qE "$line" "$name.log" &&
      [ ! -e "out-$name" ] && awk -v t="$took" -v b="$((W + GRACE + SLACK + 2))" 'BEGIN { exit !(t <= b) }'
-  then ok "a rank that never gets through $where: rank 0's line after watchdog_s, exit $rc, ${took} s"
+  then ok "a rank that never gets through $where: one eldr line after watchdog_s, exit $rc, ${took} s"
   else bad "a rank that never gets through $where" "rc=$rc took=$took $(grep -m2 -E 'eldr|exited' "$name.log")"; fi
 }
 ELDR_FAULT_STUCK_SETUP_RANK=2 setup_wait_case setup-wait-inputs "the ranks' agreement on the job's inputs" \
   -x ELDR_FAULT_STUCK_SETUP_RANK -np 4 "$ELDR" serve -c setup-wait-inputs.yaml --quiet
 setup_wait_case setup-wait-mpi "MPI start-up" -np 3 "$ELDR" serve -c setup-wait-mpi.yaml --quiet : \
   -np 1 bash -c "sleep 30; exec '$ELDR' serve -c setup-wait-mpi.yaml --quiet"
+# Rank 0 itself stuck (no line could come from it): rank 1 says so, 2 s after rank 0 would have.
+SETUP_WAIT_LINE="eldr: error: rank 1: waited [0-9.]+ s \(watchdog_s \+ 2 s\) for the other ranks in the ranks' agreement on the job's inputs.*, and rank 0 did not end the job" \
+  ELDR_FAULT_STUCK_SETUP_RANK=0 setup_wait_case setup-wait-rank0 "the ranks' agreement on the job's inputs (rank 0 stuck)" \
+  -x ELDR_FAULT_STUCK_SETUP_RANK -np 4 "$ELDR" serve -c setup-wait-rank0.yaml --quiet
 
 finish

@@ -166,7 +166,8 @@ if [ "$rc" != 0 ] && [ "$rc" != 124 ] && grep -q "while srun waits for its alloc
 else bad "eldr-launch --launcher srun: SIGTERM while pending" "rc=$rc $(tail -3 pending.log) $(squeue --noheader)"; fi
 
 # scancel JOB of a batch job running eldr-launch: Slurm signals the step's tasks (rank 0 writes the metrics) and the
-# batch script, where eldr-launch finds no running step to pass it on to and leaves srun alone.
+# batch script and srun, which forces the step's termination; eldr-launch passes the SIGTERM on once more at most
+# (harmless: rank 0 has it already) and never SIGKILLs anything itself.
 cat > cancel.sbatch <<SB
 #!/usr/bin/env bash
 #SBATCH --ntasks=4
