@@ -502,10 +502,6 @@ void SyncDirectory(const std::string& dir) {
   ::close(fd);
 }
 
-}  // namespace
-
-namespace {
-
 // The run is written beside output.dir at the end: a place where nothing can be created (a read-only file system,
 // /sys, no permission) is found before the run, by creating and removing a directory in the nearest existing
 // directory on the way.
@@ -579,11 +575,23 @@ Result<RunDirectoryClaim> RunDirectoryClaim::Acquire(const std::string& dir) {
   for (int attempt = 0; attempt < 100; ++attempt) {
     // Another user's stale lock file (mode 0666 less the umask) is still lockable read-only: the note is then not
     // rewritten, nothing else is lost.
-    int fd = ::open(claim.lock_path_.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0666);
-    if (fd < 0 && errno == EACCES) fd = ::open(claim.lock_path_.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    // (O_NONBLOCK: a FIFO put there must not block the open.)
+    constexpr int kFlags = O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK;
+    int fd = ::open(claim.lock_path_.c_str(), O_RDWR | O_CREAT | kFlags, 0666);
+    if (fd < 0 && errno == EACCES) fd = ::open(claim.lock_path_.c_str(), O_RDONLY | kFlags);
+    if (fd < 0 && errno == ELOOP) {  // O_NOFOLLOW: never lock (or later remove) what a link points to
+      return Status::FailedPrecondition("output.dir " + dir + ": its lock file " + claim.lock_path_ +
+                                        " is a symbolic link, not one eldr made; remove it");
+    }
     if (fd < 0) {
       return Status::IoError("output.dir " + dir + ": cannot create its lock file " + claim.lock_path_ + ": " +
                              std::strerror(errno));
+    }
+    struct stat st = {};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {  // a FIFO or device there is someone else's: never removed
+      ::close(fd);
+      return Status::FailedPrecondition("output.dir " + dir + ": its lock file " + claim.lock_path_ +
+                                        " is not a regular file, not one eldr made; remove it");
     }
     if (::flock(fd, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
@@ -600,8 +608,8 @@ Result<RunDirectoryClaim> RunDirectoryClaim::Acquire(const std::string& dir) {
                                         (who.empty() ? "" : " (" + PrintableMessage(who) + ")") +
                                         "; wait for it to end or choose another directory");
     }
-    struct stat held {
-    }, named{};
+    struct stat held = {};
+    struct stat named = {};
     if (::fstat(fd, &held) == 0 && ::lstat(claim.lock_path_.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
         held.st_ino == named.st_ino) {
       char host[256] = {};
@@ -624,8 +632,8 @@ RunDirectoryClaim::RunDirectoryClaim(RunDirectoryClaim&& o) noexcept
 
 RunDirectoryClaim::~RunDirectoryClaim() {
   if (fd_ < 0) return;
-  struct stat held {
-  }, named{};
+  struct stat held = {};
+  struct stat named = {};
   if (::fstat(fd_, &held) == 0 && ::lstat(lock_path_.c_str(), &named) == 0 && held.st_dev == named.st_dev &&
       held.st_ino == named.st_ino) {
     ::unlink(lock_path_.c_str());  // before the unlock (see Acquire); only the file this claim locked

@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <functional>
@@ -193,13 +194,45 @@ constexpr double kRouterGraceS = 2;
 constexpr double kSignalPingS = 0.3;
 constexpr double kSignalGraceS = 2;
 
+// How long ago this process started (exec), from /proc/self/stat; 0 when unknown.
+double SecondsSinceProcessStart() {
+  std::FILE* f = std::fopen("/proc/self/stat", "r");
+  if (!f) return 0;
+  char buf[1024] = {};
+  const size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  const char* p = std::strrchr(buf, ')');  // field 2 (comm) may hold spaces; fields 3.. follow its ')'
+  if (n == 0 || !p) return 0;
+  unsigned long long start_ticks = 0;
+  // Fields 3..21 skipped, field 22 = starttime in clock ticks since boot.
+  if (std::sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %*u %*u %*d %*d %*d %*d %*d %*d %llu",
+                  &start_ticks) != 1)
+    return 0;
+  timespec boot{};
+  clock_gettime(CLOCK_BOOTTIME, &boot);
+  const double since = static_cast<double>(boot.tv_sec) + 1e-9 * static_cast<double>(boot.tv_nsec) -
+                       static_cast<double>(start_ticks) / static_cast<double>(::sysconf(_SC_CLK_TCK));
+  return std::max(0.0, since);
+}
+
 // The setup watch (g_setup_state above), on a thread of its own from InstallServeSignalHandlers until setup ends:
 // a signal, or a SetupWait past its limit.
 void RunSetupWatch() {
-  double signal_at = 0;
+  // A gap in this loop (10 ms sleeps) longer than kOwnStall: the process itself was stopped. Its own stop is not
+  // charged to the others (the wait's start moves forward by the gap), and a stop past the wait limit means the
+  // others have given up on this rank and said so: it then ends without a line of its own.
+  constexpr double kOwnStall = 2;
+  double signal_at = 0, last_tick = Now() - SecondsSinceProcessStart();  // a stop before main counts too
+  bool stopped_past_limit = false;
   while (g_setup_state.load() == kSettingUp) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    const double now = Now();
+    const double now = Now(), gap = now - last_tick;
+    last_tick = now;
+    if (gap > kOwnStall) {
+      std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
+      if (g_setup_wait_since > 0) g_setup_wait_since += gap;
+      if (gap > g_setup_wait_limit) stopped_past_limit = true;
+    }
     if (g_signal && signal_at == 0) signal_at = now;
     // Rank 0 leaves first: were a worker to exit first, mpirun would SIGKILL rank 0 before its line. Rank 1 reports
     // a wait that rank 0 did not end (rank 0 is the one stuck): one line per job, as RouterWatch's.
@@ -214,7 +247,9 @@ void RunSetupWatch() {
     if (!waited_out && !signalled) continue;
     int expected = kSettingUp;
     if (!g_setup_state.compare_exchange_strong(expected, kSetupWatchFired)) return;
-    if (rank0 && signalled) {
+    if (stopped_past_limit) {
+      // said by another rank already (rank 1 of rank 0, rank 0 of the others)
+    } else if (rank0 && signalled) {
       std::fprintf(stderr,
                    "eldr: error: rank 0: received %s while the job was setting up, and setup did not end within "
                    "%.1f s (blocked in MPI start-up, a collective with another rank or a file read): stopped before "
@@ -1069,8 +1104,9 @@ class RouterRank {
                 " s";
     } else if (stop_ == Stop::kSignal) {
       report += std::string("rank 0 received ") + SignalName(g_signal) +
-                (g_signal == SIGTERM
-                     ? " (mpirun and srun send it about a second after a rank has exited, or when the job is cancelled)"
+                (g_signal == SIGTERM  ? " (from the launcher: mpirun and srun send it about a second after a rank has "
+                                        "exited, and when the job is "
+                                        "cancelled or interrupted)"
                  : g_signal == SIGINT ? " (Ctrl-C)"
                                       : " (the terminal closed)");
       if (!silent.empty())
@@ -1296,13 +1332,15 @@ void SetSetupWaitLimit(double seconds) {
 Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what) {
   auto* mpi = dynamic_cast<MpiTransport*>(&tr);
   if (!mpi) return local;
-  const int mine[2] = {local.ok() ? 0 : 1, tr.rank() == 0 && !local.ok() ? 1 : 0};
-  int any[2] = {0, 0};  // some rank failed, rank 0 failed
-  ELDR_MPI_CHECK(MPI_Allreduce(mine, any, 2, MPI_INT, MPI_MAX, mpi->comm()));
+  const bool failed = !local.ok();
+  const int mine[3] = {failed ? 1 : 0, tr.rank() == 0 && failed ? 1 : 0, failed && g_signal != 0 ? 1 : 0};
+  int any[3] = {0, 0, 0};  // some rank failed, rank 0 failed, a rank that failed had received a signal
+  ELDR_MPI_CHECK(MPI_Allreduce(mine, any, 3, MPI_INT, MPI_MAX, mpi->comm()));
   if (any[0] == 0) return Status::Ok();
   if (tr.rank() == 0) {
-    return local.ok() ? Status::FailedPrecondition("another rank could not load " + what + " (its error follows)")
-                      : local;
+    if (!failed && any[2]) return Status(StatusCode::kFailedPrecondition, "");  // that rank's line is the job's
+    return failed ? local
+                  : Status::FailedPrecondition("another rank could not load " + what + " (its own line says why)");
   }
   if (local.ok() || any[1]) return Status(local.ok() ? StatusCode::kFailedPrecondition : local.code(), "");
   return local;

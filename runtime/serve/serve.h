@@ -81,8 +81,9 @@ int ServeSignal();
 // A wait of this rank on the others during setup (MPI start-up, a collective of the ranks' agreements), for as long
 // as the object lives: the setup watch ends the process when one lasts longer than the setup wait limit, so that a
 // rank stopped, hung or never started in setup cannot hold the others forever. Rank 0 prints one line naming
-// `what` ("MPI start-up") and exits 1; the launcher then ends the others. Any other rank exits 2 s later (rank 1
-// with one line, unless a signal says the launcher is ending the job: rank 0 itself was the one stuck).
+// `what` ("MPI start-up") and exits 1; the launcher then ends the others. Any other rank gives up 2 s later; rank 1
+// then prints one line (rank 0 was the one stuck), unless a signal came meanwhile (the launcher ending the job after
+// rank 0's line).
 class SetupWait {
  public:
   // `at_least_s`: a floor under the limit, for a wait that covers the other ranks' slow local work (CUDA and NCCL
@@ -100,7 +101,8 @@ void SetSetupWaitLimit(double seconds);
 // One MPI_Allreduce of the ranks' outcomes of a setup step (every rank calls it), so that no rank goes on to a
 // collective another has left, and an error every rank sees is printed once: rank 0 returns its own error (or
 // says another rank failed); another rank returns an empty message (nothing to print) when rank 0 failed too, or
-// its own error when rank 0 did not. Not MPI: `local`.
+// its own error when rank 0 did not. A rank that failed after receiving a signal ("received SIGTERM while the job
+// was setting up") is the only one to speak: rank 0 then returns an empty message. Not MPI: `local`.
 // `what` names the step in rank 0's line when another rank failed it ("another rank could not load WHAT").
 Status AgreeOnSetup(Transport& tr, const Status& local, const std::string& what = "the job's inputs");
 

@@ -182,6 +182,28 @@ if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eld
 then ok "SIGTERM to rank 0 during setup: one line, exit $rc, no run directory"
 else bad "SIGTERM to rank 0 during setup" "caught=$caught rc=$rc $(grep -m2 -E 'eldr|exited' setup-term.log)"; fi
 
+# The same SIGTERM to one worker (rank 2) during setup: that rank's line is the job's only one (rank 0 used to add
+# "another rank could not load …"), non-zero exit, no run directory.
+job setup-term2 round_robin 0
+ELDR_FAULT_SLOW_SETUP_RANK=2 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+  -x ELDR_FAULT_SLOW_SETUP_RANK "$ELDR" serve -c setup-term2.yaml --quiet >setup-term2.log 2>&1 &
+job_pid=$!
+pid="" caught=""
+for i in $(seq 300); do
+  pid=$(tagged_pids 2)
+  mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
+  [ -n "$pid" ] && [ -n "$mask" ] && (( (0x$mask >> 14) & 1 )) && caught=1 && break
+  sleep 0.01
+done
+[ -n "$caught" ] && kill -TERM "$pid"
+wait "$job_pid"
+rc=$?
+if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' setup-term2.log)" = 1 ] &&
+   grep -q "eldr: error: decode 0 (rank 2): received SIGTERM while the job was setting up" setup-term2.log &&
+   [ ! -e out-setup-term2 ]
+then ok "SIGTERM to a worker during setup: its one line, exit $rc, no run directory"
+else bad "SIGTERM to a worker during setup" "caught=$caught rc=$rc $(grep -m3 -E 'eldr|exited' setup-term2.log)"; fi
+
 # SIGTERM to mpirun while rank 2 is stuck in setup where a signal cannot reach it (ELDR_FAULT_STUCK_SETUP_RANK=2,
 # 30 s, as a read on a dead file system) and rank 0 waits for it in the ranks' agreement: mpirun passes the SIGTERM
 # on and SIGKILLs a second later. Rank 0's setup watch must print its line within that second (it was killed with
@@ -238,5 +260,11 @@ setup_wait_case setup-wait-mpi "MPI start-up" -np 3 "$ELDR" serve -c setup-wait-
 SETUP_WAIT_LINE="eldr: error: rank 1: waited [0-9.]+ s \(watchdog_s \+ 2 s\) for the other ranks in the ranks' agreement on the job's inputs.*, and rank 0 did not end the job" \
   ELDR_FAULT_STUCK_SETUP_RANK=0 setup_wait_case setup-wait-rank0 "the ranks' agreement on the job's inputs (rank 0 stuck)" \
   -x ELDR_FAULT_STUCK_SETUP_RANK -np 4 "$ELDR" serve -c setup-wait-rank0.yaml --quiet
+# Rank 0 stopped before it even started (SIGSTOP before its exec): rank 1's line only; rank 0, continued by mpirun
+# once rank 1 has exited, sees its own stop (from its start time) and adds no line blaming the others.
+SETUP_WAIT_LINE="eldr: error: rank 1: waited [0-9.]+ s \(watchdog_s \+ 2 s\) for the other ranks in MPI start-up, and rank 0 did not end the job" \
+  setup_wait_case setup-wait-stop0 "MPI start-up (rank 0 stopped before its start)" \
+  -np 1 bash -c "kill -STOP \$\$; exec '$ELDR' serve -c setup-wait-stop0.yaml --quiet" : \
+  -np 3 "$ELDR" serve -c setup-wait-stop0.yaml --quiet
 
 finish
