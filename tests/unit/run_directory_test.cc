@@ -1,5 +1,6 @@
 // The run directory (job/metrics.h CommitRunDirectory): all or none, refused or replaced whole, never mixed.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <filesystem>
@@ -192,6 +193,25 @@ TEST_F(RunDirectoryTest, ClaimCreatesMissingParentsAndRemovesThemWhenNoRunCame) 
     ASSERT_TRUE(CommitRunDirectory(deep.string(), false, kRun2).ok());
   }
   EXPECT_EQ(Names(root_ / "a" / "b"), std::set<std::string>{"run"});  // kept: the run is in it
+}
+
+// A lock file eldr did not make (a link, a FIFO) is refused and left in place: never locked through, never removed.
+TEST_F(RunDirectoryTest, ClaimRefusesALockFileThatIsNotARegularFile) {
+  const fs::path lock = root_ / ".run.eldr-lock";
+  ASSERT_EQ(::mkfifo(lock.c_str(), 0644), 0);
+  Result<RunDirectoryClaim> fifo = RunDirectoryClaim::Acquire(dir_);  // must not block in open() either
+  ASSERT_FALSE(fifo.ok());
+  EXPECT_NE(fifo.status().message().find("is not a regular file, not one eldr made; remove it"), std::string::npos)
+      << fifo.status().message();
+  EXPECT_TRUE(fs::is_fifo(lock));
+  fs::remove(lock);
+  fs::create_symlink(root_ / "elsewhere", lock);
+  Result<RunDirectoryClaim> link = RunDirectoryClaim::Acquire(dir_);
+  ASSERT_FALSE(link.ok());
+  EXPECT_NE(link.status().message().find("is a symbolic link, not one eldr made; remove it"), std::string::npos)
+      << link.status().message();
+  EXPECT_TRUE(fs::is_symlink(lock));
+  EXPECT_FALSE(fs::exists(root_ / "elsewhere"));  // nothing created through the link
 }
 
 }  // namespace
