@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <chrono>
 #include <climits>
+#include <csignal>
+#include <cstdlib>
 #include <thread>
 #include <utility>
 
@@ -95,10 +97,20 @@ void MpiTransport::Progress() {
   }
 }
 
+// Fault injection for tests/mpi/fault_test.sh: ELDR_FAULT_STOP_MID_SEND_RANK=r makes rank r stop itself (SIGSTOP)
+// between the header and the payload of its 50th message to rank 0, as a SIGSTOP landing there would.
+static void MaybeStopMidSend(int rank, int dest, size_t bytes) {
+  static int sends_to_0 = 0;  // fault injection only
+  const char* v = std::getenv("ELDR_FAULT_STOP_MID_SEND_RANK");
+  if (v == nullptr || *v == '\0' || std::atoi(v) != rank || dest != 0 || bytes == 0) return;
+  if (++sends_to_0 == 50) std::raise(SIGSTOP);
+}
+
 void MpiTransport::Send(int dest, int tag, const void* data, size_t bytes) {
   // Header: the total size, then the chunks (one message when it fits).
   uint64_t total = bytes;
   ELDR_MPI_CHECK(MPI_Send(&total, 1, MPI_UINT64_T, dest, tag, comm_));
+  MaybeStopMidSend(rank_, dest, bytes);
   const uint8_t* p = static_cast<const uint8_t*>(data);
   for (size_t off = 0; off < bytes; off += kMaxChunk) {
     const int n = static_cast<int>(std::min(kMaxChunk, bytes - off));
@@ -150,7 +162,17 @@ Message MpiTransport::Receive(int source, int tag, const std::function<void()>* 
     requests.emplace_back();
     ELDR_MPI_CHECK(MPI_Irecv(m.payload.data() + off, n, MPI_BYTE, m.source, m.tag, comm_, &requests.back()));
   }
-  WaitAllPolling(static_cast<int>(requests.size()), requests.data(), *on_wait);
+  try {
+    WaitAllPolling(static_cast<int>(requests.size()), requests.data(), *on_wait);
+  } catch (...) {  // on_wait gave up: MPI may still write into the payload, which is therefore never freed
+    for (MPI_Request& r : requests) {
+      if (r == MPI_REQUEST_NULL) continue;
+      MPI_Cancel(&r);
+      MPI_Request_free(&r);
+    }
+    (void)new std::vector<uint8_t>(std::move(m.payload));
+    throw;
+  }
   return m;
 }
 

@@ -59,7 +59,8 @@ class Transport {
   // As Recv, but calls on_wait() between polls while the message's payload is on its way: a sender that stops
   // or dies between a message's header and the end of its payload (a large KvMsg) would keep Recv waiting
   // forever, and the serving job answers rank 0's heartbeats meanwhile, so the sender is the rank named.
-  // Default: Recv (on_wait never called).
+  // on_wait may throw to give up on the message (the job is ending): its pending receives are cancelled, their
+  // buffer is left to MPI (never freed), and the exception propagates. Default: Recv (on_wait never called).
   virtual Message RecvPolling(int source, int tag, const std::function<void()>& on_wait) {
     (void)on_wait;
     return Recv(source, tag);

@@ -867,10 +867,40 @@ class RouterRank {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
       }
-      const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
-      last_heard_[msg.source] = Now();
-      (void)Handle(msg, last_heard_[msg.source] - start_);  // the job is ending: a malformed message changes nothing
+      const std::optional<Message> msg = ReceiveWhile([&] { return Now() - ping_sent_ < kSignalPingS; });
+      if (!msg) break;
+      last_heard_[msg->source] = Now();
+      (void)Handle(*msg, last_heard_[msg->source] - start_);  // the job is ending: a malformed message changes nothing
     }
+  }
+
+  // Receives the message whose header Poll has seen (source and tag as Poll's). Its payload may still be on its
+  // way, and a sender stopped between the two would hold a blocking receive forever, rank 0's watchdog with it
+  // (the job's line then came from rank 1's watch on rank 0, naming no one): `keep_waiting` runs meanwhile (Tick:
+  // the heartbeats and the watchdog, which then names the sender); nullopt once it returns false.
+  std::optional<Message> ReceiveWhile(const std::function<bool()>& keep_waiting, int source = Transport::kAnySource,
+                                      int tag = Transport::kAnyTag) {
+    struct GiveUp {};
+    try {
+      return tr_.RecvPolling(source, tag, [&] {
+        if (!keep_waiting()) throw GiveUp{};
+      });
+    } catch (const GiveUp&) {
+      return std::nullopt;
+    }
+  }
+
+  // ReceiveWhile's `keep_waiting` in the serving loop: Tick (the heartbeats, the watchdog). A rank whose messages wait
+  // unread meanwhile counts as heard (it answers the heartbeats; rank 0 reads them once the payload is in), so that
+  // the watchdog names the sender that stopped mid-message, not every rank rank 0 did not read meanwhile. The wait
+  // lasts at most that sender's watchdog_s.
+  std::function<bool()> WatchWhileReceiving(bool ping) {
+    return [this, ping] {
+      for (int r : watched_) {
+        if (tr_.Poll(r, Transport::kAnyTag)) last_heard_[r] = Now();
+      }
+      return Tick(ping);
+    };
   }
 
   // A leader's goodbye covers its EP members (it stopped them).
@@ -904,16 +934,21 @@ class RouterRank {
     int num_ready = 0;
     const double wait_start = Now();
     while (num_ready < tr_.size() - 1) {
+      const auto in_time = [&] { return !g_signal && Now() - wait_start <= c_.watchdog_s; };
       if (tr_.Poll(Transport::kAnySource, kTagReady)) {
-        const Message m = tr_.Recv(Transport::kAnySource, kTagReady);
-        ELDR_RETURN_IF_ERROR(DecodeMsg<ReadyMsg>(m).status());
-        if (!ready[m.source]) ++num_ready;
-        ready[m.source] = true;
-        continue;
+        const std::optional<Message> m = ReceiveWhile(in_time, Transport::kAnySource, kTagReady);
+        if (m) {
+          ELDR_RETURN_IF_ERROR(DecodeMsg<ReadyMsg>(*m).status());
+          if (!ready[m->source]) ++num_ready;
+          ready[m->source] = true;
+          continue;
+        }
       }
       // The ranks already serving watch rank 0 (RouterWatch): keep them hearing from it, and hear their signals.
       while (tr_.Poll(Transport::kAnySource, kTagHeartbeat)) {
-        ELDR_RETURN_IF_ERROR(OnPong(tr_.Recv(Transport::kAnySource, kTagHeartbeat)));
+        const std::optional<Message> m = ReceiveWhile(in_time, Transport::kAnySource, kTagHeartbeat);
+        if (!m) break;
+        ELDR_RETURN_IF_ERROR(OnPong(*m));
       }
       if (Now() - last_ping_ >= HeartbeatInterval(c_.watchdog_s)) {
         for (int r : watched_) {
@@ -956,9 +991,10 @@ class RouterRank {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
       }
-      const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
-      last_heard_[msg.source] = Now();
-      ELDR_RETURN_IF_ERROR(Handle(msg, last_heard_[msg.source] - start_));
+      const std::optional<Message> msg = ReceiveWhile(WatchWhileReceiving(true));
+      if (!msg) return Status::Ok();  // Tick stopped the job (stop_)
+      last_heard_[msg->source] = Now();
+      ELDR_RETURN_IF_ERROR(Handle(*msg, last_heard_[msg->source] - start_));
       bar.Update(frontend_->num_done());
     }
     return Status::Ok();
@@ -974,9 +1010,10 @@ class RouterRank {
         std::this_thread::sleep_for(std::chrono::microseconds(100));
         continue;
       }
-      const Message msg = tr_.Recv(Transport::kAnySource, Transport::kAnyTag);
-      last_heard_[msg.source] = Now();
-      if (msg.tag == kTagBye) MarkBye(msg.source);
+      const std::optional<Message> msg = ReceiveWhile(WatchWhileReceiving(false));
+      if (!msg) return false;
+      last_heard_[msg->source] = Now();
+      if (msg->tag == kTagBye) MarkBye(msg->source);
     }
   }
 
@@ -1103,12 +1140,13 @@ class RouterRank {
                 WatchdogText() + " s); the other ranks give up on it after watchdog_s + " + Fmt(kRouterGraceS, 0) +
                 " s";
     } else if (stop_ == Stop::kSignal) {
-      report += std::string("rank 0 received ") + SignalName(g_signal) +
-                (g_signal == SIGTERM  ? " (from the launcher: mpirun and srun send it about a second after a rank has "
-                                        "exited, and when the job is "
-                                        "cancelled or interrupted)"
-                 : g_signal == SIGINT ? " (Ctrl-C)"
-                                      : " (the terminal closed)");
+      // Where a SIGTERM comes from: mpirun and srun send it about a second after a rank has exited, and when the
+      // job is cancelled or interrupted.
+      const char* why = g_signal == SIGTERM
+                            ? " (from the launcher: a rank exited, or the job was cancelled or interrupted)"
+                        : g_signal == SIGINT ? " (Ctrl-C)"
+                                             : " (the terminal closed)";
+      report += std::string("rank 0 received ") + SignalName(g_signal) + why;
       if (!silent.empty())
         report += "; silent longest: " + RankName(silent[0]) + ", " + Fmt(now - last_heard_[silent[0]], 1) +
                   " s, no answer to the last heartbeat";

@@ -148,6 +148,25 @@ for launcher in mpirun launch; do
     run_case "$launcher" 3 "$sig" round_robin 0 "an EP group member" "(watchdog|silent longest): decode 0 ep 1 \(rank 3\)" ep
   done
 done
+# A busy decoder stopped between the header and the payload of a message to rank 0 (ELDR_FAULT_STOP_MID_SEND_RANK=3,
+# its 50th): rank 0 receives a payload while its heartbeats and watchdog go on, so its watchdog names rank 3 and it
+# writes the metrics. (It used to block in that receive until rank 1's watch on rank 0 gave up: no line named rank 3;
+# a SIGSTOP that landed there made two CI runs fail.)
+job midsend round_robin 0
+ELDR_FAULT_STOP_MID_SEND_RANK=3 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+  -x ELDR_FAULT_STOP_MID_SEND_RANK "$ELDR" serve -c midsend.yaml --quiet >midsend.log 2>&1
+rc=$?
+for p in $(tagged_pids); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' midsend.log)" = 1 ] &&
+   grep -qE "router \(rank 0\): watchdog: decode 1 \(rank 3\) silent" midsend.log &&
+   $PY -c "
+import json
+m = json.load(open('out-midsend/metrics.json'))
+assert m['completed'] + m['failed'] == $N and m['incomplete'] is True, m
+" 2>>midsend.log
+then ok "a decoder stopped in the middle of a message to rank 0: rank 0's watchdog names it, metrics written"
+else bad "a decoder stopped in the middle of a message to rank 0" "rc=$rc $(grep -m3 -E 'eldr|exited' midsend.log)"; fi
+
 # SIGTERM to one worker alone (not to the launcher): its heartbeat answers carry the signal, and rank 0 names it,
 # accounts for every request and writes the metrics within the worker's 2 s grace, then tells the others to exit.
 # (Before, rank 0 learnt nothing until the worker's exit had the launcher SIGTERM every rank.)
