@@ -144,6 +144,7 @@ std::atomic<int> g_setup_state{kSettingUp};
 // SetupWait: when this rank began to wait on the others (0: not waiting), on what, and for how long it may.
 std::mutex g_setup_wait_mutex;
 double g_setup_wait_since = 0;                       // guarded by g_setup_wait_mutex
+double g_setup_wait_ended = 0;                       // guarded by g_setup_wait_mutex; when the last wait ended
 double g_setup_wait_limit = JobConfig().watchdog_s;  // guarded by g_setup_wait_mutex; the wait's own limit
 double g_watchdog_s = JobConfig().watchdog_s;        // guarded by g_setup_wait_mutex (SetSetupWaitLimit)
 std::string g_setup_wait_what;                       // guarded by g_setup_wait_mutex
@@ -222,7 +223,8 @@ void RunSetupWatch() {
   // charged to the others (the wait's start moves forward by the gap), and a stop past the wait limit means the
   // others have given up on this rank and said so: it then ends without a line of its own.
   constexpr double kOwnStall = 2;
-  double signal_at = 0, last_tick = Now() - SecondsSinceProcessStart();  // a stop before main counts too
+  const double watch_start = Now();
+  double signal_at = 0, last_tick = watch_start - SecondsSinceProcessStart();  // a stop before main counts too
   bool stopped_past_limit = false;
   while (g_setup_state.load() == kSettingUp) {
     std::this_thread::sleep_for(std::chrono::milliseconds(10));
@@ -239,15 +241,23 @@ void RunSetupWatch() {
     const int rank = LauncherRank();
     const bool rank0 = rank <= 0;
     std::unique_lock<std::mutex> lock(g_setup_wait_mutex);
-    const double since = g_setup_wait_since, limit = g_setup_wait_limit + (rank0 ? 0 : kSignalGraceS);
+    // Rank 0 first, rank 1 kSignalGraceS later, the others later still, so that rank 1 speaks before another
+    // rank's exit has the launcher end the job (their waits may start a second apart on a loaded machine).
+    const double since = g_setup_wait_since, limit = g_setup_wait_limit + (rank0       ? 0
+                                                                           : rank == 1 ? kSignalGraceS
+                                                                                       : 2 * kSignalGraceS);
     const std::string what = g_setup_wait_what;
+    // Out of any wait (in its own work: a read, a stuck step) for longer than the others wait for it: they have
+    // given up on this rank, and rank 1 has said so.
+    const bool given_up_on =
+        since == 0 && now - std::max(g_setup_wait_ended, watch_start) > g_setup_wait_limit + kSignalGraceS;
     lock.unlock();
     const bool waited_out = since > 0 && now - since > limit;
     const bool signalled = signal_at > 0 && now - signal_at >= (rank0 ? kSetupSignalGraceS : kSignalGraceS);
     if (!waited_out && !signalled) continue;
     int expected = kSettingUp;
     if (!g_setup_state.compare_exchange_strong(expected, kSetupWatchFired)) return;
-    if (stopped_past_limit) {
+    if (stopped_past_limit || (rank0 && given_up_on)) {
       // said by another rank already (rank 1 of rank 0, rank 0 of the others)
     } else if (rank0 && signalled) {
       std::fprintf(stderr,
@@ -1360,6 +1370,7 @@ SetupWait::SetupWait(const std::string& what, double at_least_s) {
 SetupWait::~SetupWait() {
   std::lock_guard<std::mutex> lock(g_setup_wait_mutex);
   g_setup_wait_since = 0;
+  g_setup_wait_ended = Now();
 }
 
 void SetSetupWaitLimit(double seconds) {

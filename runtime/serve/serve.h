@@ -81,9 +81,9 @@ int ServeSignal();
 // A wait of this rank on the others during setup (MPI start-up, a collective of the ranks' agreements), for as long
 // as the object lives: the setup watch ends the process when one lasts longer than the setup wait limit, so that a
 // rank stopped, hung or never started in setup cannot hold the others forever. Rank 0 prints one line naming
-// `what` ("MPI start-up") and exits 1; the launcher then ends the others. Any other rank gives up 2 s later; rank 1
-// then prints one line (rank 0 was the one stuck), unless a signal came meanwhile (the launcher ending the job after
-// rank 0's line).
+// `what` ("MPI start-up") and exits 1; the launcher then ends the others. Rank 1 gives up 2 s later and prints one
+// line (rank 0 was the one stuck), unless a signal came meanwhile (the launcher ending the job after rank 0's line);
+// the other ranks give up 4 s later, silently.
 class SetupWait {
  public:
   // `at_least_s`: a floor under the limit, for a wait that covers the other ranks' slow local work (CUDA and NCCL
