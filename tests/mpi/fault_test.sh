@@ -181,47 +181,32 @@ run_case mpirun 1 STOP round_robin 0 "the prefill rank under 2000 req/s" "(watch
 # from rank 0 saying so, non-zero exit, no run directory (it used to die at the signal's default action, exit 143 and
 # no line, when the signal came in the ~0.7 s before the handlers were installed). The signal is sent once rank 0's
 # /proc status shows SIGTERM caught (SigCgt bit 14), so the case does not depend on timing.
-job setup-term round_robin 0
-ELDR_FAULT_SLOW_SETUP_RANK=0 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
-  -x ELDR_FAULT_SLOW_SETUP_RANK "$ELDR" serve -c setup-term.yaml --quiet >setup-term.log 2>&1 &
-job_pid=$!
-pid="" caught=""
-for i in $(seq 300); do
-  pid=$(tagged_pids 0)
-  mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
-  [ -n "$pid" ] && [ -n "$mask" ] && (( (0x$mask >> 14) & 1 )) && caught=1 && break
-  sleep 0.01
-done
-[ -n "$caught" ] && kill -TERM "$pid"
-wait "$job_pid"
-rc=$?
-if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' setup-term.log)" = 1 ] &&
-   grep -q "eldr: error: router (rank 0): received SIGTERM while the job was setting up" setup-term.log &&
-   [ ! -e out-setup-term ]
-then ok "SIGTERM to rank 0 during setup: one line, exit $rc, no run directory"
-else bad "SIGTERM to rank 0 during setup" "caught=$caught rc=$rc $(grep -m2 -E 'eldr|exited' setup-term.log)"; fi
-
+setup_term_case() {  # NAME RANK LINE LABEL: SIGTERM to RANK, held in setup, once it shows SIGTERM caught
+  local name="$1" rank="$2" line="$3" label="$4" pid="" caught="" mask rc i
+  job "$name" round_robin 0
+  ELDR_FAULT_SLOW_SETUP_RANK="$rank" timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+    -x ELDR_FAULT_SLOW_SETUP_RANK "$ELDR" serve -c "$name.yaml" --quiet >"$name.log" 2>&1 &
+  local job_pid=$!
+  for i in $(seq 300); do
+    pid=$(tagged_pids "$rank")
+    mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
+    [ -n "$pid" ] && [ -n "$mask" ] && (( (0x$mask >> 14) & 1 )) && caught=1 && break
+    sleep 0.01
+  done
+  [ -n "$caught" ] && kill -TERM "$pid"
+  wait "$job_pid"
+  rc=$?
+  if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' "$name.log")" = 1 ] &&
+     grep -q "$line" "$name.log" && [ ! -e "out-$name" ]
+  then ok "$label: one line, exit $rc, no run directory"
+  else bad "$label" "caught=$caught rc=$rc $(grep -m3 -E 'eldr|exited' "$name.log")"; fi
+}
+setup_term_case setup-term 0 "eldr: error: router (rank 0): received SIGTERM while the job was setting up" \
+  "SIGTERM to rank 0 during setup"
 # The same SIGTERM to one worker (rank 2) during setup: that rank's line is the job's only one (rank 0 used to add
 # "another rank could not load …"), non-zero exit, no run directory.
-job setup-term2 round_robin 0
-ELDR_FAULT_SLOW_SETUP_RANK=2 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
-  -x ELDR_FAULT_SLOW_SETUP_RANK "$ELDR" serve -c setup-term2.yaml --quiet >setup-term2.log 2>&1 &
-job_pid=$!
-pid="" caught=""
-for i in $(seq 300); do
-  pid=$(tagged_pids 2)
-  mask=$(awk '/^SigCgt:/ { print $2 }' "/proc/$pid/status" 2>/dev/null)
-  [ -n "$pid" ] && [ -n "$mask" ] && (( (0x$mask >> 14) & 1 )) && caught=1 && break
-  sleep 0.01
-done
-[ -n "$caught" ] && kill -TERM "$pid"
-wait "$job_pid"
-rc=$?
-if [ -n "$caught" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' setup-term2.log)" = 1 ] &&
-   grep -q "eldr: error: decode 0 (rank 2): received SIGTERM while the job was setting up" setup-term2.log &&
-   [ ! -e out-setup-term2 ]
-then ok "SIGTERM to a worker during setup: its one line, exit $rc, no run directory"
-else bad "SIGTERM to a worker during setup" "caught=$caught rc=$rc $(grep -m3 -E 'eldr|exited' setup-term2.log)"; fi
+setup_term_case setup-term2 2 "eldr: error: decode 0 (rank 2): received SIGTERM while the job was setting up" \
+  "SIGTERM to a worker during setup"
 
 # SIGTERM to mpirun while rank 2 is stuck in setup where a signal cannot reach it (ELDR_FAULT_STUCK_SETUP_RANK=2,
 # 30 s, as a read on a dead file system) and rank 0 waits for it in the ranks' agreement: mpirun passes the SIGTERM
