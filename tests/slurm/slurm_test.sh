@@ -118,9 +118,12 @@ srun_fault TERM "router \(rank 0\): decode 1 \(rank 3\) received SIGTERM"
 
 # A signal to launch/eldr-launch --launcher srun --run's process group, as timeout(1) or a terminal's Ctrl-C sends
 # it: srun itself would SIGKILL every task ("forcing job termination"), so eldr-launch keeps srun out of its group
-# and passes the signal on to the tasks (scancel --signal): rank 0 names it and writes the metrics.
+# and passes the signal on to the tasks (scancel --signal): rank 0 names it and writes the metrics. A SIGKILL (as
+# timeout -k sends it) ends eldr-launch at once: its guard, in a session of its own, passes SIGTERM on instead, and
+# the step must still end (within 30 s) with rank 0's line and the metrics, leaving no task and no step behind.
 launch_signal() {  # SIGNAL
-  local sig="$1" out="$WORK/out-launch-$1" log="launch-$1.log" pid="" i rc
+  local sig="$1" out="$WORK/out-launch-$1" log="launch-$1.log" pid="" i rc expect="$1"
+  [ "$sig" = KILL ] && expect=TERM
   sed "s|dir: .*}|dir: $out}|" fault-TERM.yaml >"launch-$sig.yaml"
   ELDR="$ELDR" ELDR_FAULT_TAG="$TAG" timeout -k 5 60 setsid "$SRC/launch/eldr-launch" "launch-$sig.yaml" --launcher srun \
     --run -- --overcommit >"$log" 2>&1 &
@@ -132,15 +135,23 @@ launch_signal() {  # SIGNAL
   [ -n "$pgid" ] && kill "-$sig" -- "-$pgid"
   wait "$job_pid"
   rc=$?
+  local left=""
+  if [ "$sig" = KILL ]; then  # eldr-launch is gone; the step must end by itself
+    for i in $(seq 300); do [ -z "$(rank_pid 0)$(squeue --noheader --steps --format %j | grep '^eldr-launch-')" ] && break; sleep 0.1; done
+    left="$(rank_pid 0)$(squeue --noheader --steps --format %j | grep '^eldr-launch-')"
+  fi
   local label="eldr-launch --launcher srun: SIG$sig to its process group"
   if [ -z "$pid" ] || [ -z "$pgid" ]; then bad "$label" "job not found (rank 3 '$pid', group '$pgid')"
   elif [ "$rc" = 0 ] || [ "$rc" = 124 ]; then bad "$label" "exit $rc"
-  elif [ "$(grep -c 'eldr: error' "$log")" != 1 ] || ! grep -q "rank 0 received SIG$sig" "$log"; then
+  elif [ -n "$left" ]; then bad "$label" "still running 30 s later: $left"
+  elif [ "$sig" = KILL ] && ! grep -q "its guard passes SIGTERM on to the step" "$log"; then
+    bad "$label" "no guard line: $(grep -E 'eldr|srun' "$log" | head -4)"
+  elif [ "$(grep -c 'eldr: error' "$log")" != 1 ] || ! grep -q "rank 0 received SIG$expect" "$log"; then
     bad "$label" "$(grep -E 'eldr|srun' "$log" | head -4)"
   elif ! $PY -c "
 import json
 m = json.load(open('$out/metrics.json'))
-assert m['completed'] + m['failed'] == 60 and m['incomplete'] is True and 'SIG$sig' in m['reason'], m
+assert m['completed'] + m['failed'] == 60 and m['incomplete'] is True and 'SIG$expect' in m['reason'], m
 assert len(open('$out/requests.jsonl').readlines()) == 60
 " 2>>"$log"; then bad "$label" "metrics: $(tail -1 "$log")"
   else ok "$label: rank 0's line, every request accounted for, exit $rc"; fi
@@ -149,6 +160,7 @@ assert len(open('$out/requests.jsonl').readlines()) == 60
 }
 launch_signal TERM
 launch_signal INT
+launch_signal KILL
 
 # A SIGTERM while srun still waits for its allocation (--begin=now+60 keeps the job pending): eldr-launch stops srun,
 # which withdraws the request; nothing is left queued.
