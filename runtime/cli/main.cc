@@ -101,6 +101,11 @@ nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd) {
 
 }  // namespace eldr::cli
 
+// SIGINT, SIGTERM and SIGHUP are recorded from the process's first instant: .preinit_array runs before any shared
+// library's initialisers (libcublasLt's take ~0.1 s), which a constructor of this file would run after.
+__attribute__((section(".preinit_array"),
+               used)) static void (*record_signals_from_start)(int, char**, char**) = eldr::RecordSignalsFromStart;
+
 int main(int argc, char** argv) {
   CLI::App app{
       "eldr: expert-locality-aware decode routing for MoE serving with prefill-decode disaggregation.\n"
@@ -123,6 +128,10 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
+    if (eldr::Interrupted()) {  // since the process started (RecordSignalsFromStart): no help, no parse error
+      std::fprintf(stderr, "eldr: %s\n", eldr::InterruptStatus().message().c_str());
+      return eldr::InterruptExitCode();
+    }
     // A rank of an eldr serve job of several processes agrees on the error with the others, so that an error every
     // rank has is printed once, by rank 0, and one rank's own (an MPMD launch) by that rank. Not --print-ranks,
     // which runs without MPI (launch/eldr-launch calls it, in a Slurm batch script too).
@@ -134,6 +143,16 @@ int main(int argc, char** argv) {
     }
     const int code = app.exit(e);  // --help and --version print to stdout
     return code == 0 && !eldr::cli::StdoutWritten() ? 1 : code;
+  }
+  // A signal since the process started (RecordSignalsFromStart, below) ends any command but eldr serve here, with
+  // the line of an interrupt; then a command that polls no interrupt gets the signals' default actions back. eldr
+  // serve's handlers take such a signal over (InstallServeSignalHandlers).
+  if (!app.got_subcommand("serve")) {
+    if (eldr::Interrupted()) {
+      std::fprintf(stderr, "eldr: %s\n", eldr::InterruptStatus().message().c_str());
+      return eldr::InterruptExitCode();
+    }
+    eldr::RestoreDefaultSignalActions();
   }
   try {
     // The environment's settings are checked before any work, as the options are; eldr serve checks them on every

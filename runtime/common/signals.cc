@@ -1,6 +1,10 @@
 #include "runtime/common/signals.h"
 
+#include <signal.h>
+#include <unistd.h>
+
 #include <csignal>
+#include <cstring>
 #include <string>
 
 namespace eldr {
@@ -37,6 +41,24 @@ void InstallInterruptHandlers() {
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
 }
 
+void RecordSignalsFromStart(int, char**, char** envp) {
+  InstallInterruptHandlers();
+  // envp, not getenv: this runs before libc's own initialisers.
+  constexpr char kFault[] = "ELDR_FAULT_SIGNAL_AT_START=";
+  for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
+    if (std::strncmp(*e, kFault, sizeof(kFault) - 1) == 0) {
+      int sig = 0;
+      for (const char* c = *e + sizeof(kFault) - 1; *c >= '0' && *c <= '9' && sig < 100; ++c)
+        sig = sig * 10 + (*c - '0');
+      if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) kill(getpid(), sig);
+    }
+  }
+}
+
+void RestoreDefaultSignalActions() {
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+}
+
 bool Interrupted() { return g_signal != 0; }
 
 int InterruptSignal() { return g_signal; }
@@ -44,6 +66,12 @@ int InterruptSignal() { return g_signal; }
 Status InterruptStatus() { return Status::IoError(std::string("interrupted by ") + SignalName(g_signal)); }
 
 int InterruptExitCode() { return 128 + g_signal; }
+
+int TakeInterrupt() {
+  const int sig = g_signal;
+  g_signal = 0;
+  return sig;
+}
 
 void ClearInterruptForTesting() { g_signal = 0; }
 

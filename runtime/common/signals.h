@@ -7,6 +7,12 @@
 // rename once a signal arrived, and main() prints one line and exits with InterruptExitCode() (128 + signal, the
 // shell's convention).
 //
+// The eldr binary installs the same recording handler from its first instant (RecordSignalsFromStart, in its
+// .preinit_array: before any shared library's initialisers, of which libcublasLt's take ~0.1 s), so a signal that
+// comes before main is not lost: main reports it after parsing the command line as it reports an interrupt (one
+// line, 128 + signal), or eldr serve takes it over (TakeInterrupt, InstallServeSignalHandlers); a command that polls
+// no interrupt gets the default actions back first (RestoreDefaultSignalActions).
+//
 // Thread safety: Interrupted() and InterruptSignal() may be called from any thread and from signal
 // handlers. InstallInterruptHandlers() is called from the main thread before any worker thread starts.
 #pragma once
@@ -20,6 +26,14 @@ namespace eldr {
 // is what a command that writes nothing wants.
 void InstallInterruptHandlers();
 
+// InstallInterruptHandlers() with the .preinit_array signature (argc, argv, envp), for the eldr binary alone.
+// Fault injection for tests/mpi/fault_test.sh: ELDR_FAULT_SIGNAL_AT_START=N (in envp) then sends the process signal
+// N at once, as a launcher's signal in the process's first instant would.
+void RecordSignalsFromStart(int argc, char** argv, char** envp);
+
+// SIGINT, SIGTERM and SIGHUP back to their default action (the process dies). A signal recorded before stays so.
+void RestoreDefaultSignalActions();
+
 // True once one of the three signals arrived after InstallInterruptHandlers(). Cheap: poll it in loops.
 bool Interrupted();
 
@@ -31,6 +45,10 @@ Status InterruptStatus();
 
 // 128 + InterruptSignal(). REQUIRES: Interrupted().
 int InterruptExitCode();
+
+// The signal recorded so far (0 for none), forgotten here: for a command with handlers of its own (eldr serve), which
+// installs them first and then takes over what came before.
+int TakeInterrupt();
 
 // Tests only: forgets a recorded signal (the handlers stay installed).
 void ClearInterruptForTesting();

@@ -26,6 +26,7 @@
 #include "runtime/common/check.h"
 #include "runtime/common/json_util.h"
 #include "runtime/common/progress.h"
+#include "runtime/common/signals.h"
 #include "runtime/job/frontend.h"
 #include "runtime/job/metrics.h"
 #include "runtime/job/workload.h"
@@ -1349,6 +1350,9 @@ void PrintStartupLine(const JobConfig& c, const ComputePlan& plan, const char* k
 
 void InstallServeSignalHandlers() {
   for (int sig : {SIGTERM, SIGINT, SIGHUP}) std::signal(sig, OnTerminate);
+  // A signal before these handlers (before main too: signals.h RecordSignalsFromStart) is this job's from here on.
+  const int early = TakeInterrupt();
+  if (early != 0 && g_signal == 0) g_signal = early;
   std::thread(RunSetupWatch).detach();
 }
 

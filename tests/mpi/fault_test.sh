@@ -208,6 +208,19 @@ setup_term_case setup-term 0 "eldr: error: router (rank 0): received SIGTERM whi
 setup_term_case setup-term2 2 "eldr: error: decode 0 (rank 2): received SIGTERM while the job was setting up" \
   "SIGTERM to a worker during setup"
 
+# A SIGTERM to every rank before main (ELDR_FAULT_SIGNAL_AT_START=15: each process sends it to itself in its
+# .preinit_array, while the shared libraries are still to initialise, ~0.1 s): before, each rank died at the signal's
+# default action with no line; now it is recorded and the job ends at its setup as for any signal then.
+job early-term round_robin 0
+ELDR_FAULT_SIGNAL_AT_START=15 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+  -x ELDR_FAULT_SIGNAL_AT_START "$ELDR" serve -c early-term.yaml --quiet >early-term.log 2>&1
+rc=$?
+if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' early-term.log)" = 1 ] &&
+   grep -q "eldr: error: router (rank 0): received SIGTERM while the job was setting up" early-term.log &&
+   [ ! -e out-early-term ]
+then ok "SIGTERM to every rank before main: rank 0's line, exit $rc, no run directory"
+else bad "SIGTERM to every rank before main" "rc=$rc $(grep -m3 -E 'eldr|exited' early-term.log)"; fi
+
 # SIGTERM to mpirun while rank 2 is stuck in setup where a signal cannot reach it (ELDR_FAULT_STUCK_SETUP_RANK=2,
 # 30 s, as a read on a dead file system) and rank 0 waits for it in the ranks' agreement: mpirun passes the SIGTERM
 # on and SIGKILLs a second later. Rank 0's setup watch must print its line within that second (it was killed with

@@ -266,6 +266,31 @@ TEST_F(AtomicFileTest, SignalIsRecordedAndCommitRefused) {
   EXPECT_EQ(InterruptStatus().message(), "interrupted by SIGHUP");
 }
 
+TEST_F(AtomicFileTest, TakeInterruptHandsOverAndRestoreGivesTheDefaultsBack) {
+  InstallInterruptHandlers();
+  EXPECT_EQ(TakeInterrupt(), 0);
+  ASSERT_EQ(std::raise(SIGHUP), 0);
+  EXPECT_EQ(TakeInterrupt(), SIGHUP);  // taken: forgotten here
+  EXPECT_FALSE(Interrupted());
+  EXPECT_EQ(TakeInterrupt(), 0);
+  RestoreDefaultSignalActions();
+  for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
+    struct sigaction now = {};
+    ASSERT_EQ(sigaction(sig, nullptr, &now), 0);
+    EXPECT_EQ(now.sa_handler, SIG_DFL) << sig;
+  }
+  // A process started with ELDR_FAULT_SIGNAL_AT_START has sent itself the signal; without it nothing is sent.
+  char other[] = "PATH=/bin";
+  std::string fault = "ELDR_FAULT_SIGNAL_AT_START=" + std::to_string(SIGHUP);
+  char* env_without[] = {other, nullptr};
+  char* env_with[] = {other, fault.data(), nullptr};
+  RecordSignalsFromStart(0, nullptr, env_without);
+  EXPECT_FALSE(Interrupted());
+  RecordSignalsFromStart(0, nullptr, env_with);
+  EXPECT_EQ(InterruptSignal(), SIGHUP);
+  ClearInterruptForTesting();
+}
+
 TEST_F(AtomicFileTest, OutputSetCommitsAllOrNone) {
   {
     OutputSet set;
