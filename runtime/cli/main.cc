@@ -106,6 +106,12 @@ nlohmann::json WithProvenance(nlohmann::json report, const CLI::App& cmd) {
 __attribute__((section(".preinit_array"),
                used)) static void (*record_signals_from_start)(int, char**, char**) = eldr::RecordSignalsFromStart;
 
+// One line for a signal that ended a command before it did anything: the shell's exit code of a run it killed.
+static int InterruptedExit() {
+  std::fprintf(stderr, "eldr: %s\n", eldr::InterruptStatus().message().c_str());
+  return eldr::InterruptExitCode();
+}
+
 int main(int argc, char** argv) {
   CLI::App app{
       "eldr: expert-locality-aware decode routing for MoE serving with prefill-decode disaggregation.\n"
@@ -128,10 +134,6 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    if (eldr::Interrupted()) {  // since the process started (RecordSignalsFromStart): no help, no parse error
-      std::fprintf(stderr, "eldr: %s\n", eldr::InterruptStatus().message().c_str());
-      return eldr::InterruptExitCode();
-    }
     // A rank of an eldr serve job of several processes agrees on the error with the others, so that an error every
     // rank has is printed once, by rank 0, and one rank's own (an MPMD launch) by that rank. Not --print-ranks,
     // which runs without MPI (launch/eldr-launch calls it, in a Slurm batch script too).
@@ -141,17 +143,17 @@ int main(int argc, char** argv) {
       (void)eldr::cli::ServeAfterCommandLineError(std::string(e.what()) + " (see eldr serve --help)");
       return 1;
     }
+    // A signal since the process started (RecordSignalsFromStart): its line instead of the help or the parse error
+    // (a serve rank above takes it over with its own handlers, as the ranks agree on the error).
+    if (eldr::Interrupted()) return InterruptedExit();
     const int code = app.exit(e);  // --help and --version print to stdout
     return code == 0 && !eldr::cli::StdoutWritten() ? 1 : code;
   }
-  // A signal since the process started (RecordSignalsFromStart, below) ends any command but eldr serve here, with
+  // A signal since the process started (RecordSignalsFromStart, above) ends any command but eldr serve here, with
   // the line of an interrupt; then a command that polls no interrupt gets the signals' default actions back. eldr
   // serve's handlers take such a signal over (InstallServeSignalHandlers).
   if (!app.got_subcommand("serve")) {
-    if (eldr::Interrupted()) {
-      std::fprintf(stderr, "eldr: %s\n", eldr::InterruptStatus().message().c_str());
-      return eldr::InterruptExitCode();
-    }
+    if (eldr::Interrupted()) return InterruptedExit();
     eldr::RestoreDefaultSignalActions();
   }
   try {
