@@ -149,12 +149,14 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);  // --help and --version print to stdout
     return code == 0 && !eldr::cli::StdoutWritten() ? 1 : code;
   }
-  // A signal since the process started (RecordSignalsFromStart, above) ends any command but eldr serve here, with
-  // the line of an interrupt; then a command that polls no interrupt gets the signals' default actions back. eldr
-  // serve's handlers take such a signal over (InstallServeSignalHandlers).
-  if (!app.got_subcommand("serve")) {
+  // A signal since the process started (RecordSignalsFromStart, above) ends any command but an eldr serve job here,
+  // with the line of an interrupt, once the signals' inherited actions are back (so that none comes in between
+  // unseen): a command that polls no interrupt ends at a signal as it would have. A serve job's handlers take such
+  // a signal over (InstallServeSignalHandlers); --print-ranks runs no job.
+  const CLI::App* serve = app.get_subcommand("serve");
+  if (!app.got_subcommand("serve") || serve->get_option("--print-ranks")->count() > 0) {
+    eldr::RestoreInheritedSignalActions();
     if (eldr::Interrupted()) return InterruptedExit();
-    eldr::RestoreDefaultSignalActions();
   }
   try {
     // The environment's settings are checked before any work, as the options are; eldr serve checks them on every

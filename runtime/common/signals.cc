@@ -31,18 +31,30 @@ const char* SignalName(int sig) {
   }
 }
 
-}  // namespace
+constexpr int kSignals[3] = {SIGINT, SIGTERM, SIGHUP};
+bool g_ignored_at_start[3] = {false, false, false};  // set by RecordSignalsFromStart, before main: read-only after
 
-void InstallInterruptHandlers() {
+void Record(int sig) {
   struct sigaction sa = {};
   sa.sa_handler = RecordSignal;
   sigemptyset(&sa.sa_mask);
   sa.sa_flags = SA_RESTART;
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) sigaction(sig, &sa, nullptr);
+  sigaction(sig, &sa, nullptr);
+}
+
+}  // namespace
+
+void InstallInterruptHandlers() {
+  for (int sig : kSignals) Record(sig);
 }
 
 void RecordSignalsFromStart(int, char**, char** envp) {
-  InstallInterruptHandlers();
+  for (int i = 0; i < 3; ++i) {
+    struct sigaction inherited = {};
+    sigaction(kSignals[i], nullptr, &inherited);
+    g_ignored_at_start[i] = inherited.sa_handler == SIG_IGN;  // nohup's SIGHUP, a script's `cmd &` SIGINT: kept
+    if (!g_ignored_at_start[i]) Record(kSignals[i]);
+  }
   // envp, not getenv: this runs before libc's own initialisers.
   constexpr char kFault[] = "ELDR_FAULT_SIGNAL_AT_START=";
   for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
@@ -55,8 +67,8 @@ void RecordSignalsFromStart(int, char**, char** envp) {
   }
 }
 
-void RestoreDefaultSignalActions() {
-  for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, SIG_DFL);
+void RestoreInheritedSignalActions() {
+  for (int i = 0; i < 3; ++i) std::signal(kSignals[i], g_ignored_at_start[i] ? SIG_IGN : SIG_DFL);
 }
 
 bool Interrupted() { return g_signal != 0; }

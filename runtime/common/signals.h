@@ -11,7 +11,7 @@
 // .preinit_array: before any shared library's initialisers, of which libcublasLt's take ~0.1 s), so a signal that
 // comes before main is not lost: main reports it after parsing the command line as it reports an interrupt (one
 // line, 128 + signal), or eldr serve takes it over (TakeInterrupt, InstallServeSignalHandlers); a command that polls
-// no interrupt gets the default actions back first (RestoreDefaultSignalActions).
+// no interrupt gets the inherited actions back first (RestoreInheritedSignalActions).
 //
 // Thread safety: Interrupted() and InterruptSignal() may be called from any thread and from signal
 // handlers. InstallInterruptHandlers() is called from the main thread before any worker thread starts.
@@ -31,8 +31,10 @@ void InstallInterruptHandlers();
 // N at once, as a launcher's signal in the process's first instant would.
 void RecordSignalsFromStart(int argc, char** argv, char** envp);
 
-// SIGINT, SIGTERM and SIGHUP back to their default action (the process dies). A signal recorded before stays so.
-void RestoreDefaultSignalActions();
+// SIGINT, SIGTERM and SIGHUP back to the actions the process started with: the default (the process dies), or
+// ignored where the caller had them ignored (nohup's SIGHUP), which RecordSignalsFromStart leaves alone too. A signal
+// recorded before stays recorded.
+void RestoreInheritedSignalActions();
 
 // True once one of the three signals arrived after InstallInterruptHandlers(). Cheap: poll it in loops.
 bool Interrupted();

@@ -119,7 +119,11 @@ void MaybeDie(int rank) {
 // metrics get written). (A signal handler can only set a flag: this and the setup state below are the
 // process-wide state.)
 volatile std::sig_atomic_t g_signal = 0;  // the signal received, 0 for none
-extern "C" void OnTerminate(int sig) { g_signal = sig; }
+// The first signal counts: a launcher's second one (eldr-launch's guard after a trap's, mpirun's SIGTERM after a
+// Ctrl-C) must not change the reason or the exit code.
+extern "C" void OnTerminate(int sig) {
+  if (g_signal == 0) g_signal = sig;
+}
 
 const char* SignalName(int sig) { return sig == SIGINT ? "SIGINT" : sig == SIGHUP ? "SIGHUP" : "SIGTERM"; }
 

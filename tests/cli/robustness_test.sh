@@ -657,6 +657,14 @@ for args in "trace synth --requests 4 --out early.h5" "trace synth --help" "trac
   done
 done
 
+# A signal the caller had ignored (nohup's SIGHUP) stays ignored: the process's own SIGHUP at its start changes
+# nothing, and the command runs to its end.
+(trap '' HUP; ELDR_FAULT_SIGNAL_AT_START=$(kill -l HUP) exec "$ELDR" trace synth --requests 4 --out nohup.h5) \
+  >"$WORK/out.txt" 2>"$WORK/err.txt"
+rc=$?
+if [ "$rc" = 0 ] && [ -s nohup.h5 ] && [ ! -s "$WORK/err.txt" ]; then ok "SIGHUP ignored by the caller (nohup): still ignored"
+else bad "SIGHUP ignored by the caller (nohup): still ignored" "rc=$rc $(cat "$WORK/err.txt")"; fi
+
 # A long calibration (k-means restarts poll the signal): neither the calibration nor the report is left.
 "$ELDR" trace synth --requests 3000 --layers 8 --experts 32 --top-k 4 --prompt-len 16 --output-len 16 --out mid.h5 >/dev/null
 "$ELDR" calibrate --trace mid.h5 -K 8 --restarts 30 --out cm.h5 --report cm.json --quiet >"$WORK/out.txt" 2>"$WORK/err.txt" &

@@ -120,32 +120,42 @@ srun_fault TERM "router \(rank 0\): decode 1 \(rank 3\) received SIGTERM"
 # it: srun itself would SIGKILL every task ("forcing job termination"), so eldr-launch keeps srun out of its group
 # and passes the signal on to the tasks (scancel --signal): rank 0 names it and writes the metrics. A SIGKILL (as
 # timeout -k sends it) ends eldr-launch at once: its guard, in a session of its own, passes SIGTERM on instead, and
-# the step must still end (within 30 s) with rank 0's line and the metrics, leaving no task and no step behind.
-launch_signal() {  # SIGNAL
-  local sig="$1" out="$WORK/out-launch-$1" log="launch-$1.log" pid="" i rc expect="$1"
+# the step must still end (within 30 s) with rank 0's line and the metrics, leaving no task, step or guard behind.
+# A SIGINT then a SIGKILL (timeout -s INT -k): the guard passes nothing more on, and the job's reason stays SIGINT.
+launch_signal() {  # SIGNAL [SIGNAL2: sent 0.5 s after the first]
+  local sig="$1" then="${2:-}" name="$1${2:+-$2}" pid="" i rc expect="$1"
+  local out="$WORK/out-launch-$name" log="launch-$name.log"
   [ "$sig" = KILL ] && expect=TERM
-  sed "s|dir: .*}|dir: $out}|" fault-TERM.yaml >"launch-$sig.yaml"
-  ELDR="$ELDR" ELDR_FAULT_TAG="$TAG" timeout -k 5 60 setsid "$SRC/launch/eldr-launch" "launch-$sig.yaml" --launcher srun \
+  sed "s|dir: .*}|dir: $out}|" fault-TERM.yaml >"launch-$name.yaml"
+  ELDR="$ELDR" ELDR_FAULT_TAG="$TAG" timeout -k 5 60 setsid "$SRC/launch/eldr-launch" "launch-$name.yaml" --launcher srun \
     --run -- --overcommit >"$log" 2>&1 &
   local job_pid=$!
   for i in $(seq 150); do pid=$(rank_pid 3); [ -n "$pid" ] && [ -n "$(rank_pid 0)" ] && break; sleep 0.1; done
   sleep 2
   local pgid
-  pgid=$(ps -o pgid= -p "$(pgrep -f -n "launch/eldr-launch launch-$sig.yaml" || echo 0)" 2>/dev/null | tr -d ' ')
-  [ -n "$pgid" ] && kill "-$sig" -- "-$pgid"
+  pgid=$(ps -o pgid= -p "$(pgrep -f -n "launch/eldr-launch launch-$name.yaml" || echo 0)" 2>/dev/null | tr -d ' ')
+  if [ -n "$pgid" ]; then
+    kill "-$sig" -- "-$pgid"
+    [ -n "$then" ] && sleep 0.5 && kill "-$then" -- "-$pgid"
+  fi
   wait "$job_pid"
   rc=$?
-  local left=""
-  if [ "$sig" = KILL ]; then  # eldr-launch is gone; the step must end by itself
-    for i in $(seq 300); do [ -z "$(rank_pid 0)$(squeue --noheader --steps --format %j | grep '^eldr-launch-')" ] && break; sleep 0.1; done
-    left="$(rank_pid 0)$(squeue --noheader --steps --format %j | grep '^eldr-launch-')"
-  fi
-  local label="eldr-launch --launcher srun: SIG$sig to its process group"
+  # eldr-launch may be gone (SIGKILL): the step must end by itself, and the guard with it
+  for i in $(seq 300); do
+    [ -z "$(rank_pid 0)$(squeue --noheader --steps --format %j | grep '^eldr-launch-')$(pgrep -f 'srun_runs')" ] && break
+    sleep 0.1
+  done
+  local left guards
+  left="$(rank_pid 0)$(squeue --noheader --steps --format %j | grep '^eldr-launch-')$(pgrep -f 'srun_runs')"
+  left="$left$(ls "${TMPDIR:-/tmp}"/eldr-launch.?????? 2>/dev/null)"  # eldr-launch's state file
+  guards=$(grep -c "its guard passes" "$log")
+  local label="eldr-launch --launcher srun: SIG$sig${then:+ then SIG$then} to its process group"
   if [ -z "$pid" ] || [ -z "$pgid" ]; then bad "$label" "job not found (rank 3 '$pid', group '$pgid')"
   elif [ "$rc" = 0 ] || [ "$rc" = 124 ]; then bad "$label" "exit $rc"
   elif [ -n "$left" ]; then bad "$label" "still running 30 s later: $left"
-  elif [ "$sig" = KILL ] && ! grep -q "its guard passes SIGTERM on to the step" "$log"; then
+  elif [ "$sig" = KILL ] && ! grep -q "its guard passes SIGTERM on to step" "$log"; then
     bad "$label" "no guard line: $(grep -E 'eldr|srun' "$log" | head -4)"
+  elif [ "$sig" != KILL ] && [ "$guards" != 0 ]; then bad "$label" "the guard passed a signal on too: $(grep guard "$log")"
   elif [ "$(grep -c 'eldr: error' "$log")" != 1 ] || ! grep -q "rank 0 received SIG$expect" "$log"; then
     bad "$label" "$(grep -E 'eldr|srun' "$log" | head -4)"
   elif ! $PY -c "
@@ -154,13 +164,14 @@ m = json.load(open('$out/metrics.json'))
 assert m['completed'] + m['failed'] == 60 and m['incomplete'] is True and 'SIG$expect' in m['reason'], m
 assert len(open('$out/requests.jsonl').readlines()) == 60
 " 2>>"$log"; then bad "$label" "metrics: $(tail -1 "$log")"
-  else ok "$label: rank 0's line, every request accounted for, exit $rc"; fi
+  else ok "$label: rank 0's line, every request accounted for, nothing left, exit $rc"; fi
   local p
   for p in $(rank_pid 0) $(rank_pid 1) $(rank_pid 2) $(rank_pid 3); do kill -CONT "$p" 2>/dev/null; kill -9 "$p" 2>/dev/null; done
 }
 launch_signal TERM
 launch_signal INT
 launch_signal KILL
+launch_signal INT KILL
 
 # A SIGTERM while srun still waits for its allocation (--begin=now+60 keeps the job pending): eldr-launch stops srun,
 # which withdraws the request; nothing is left queued.

@@ -273,7 +273,7 @@ TEST_F(AtomicFileTest, TakeInterruptHandsOverAndRestoreGivesTheDefaultsBack) {
   EXPECT_EQ(TakeInterrupt(), SIGHUP);  // taken: forgotten here
   EXPECT_FALSE(Interrupted());
   EXPECT_EQ(TakeInterrupt(), 0);
-  RestoreDefaultSignalActions();
+  RestoreInheritedSignalActions();  // no RecordSignalsFromStart before: every action back to its default
   for (int sig : {SIGINT, SIGTERM, SIGHUP}) {
     struct sigaction now = {};
     ASSERT_EQ(sigaction(sig, nullptr, &now), 0);
@@ -289,6 +289,21 @@ TEST_F(AtomicFileTest, TakeInterruptHandsOverAndRestoreGivesTheDefaultsBack) {
   RecordSignalsFromStart(0, nullptr, env_with);
   EXPECT_EQ(InterruptSignal(), SIGHUP);
   ClearInterruptForTesting();
+  // A signal the process inherited as ignored (nohup's SIGHUP) stays ignored from the start and after the restore;
+  // the others get their default action back.
+  RestoreInheritedSignalActions();
+  std::signal(SIGHUP, SIG_IGN);
+  RecordSignalsFromStart(0, nullptr, env_with);  // the hook's SIGHUP is ignored too
+  EXPECT_FALSE(Interrupted());
+  RestoreInheritedSignalActions();
+  struct sigaction hup = {}, term = {};
+  ASSERT_EQ(sigaction(SIGHUP, nullptr, &hup), 0);
+  ASSERT_EQ(sigaction(SIGTERM, nullptr, &term), 0);
+  EXPECT_EQ(hup.sa_handler, SIG_IGN);
+  EXPECT_EQ(term.sa_handler, SIG_DFL);
+  std::signal(SIGHUP, SIG_DFL);
+  RecordSignalsFromStart(0, nullptr, env_without);  // nothing ignored at the start any more
+  RestoreInheritedSignalActions();
 }
 
 TEST_F(AtomicFileTest, OutputSetCommitsAllOrNone) {
