@@ -26,7 +26,8 @@ namespace eldr {
 // is what a command that writes nothing wants.
 void InstallInterruptHandlers();
 
-// InstallInterruptHandlers() with the .preinit_array signature (argc, argv, envp), for the eldr binary alone.
+// InstallInterruptHandlers() with the .preinit_array signature (argc, argv, envp), for the eldr binary alone, except
+// that a signal the process inherited as ignored (nohup's SIGHUP) is left ignored.
 // Fault injection for tests/mpi/fault_test.sh: ELDR_FAULT_SIGNAL_AT_START=N (in envp) then sends the process signal
 // N at once, as a launcher's signal in the process's first instant would.
 void RecordSignalsFromStart(int argc, char** argv, char** envp);
