@@ -56,11 +56,11 @@ void RecordSignalsFromStart(int, char**, char** envp) {
     if (!g_ignored_at_start[i]) Record(kSignals[i]);
   }
   // envp, not getenv: this runs before libc's own initialisers.
-  constexpr char kFault[] = "ELDR_FAULT_SIGNAL_AT_START=";
+  constexpr char kPending[] = "ELDR_PENDING_SIGNAL=";
   for (char** e = envp; e != nullptr && *e != nullptr; ++e) {
-    if (std::strncmp(*e, kFault, sizeof(kFault) - 1) == 0) {
+    if (std::strncmp(*e, kPending, sizeof(kPending) - 1) == 0) {
       int sig = 0;
-      for (const char* c = *e + sizeof(kFault) - 1; *c >= '0' && *c <= '9' && sig < 100; ++c)
+      for (const char* c = *e + sizeof(kPending) - 1; *c >= '0' && *c <= '9' && sig < 100; ++c)
         sig = sig * 10 + (*c - '0');
       if (sig == SIGINT || sig == SIGTERM || sig == SIGHUP) kill(getpid(), sig);
     }

@@ -28,8 +28,9 @@ void InstallInterruptHandlers();
 
 // InstallInterruptHandlers() with the .preinit_array signature (argc, argv, envp), for the eldr binary alone, except
 // that a signal the process inherited as ignored (nohup's SIGHUP) is left ignored.
-// Fault injection for tests/mpi/fault_test.sh: ELDR_FAULT_SIGNAL_AT_START=N (in envp) then sends the process signal
-// N at once, as a launcher's signal in the process's first instant would.
+// ELDR_PENDING_SIGNAL=N (in envp): a signal that came for this process before it started, which a wrapper passes
+// on (launch/gpu-bind, when it received N before it exec'd eldr; the tests, to send one before main): the process
+// sends itself N at once, after the handlers are in place.
 void RecordSignalsFromStart(int argc, char** argv, char** envp);
 
 // SIGINT, SIGTERM and SIGHUP back to the actions the process started with: the default (the process dies), or

@@ -645,10 +645,10 @@ fi
 
 # A signal before main (while the shared libraries initialise, ~0.1 s): recorded from the process's first instant
 # (.preinit_array), so the command ends with the interrupt's line, not silently at the signal's default action.
-# ELDR_FAULT_SIGNAL_AT_START=N makes the process send itself N there; --help and a bad option alike give way to it.
+# ELDR_PENDING_SIGNAL=N makes the process send itself N there; --help and a bad option alike give way to it.
 for args in "trace synth --requests 4 --out early.h5" "trace synth --help" "trace synth --no-such-option"; do
   for sig in TERM INT HUP; do
-    ELDR_FAULT_SIGNAL_AT_START=$(kill -l $sig) "$ELDR" $args >"$WORK/out.txt" 2>"$WORK/err.txt"
+    ELDR_PENDING_SIGNAL=$(kill -l $sig) "$ELDR" $args >"$WORK/out.txt" 2>"$WORK/err.txt"
     rc=$?
     if check_run "SIG$sig before main: eldr $args" $((128 + $(kill -l $sig))) "^eldr: interrupted by SIG$sig\$"; then
       if [ -e early.h5 ] || [ -s "$WORK/out.txt" ]; then bad "SIG$sig before main: eldr $args" "output written"
@@ -659,7 +659,7 @@ done
 
 # A signal the caller had ignored (nohup's SIGHUP) stays ignored: the process's own SIGHUP at its start changes
 # nothing, and the command runs to its end.
-(trap '' HUP; ELDR_FAULT_SIGNAL_AT_START=$(kill -l HUP) exec "$ELDR" trace synth --requests 4 --out nohup.h5) \
+(trap '' HUP; ELDR_PENDING_SIGNAL=$(kill -l HUP) exec "$ELDR" trace synth --requests 4 --out nohup.h5) \
   >"$WORK/out.txt" 2>"$WORK/err.txt"
 rc=$?
 if [ "$rc" = 0 ] && [ -s nohup.h5 ] && [ ! -s "$WORK/err.txt" ]; then ok "SIGHUP ignored by the caller (nohup): still ignored"

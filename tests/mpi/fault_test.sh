@@ -208,18 +208,44 @@ setup_term_case setup-term 0 "eldr: error: router (rank 0): received SIGTERM whi
 setup_term_case setup-term2 2 "eldr: error: decode 0 (rank 2): received SIGTERM while the job was setting up" \
   "SIGTERM to a worker during setup"
 
-# A SIGTERM to every rank before main (ELDR_FAULT_SIGNAL_AT_START=15: each process sends it to itself in its
+# A SIGTERM to every rank before main (ELDR_PENDING_SIGNAL=15: each process sends it to itself in its
 # .preinit_array, while the shared libraries are still to initialise, ~0.1 s): before, each rank died at the signal's
 # default action with no line; now it is recorded and the job ends at its setup as for any signal then.
 job early-term round_robin 0
-ELDR_FAULT_SIGNAL_AT_START=15 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
-  -x ELDR_FAULT_SIGNAL_AT_START "$ELDR" serve -c early-term.yaml --quiet >early-term.log 2>&1
+ELDR_PENDING_SIGNAL=15 timeout -k 5 60 mpirun --oversubscribe -np 4 -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+  -x ELDR_PENDING_SIGNAL "$ELDR" serve -c early-term.yaml --quiet >early-term.log 2>&1
 rc=$?
 if [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' early-term.log)" = 1 ] &&
    grep -q "eldr: error: router (rank 0): received SIGTERM while the job was setting up" early-term.log &&
    [ ! -e out-early-term ]
 then ok "SIGTERM to every rank before main: rank 0's line, exit $rc, no run directory"
 else bad "SIGTERM to every rank before main" "rc=$rc $(grep -m3 -E 'eldr|exited' early-term.log)"; fi
+
+# A SIGTERM to a worker rank while launch/gpu-bind still runs for it (a slow nvidia-smi: a stub that sleeps 3 s and
+# lists no GPU): gpu-bind keeps the signal and passes it on to eldr (ELDR_PENDING_SIGNAL). Before, the rank died in
+# bash at the signal, with no eldr line, and mpirun ended the job.
+mkdir -p slow-smi && printf '#!/bin/sh\nsleep 3\n' >slow-smi/nvidia-smi && chmod +x slow-smi/nvidia-smi
+job gpu-bind-term round_robin 0
+PATH="$WORK/slow-smi:$PATH" timeout -k 5 60 mpirun --oversubscribe -np 4 -x PATH -x ELDR_NUM_THREADS -x ELDR_FAULT_TAG \
+  "$SRC/launch/gpu-bind" "$ELDR" serve -c gpu-bind-term.yaml --quiet >gpu-bind-term.log 2>&1 &
+job_pid=$!
+bind_pid=""
+of_rank2() { tr '\0' '\n' <"/proc/$1/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=2"; }
+for i in $(seq 300); do  # once rank 2's stub runs; then its gpu-bind: the bash whose parent is the launcher
+  for p in $(pgrep -f "$WORK/slow-smi/nvidia-smi"); do of_rank2 "$p" && break 2; done
+  sleep 0.01
+done
+for p in $(pgrep -f "launch/gpu-bind $ELDR serve -c gpu-bind-term.yaml"); do
+  of_rank2 "$p" && [ "$(ps -o comm= -p "$(ps -o ppid= -p "$p" | tr -d ' ')")" != bash ] && bind_pid=$p
+done
+[ -n "$bind_pid" ] && kill -TERM "$bind_pid"
+wait "$job_pid"
+rc=$?
+if [ -n "$bind_pid" ] && [ "$rc" -ne 0 ] && [ "$rc" -ne 124 ] && [ "$(grep -c 'eldr: error' gpu-bind-term.log)" = 1 ] &&
+   grep -q "eldr: error: decode 0 (rank 2): received SIGTERM while the job was setting up" gpu-bind-term.log &&
+   [ ! -e out-gpu-bind-term ]
+then ok "SIGTERM to a worker inside launch/gpu-bind: that rank's line, exit $rc, no run directory"
+else bad "SIGTERM to a worker inside launch/gpu-bind" "gpu-bind '$bind_pid' rc=$rc $(grep -m3 -E 'eldr|exited' gpu-bind-term.log)"; fi
 
 # SIGTERM to mpirun while rank 2 is stuck in setup where a signal cannot reach it (ELDR_FAULT_STUCK_SETUP_RANK=2,
 # 30 s, as a read on a dead file system) and rank 0 waits for it in the ranks' agreement: mpirun passes the SIGTERM

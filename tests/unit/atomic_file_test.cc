@@ -279,9 +279,9 @@ TEST_F(AtomicFileTest, TakeInterruptHandsOverAndRestoreGivesTheDefaultsBack) {
     ASSERT_EQ(sigaction(sig, nullptr, &now), 0);
     EXPECT_EQ(now.sa_handler, SIG_DFL) << sig;
   }
-  // A process started with ELDR_FAULT_SIGNAL_AT_START has sent itself the signal; without it nothing is sent.
+  // A process started with ELDR_PENDING_SIGNAL has sent itself the signal; without it nothing is sent.
   char other[] = "PATH=/bin";
-  std::string fault = "ELDR_FAULT_SIGNAL_AT_START=" + std::to_string(SIGHUP);
+  std::string fault = "ELDR_PENDING_SIGNAL=" + std::to_string(SIGHUP);
   char* env_without[] = {other, nullptr};
   char* env_with[] = {other, fault.data(), nullptr};
   RecordSignalsFromStart(0, nullptr, env_without);
