@@ -100,8 +100,8 @@ void MpiTransport::Progress() {
 // Fault injection for tests/mpi/fault_test.sh: ELDR_FAULT_STOP_MID_SEND_RANK=r makes rank r stop itself (SIGSTOP)
 // between the header and the payload of its 50th message to rank 0, as a SIGSTOP landing there would.
 static void MaybeStopMidSend(int rank, int dest, size_t bytes) {
-  static int sends_to_0 = 0;  // fault injection only
-  const char* v = std::getenv("ELDR_FAULT_STOP_MID_SEND_RANK");
+  static const char* const v = std::getenv("ELDR_FAULT_STOP_MID_SEND_RANK");  // read once: Send is a hot path
+  static int sends_to_0 = 0;                                                  // fault injection only
   if (v == nullptr || *v == '\0' || std::atoi(v) != rank || dest != 0 || bytes == 0) return;
   if (++sends_to_0 == 50) std::raise(SIGSTOP);
 }

@@ -117,7 +117,9 @@ void MaybeDie(int rank) {
 // signal sent to one worker alone makes rank 0 end the job the same way, within that grace, and then tell every
 // worker to exit (under srun, where one task's exit has every task SIGKILLed at once, that is the only way the
 // metrics get written). (A signal handler can only set a flag: this and the setup state below are the
-// process-wide state.)
+// process-wide state.) It is not signals.h's interrupt flag, which abandons a command's outputs (AtomicOutput
+// refuses to commit): a serve job's signal is one to write the metrics by. InstallServeSignalHandlers takes over
+// what signals.h recorded before (RecordSignalsFromStart).
 volatile std::sig_atomic_t g_signal = 0;  // the signal received, 0 for none
 // The first signal counts: a launcher's second one (eldr-launch's guard after a trap's, mpirun's SIGTERM after a
 // Ctrl-C) must not change the reason or the exit code.
