@@ -115,7 +115,7 @@ void BM_RouteEndToEnd(benchmark::State& state) {
     cache.SumCounts(blocks, &calib.signature.layer_mask, counts.data());
     const RoutingDecision d = router.Route(counts.data(), nullptr, "");
     router.Dispatch(d);
-    router.Complete(d, 1);
+    router.Complete(d);
     benchmark::DoNotOptimize(d);
     ns.push_back(std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count());
   }
@@ -237,7 +237,7 @@ void BM_RouteDecisionEldr(benchmark::State& state) {
     const RoutingDecision d = router.RouteSignature(s.data(), "", 200);
     const auto t1 = std::chrono::steady_clock::now();
     router.Dispatch(d);
-    router.Complete(d, 1);
+    router.Complete(d);
     const auto t2 = std::chrono::steady_clock::now();
     benchmark::DoNotOptimize(d);
     ns.push_back(std::chrono::duration<double, std::nano>(t1 - t0).count());

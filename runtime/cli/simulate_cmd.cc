@@ -307,7 +307,7 @@ void AddSimulateCommand(CLI::App& app, Action* action) {
       "override routing.load_bound (bounded-load ε of eldr, eldr_paper, eldr_tail; 0 = off, but eldr_tail routes 0 as "
       "0.25: its bound is never off)");
   set("--harm-weight", &a->harm_weight, job_limits::kHarm,
-      "override routing.harm_weight (eldr's λ, 0..1: weight of the slowdown a request causes the running batch)");
+      "override routing.harm_weight (eldr's λ, 0..1: weight of what a request adds to the running requests' TPOT)");
   set("--rate", &a->rate, job_limits::kRate, "override workload.request_rate (requests/s; inf: all at once)");
   set("--burstiness", &a->burstiness, job_limits::kBurstiness, "override workload.burstiness");
   set("--num-requests,-n", &a->num_requests, job_limits::kCount,

@@ -22,7 +22,6 @@ namespace {
 struct Active {
   int request;       // index into trace.requests
   int64_t progress;  // decode tokens already produced
-  double work_left;  // of its predicted decode tokens (Router::ConsumeToken)
   RoutingDecision decision;
 };
 
@@ -175,7 +174,7 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
         if (req.decode_len() == 0) continue;  // nothing to decode: in and out at once
         router.Dispatch(d);
         ++in_flight;
-        active[d.decoder].push_back({r, 0, d.predicted_tokens, d});
+        active[d.decoder].push_back({r, 0, d});
       }
       ps.max_in_flight = std::max(ps.max_in_flight, in_flight);
       // One decode step on every decoder.
@@ -197,11 +196,11 @@ Result<RouteReplayReport> ReplayRoutes(const Trace& trace, const Calibration& ca
         ++total_steps;
         for (auto& a : batch) {
           ++a.progress;
-          a.work_left = router.ConsumeToken(dec, a.work_left);
+          router.ConsumeToken(a.decision);
         }
         auto done = std::remove_if(batch.begin(), batch.end(), [&](const Active& a) {
           if (a.progress < trace.requests[a.request].decode_len()) return false;
-          router.Complete(a.decision, a.work_left);
+          router.Complete(a.decision);
           --in_flight;
           return true;
         });

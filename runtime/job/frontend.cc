@@ -43,7 +43,6 @@ Frontend::Frontend(const JobConfig& c, const JobRequests& in, Router router, std
       records_(in.size()),
       prefill_of_(in.size(), -1),
       prefill_outstanding_(c.prefill_ranks, 0),
-      work_left_(in.size(), 0.0),
       routed_(in.size()),
       decoders_(c.decode_ranks) {
   for (int64_t i = 0; i < in.size(); ++i) {
@@ -93,7 +92,7 @@ void Frontend::OnToken(int64_t request, double t, std::optional<int32_t> token) 
   if (r.token_times.size() >= static_cast<size_t>(requests_->output_len[request])) return;
   r.token_times.push_back(t);
   if (token) r.tokens.push_back(*token);
-  if (r.decoder >= 0) work_left_[request] = router_.ConsumeToken(r.decoder, work_left_[request]);
+  if (r.decoder >= 0) router_.ConsumeToken(routed_[request]);
 }
 
 void Frontend::OnDecodeStep(int decoder, int64_t batch, int64_t distinct_experts, std::span<const int64_t> rank_load,
@@ -117,7 +116,6 @@ bool Frontend::Route(int64_t request, const std::vector<float>& counts) {
   if (d.decoder < 0) return false;
   router_.Dispatch(d);
   routed_[request] = d;
-  work_left_[request] = d.predicted_tokens;
   if (UsesSignature(config_->policy)) {
     routing_.band_sum += d.band_size;
     ++routing_.band_n;
@@ -139,7 +137,7 @@ void Frontend::Finish(int64_t request, double t, bool ok, const std::string& err
   r.success = ok;
   r.error = error;
   r.output_len = static_cast<int64_t>(r.token_times.size());
-  if (r.decoder >= 0) router_.Complete(routed_[request], work_left_[request]);  // failed at the decoder: frees too
+  if (r.decoder >= 0) router_.Complete(routed_[request]);  // failed at the decoder: frees too
   --active_;
   if (config_->max_concurrency > 0) free_slots_.push_back(t);
   ++done_;

@@ -6,8 +6,9 @@
 //  - Routing: when a request's first token and prefill counts come back, the job's Router decides its decoder.
 //    While every decoder is at its admission cap (decision -1), or while earlier requests are held, the
 //    request is held (FIFO); held requests are released, in order, when a finish frees a decoder's slot.
-//  - Decode work: a routed request's predicted decode tokens (the router's prior) are held on its decoder and
-//    spent one per output token (Router::ConsumeToken), the rest released at its finish — eldr_tail's load.
+//  - Decode work: the router keeps each routed request's record; every output token is reported to it
+//    (Router::ConsumeToken), which re-predicts the request's remaining decode tokens (eldr_tail's load, eldr's
+//    overlap shares), and its finish releases the record (Router::Complete).
 //  - Accounting: each request's record (arrival, token times, decoder, success, error); per decoder the
 //    requests routed to it and its decode steps (DecoderRecord); the routing statistics of metrics.json.
 //
@@ -128,7 +129,6 @@ class Frontend {
   std::vector<RequestRecord> records_;
   std::vector<int> prefill_of_;                              // [N] -1 until sent
   std::vector<int64_t> prefill_outstanding_;                 // [prefill_ranks]
-  std::vector<double> work_left_;                            // [N] predicted decode tokens still to come (router.h)
   std::vector<RoutingDecision> routed_;                      // [N] each routed request's decision (Router::Complete)
   std::vector<DecoderRecord> decoders_;                      // [decode_ranks]
   std::deque<std::pair<int64_t, std::vector<float>>> held_;  // every decoder at its cap: (request, counts)

@@ -6,7 +6,7 @@
 //   routing:   {policy: eldr, tau: 0.1, calibration: calibration.h5, admission_cap: 0, seed: 0,
 //               load_bound: 0,       # ε of the bounded load (router.h); 0 or unset = off (eldr_tail: 0.25)
 //               cost_model: FILE,    # eldr serve: its decode cost model (default: simulate: section, else derived)
-//               harm_weight: 0.75}   # eldr's λ: weight of the slowdown a request causes the running batch
+//               harm_weight: 0.75}   # eldr's λ: weight of what a request adds to the running TPOTs
 //              policy: eldr (the default: marginal cost, the predicted step-time increase from the decoder's expert
 //              union, batch and context), eldr_paper (the published band: τ, in-flight counts), eldr_tail (the
 //              band on decode-work loads bounded in work and sequences, overflow in distance order), locality_top1,

@@ -310,6 +310,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
   r.config_ = config;
   r.config_.load_bound = RoutedLoadBound(config.policy, config.load_bound);
   r.decoders_.assign(config.num_decoders, DecoderState{0, config.admission_cap});
+  r.in_flight_.assign(config.num_decoders, {});
   r.rng_.seed(config.seed);
   if (calib) {
     if (config.job_shape.num_layers <= 0) {
@@ -337,7 +338,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
                                         std::to_string(calib->signature.dim()) + "]");
     }
     r.centroids_ = CentroidMatrix(calib->centroids, calib->num_clusters, calib->signature.dim());
-    r.prior_ = calib->mean_decode_len;
+    r.lengths_ = DecodeLengthPrior(calib->decode_lens, calib->assignment, calib->num_clusters, calib->mean_decode_len);
     if (config.policy == RoutingPolicy::kEldr) {
       if (!config.step_cost) {
         return Status::InvalidArgument("routing policy eldr needs a decode cost model (routing.cost_model)");
@@ -425,6 +426,7 @@ RoutingDecision Router::DecideNow(const double* distances, const std::string& do
   RoutingDecision out = Decide(in);
   out.context = context;
   if (config_.policy == RoutingPolicy::kRoundRobin && out.decoder >= 0) round_robin_next_ = out.decoder + 1;
+  out.ticket = next_ticket_++;
   return out;
 }
 
@@ -467,17 +469,26 @@ __attribute__((noinline)) double Router::Price(int k, double growth, double cont
   const CostModel& m = *config_.step_cost;
   const DecoderState& s = decoders_[k];
   const double max_batch = static_cast<double>(config_.max_batch);
-  const double running = std::min(static_cast<double>(s.in_flight), max_batch);  // the sequences of its next step
-  const double own_context = context + tokens / 2;                               // its mean context over its decode
-  // The request's own step time there, and what it adds to every running request's step.
+  const double in_flight = static_cast<double>(s.in_flight);
+  const double running = std::min(in_flight, max_batch);  // the sequences of its next step
+  const double own_context = context + tokens / 2;        // its mean context over its decode
+  // The request's own step time there.
   const double step = m.DecodeStep(union_.Union(k) + growth, running + 1, context_[k] + own_context);
-  const double harm = running * (m.decode_b * growth + m.decode_c + m.decode_d * own_context);
-  return step + config_.harm_weight * harm;
-}
-
-double Router::PriorDecodeTokens(int cluster) const {
-  if (cluster < 0 || cluster >= static_cast<int>(prior_.size())) return 1.0;
-  return std::max(1.0, prior_[cluster]);
+  // What it adds to the running requests' TPOT: each running request j's steps slow down by `slowdown` for the
+  // min(tokens, m_j) steps the two overlap, out of its g_j + m_j decode steps (DESIGN.md §3). Without the
+  // calibration's decode lengths, or for a load dispatched without a record, a share of 1: the whole step.
+  double share = 0;
+  int64_t recorded = 0;
+  if (lengths_.has_lengths()) {
+    for (const InFlight& j : in_flight_[k]) {
+      share += std::min(tokens, j.remaining) * j.inverse_life;
+      ++recorded;
+    }
+  }
+  share += in_flight - static_cast<double>(recorded);
+  if (in_flight > max_batch) share *= max_batch / in_flight;  // only max_batch of them run
+  const double slowdown = m.decode_b * growth + m.decode_c + m.decode_d * own_context;
+  return step + config_.harm_weight * share * slowdown;
 }
 
 void Router::Dispatch(int decoder, double work) {
@@ -488,6 +499,7 @@ void Router::Dispatch(int decoder, double work) {
 
 void Router::Dispatch(const RoutingDecision& d) {
   Dispatch(d.decoder, d.predicted_tokens);
+  in_flight_[d.decoder].push_back({d.ticket, d.nearest, 0, d.predicted_tokens, 1 / std::max(1.0, d.predicted_tokens)});
   if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Add(d.decoder, d.nearest);
   context_[d.decoder] += d.context + d.predicted_tokens / 2;
@@ -498,11 +510,25 @@ void Router::AddWork(int decoder, double delta) {
   decoders_[decoder].work = std::max(0.0, decoders_[decoder].work + delta);
 }
 
-double Router::ConsumeToken(int decoder, double work_left) {
-  const double spent = std::min(1.0, std::max(0.0, work_left - 1.0));
-  if (spent > 0) AddWork(decoder, -spent);
-  return work_left - spent;
+size_t Router::Record(const RoutingDecision& d) const {
+  ELDR_CHECK(d.decoder >= 0 && d.decoder < static_cast<int>(in_flight_.size()), "decoder " << d.decoder);
+  const std::vector<InFlight>& list = in_flight_[d.decoder];
+  size_t i = 0;
+  while (i < list.size() && list[i].ticket != d.ticket) ++i;
+  ELDR_CHECK(i < list.size(), "request " << d.ticket << " is not in flight on decoder " << d.decoder);
+  return i;
 }
+
+void Router::ConsumeToken(const RoutingDecision& d) {
+  InFlight& j = in_flight_[d.decoder][Record(d)];
+  ++j.generated;
+  const double next = lengths_.Remaining(j.cluster, j.generated);
+  AddWork(d.decoder, next - j.remaining);
+  j.remaining = next;
+  j.inverse_life = 1 / (static_cast<double>(j.generated) + next);
+}
+
+double Router::RemainingTokens(const RoutingDecision& d) const { return in_flight_[d.decoder][Record(d)].remaining; }
 
 void Router::Complete(int decoder, double work_left) {
   ELDR_CHECK(decoder >= 0 && decoder < static_cast<int>(decoders_.size()), "decoder " << decoder << " out of range");
@@ -513,7 +539,11 @@ void Router::Complete(int decoder, double work_left) {
   s.work = s.in_flight == 0 ? 0.0 : std::max(0.0, s.work - work_left);
 }
 
-void Router::Complete(const RoutingDecision& d, double work_left) {
+void Router::Complete(const RoutingDecision& d) {
+  std::vector<InFlight>& list = in_flight_[d.decoder];
+  const size_t i = Record(d);
+  const double work_left = list[i].remaining;
+  list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
   Complete(d.decoder, work_left);
   if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Remove(d.decoder, d.nearest);

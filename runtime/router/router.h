@@ -21,6 +21,7 @@
 #include "runtime/common/status.h"
 #include "runtime/cost/cost_model.h"
 #include "runtime/router/centroid_matrix.h"
+#include "runtime/router/decode_length.h"
 #include "runtime/router/predicted_union.h"
 #include "runtime/signature/signature.h"
 
@@ -50,9 +51,9 @@ PolicySettings SettingsOf(RoutingPolicy p);
 struct DecoderState {
   int64_t in_flight = 0;      // requests dispatched and not completed (the JSQ load signal)
   int64_t admission_cap = 0;  // a decoder with in_flight >= cap is not eligible; 0 = no cap
-  // Predicted decode tokens its in-flight requests still have to generate (eldr_tail's load signal):
-  // Σ over them of max(prior − generated since routing, 1), the prior being the mean decode length of the
-  // request's nearest cluster (calibration /clusters/mean_decode_len), 1 without it — then work = in_flight.
+  // Predicted decode tokens its in-flight requests still have to generate (eldr_tail's load signal): Σ over them of
+  // DecodeLengthPrior::Remaining(their nearest cluster, tokens generated since routing) — the mean residual decode
+  // length of the cluster's calibration members longer than that; 1 each without a calibration (work = in_flight).
   double work = 0;
   bool eligible() const { return admission_cap <= 0 || in_flight < admission_cap; }
 };
@@ -67,6 +68,7 @@ struct RoutingDecision {
   double predicted_tokens = 1;  // the request's prior decode length (eldr_tail's w_r; 1 elsewhere)
   double context = 0;           // the request's prompt tokens (signature policies; eldr's context term)
   double predicted_cost = 0;    // eldr: the chosen decoder's marginal cost (s per decode step)
+  int64_t ticket = -1;          // the request's in-flight record (Router::Dispatch, ConsumeToken, Complete)
 };
 
 // The inputs of one decision. Pointers are borrowed for the call.
@@ -145,7 +147,7 @@ struct RouterConfig {
   // otherwise) and the decoders' max_batch (sequences per step; later ones queue).
   std::optional<CostModel> step_cost;
   int64_t max_batch = 64;
-  // eldr: the weight λ of the slowdown the request causes the running batch (1 = the social optimum, which lets
+  // eldr: the weight λ of what the request adds to the running requests' TPOT (1 = the social optimum, which lets
   // a domain's decoder grow slower than the others; 0 = the request's own step time only, Wardrop-like, which
   // gives up locality). 0.75: chosen on seed 1 of the --like workloads (bench/README "Marginal-cost routing").
   double harm_weight = kHarmWeight;
@@ -166,28 +168,35 @@ class Router {
   RoutingDecision RouteSignature(const float* signature, const std::string& domain);
   RoutingDecision RouteSignature(const float* signature, const std::string& domain, double context);
 
-  // One more request in flight on `decoder`, predicted to generate `work` decode tokens. REQUIRES: decoder >= 0.
+  // One more request in flight on `decoder`, predicted to generate `work` decode tokens (a load without a record:
+  // tests and benchmarks that set loads directly). REQUIRES: decoder >= 0.
   void Dispatch(int decoder, double work = 1);
-  // The request of decision `d` is in flight on d.decoder: its work, context and (eldr) predicted expert
-  // profile count from now on. REQUIRES: d.decoder >= 0.
+  // The request of decision `d` is in flight on d.decoder: its predicted decode tokens, context and (eldr) expert
+  // profile count from now on, and the router keeps its record (tokens generated, predicted remainder) until
+  // Complete(d). REQUIRES: d.decoder >= 0, d not dispatched before.
   void Dispatch(const RoutingDecision& d);
   // The decoder's in-flight requests are predicted to generate `delta` more tokens (negative: a token came).
   void AddWork(int decoder, double delta);
-  // A request on `decoder` with `work_left` of its prediction produced one token: the decoder's work drops by
-  // min(1, work_left − 1) (a request holds at least 1 until it completes). Returns the request's new work_left.
-  double ConsumeToken(int decoder, double work_left);
-  // One fewer, with `work_left` of its prediction unspent. REQUIRES: in_flight > 0.
+  // The request of decision `d` generated one more decode token: its predicted remainder becomes
+  // DecodeLengthPrior::Remaining(cluster, tokens generated) and its decoder's work changes by the difference.
+  // REQUIRES: d dispatched and not completed.
+  void ConsumeToken(const RoutingDecision& d);
+  // One fewer on `decoder`, with `work_left` of its prediction unspent (the pair of Dispatch(decoder, work)).
+  // REQUIRES: in_flight > 0.
   void Complete(int decoder, double work_left = 1);
-  // The request dispatched with decision `d` finished with `work_left` of its prediction unspent.
-  void Complete(const RoutingDecision& d, double work_left);
+  // The request dispatched with decision `d` finished (or failed): its record and what it held are released.
+  void Complete(const RoutingDecision& d);
+  // The predicted decode tokens still to come of the request of decision `d` (its record). REQUIRES: in flight.
+  double RemainingTokens(const RoutingDecision& d) const;
   // eldr's price of sending a request of predicted profile `profile` (a cluster), `context` prompt tokens
   // and `tokens` predicted decode tokens to `decoder`, in seconds of decode-step time (DESIGN.md §3). Exposed
   // for tests. REQUIRES: policy eldr.
   double MarginalCost(int decoder, int profile, double context, double tokens) const;
   // eldr: the predicted expert unions (exposed for tests and benchmarks).
   const PredictedUnion& predicted_union() const { return union_; }
-  // The prior decode length of cluster k: calibration /clusters/mean_decode_len[k], or 1 without it.
-  double PriorDecodeTokens(int cluster) const;
+  // The prior decode length of cluster k: DecodeLengthPrior::Mean (the calibration members' mean decode tokens), or
+  // /clusters/mean_decode_len[k] without the lengths, or 1.
+  double PriorDecodeTokens(int cluster) const { return lengths_.Mean(cluster); }
 
   const std::vector<DecoderState>& decoders() const { return decoders_; }
   const SignatureParams& signature_params() const { return params_; }
@@ -209,7 +218,7 @@ class Router {
   SignatureParams params_;
   int context_layer_ = 0;      // the first masked layer (Route reads the prompt length from its counts)
   CentroidMatrix centroids_;   // [K, D], 16-bit fixed point
-  std::vector<double> prior_;  // [K] mean decode tokens per cluster (empty: 1)
+  DecodeLengthPrior lengths_;  // the predicted decode tokens of a cluster's requests
   std::vector<DecoderState> decoders_;
   std::vector<double> distances_;
   std::vector<float> dots_;                   // scratch [K]
@@ -219,6 +228,17 @@ class Router {
   PredictedUnion union_;         // eldr: the predicted expert union of each decoder's in-flight requests
   std::vector<double> context_;  // [K] eldr: Σ over in-flight requests of prompt + prior/2 tokens
   std::vector<double> costs_;    // scratch [K]
+  // The records of the requests dispatched with a decision, per decoder.
+  struct InFlight {
+    int64_t ticket;
+    int cluster;          // the decision's nearest (−1: none)
+    int64_t generated;    // decode tokens since routing
+    double remaining;     // predicted decode tokens still to come (DecodeLengthPrior::Remaining)
+    double inverse_life;  // 1 / (generated + remaining): its share of an overlap, per overlapping step (Price)
+  };
+  std::vector<std::vector<InFlight>> in_flight_;  // [K]
+  int64_t next_ticket_ = 0;
+  size_t Record(const RoutingDecision& d) const;  // index of d's record in in_flight_[d.decoder]
   std::mt19937_64 rng_;
   int64_t round_robin_next_ = 0;
 };

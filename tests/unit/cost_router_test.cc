@@ -146,9 +146,43 @@ TEST(MarginalCost, HandComputedPrices) {
   EXPECT_NEAR(half.MarginalCost(0, 0, 3, 4), own0 + 0.5 * harm0, 1e-12);
   EXPECT_NEAR(half.MarginalCost(1, 0, 3, 4), own1 + 0.5 * harm1, 1e-12);
   // Completions release the union and the context exactly.
-  r.Complete(a, 1);
-  r.Complete(b, 1);
+  r.Complete(a);
+  r.Complete(b);
   EXPECT_NEAR(r.MarginalCost(1, 0, 3, 4), 1e-3 + 1e-5 * 1.0 + 1e-4 + 1e-6 * 5, 1e-12);
+}
+
+// The slowdown a request causes a running request j counts for the share of j's decode the two overlap,
+// min(tokens, m_j) / (g_j + m_j), with m_j = DecodeLengthPrior::Remaining (decode_length_test checks that rule).
+// By hand: b = d = 0, c = 1e-4, λ = 1; calibration lengths: cluster 0 {2, 6}, cluster 1 {10}.
+TEST(MarginalCost, TheSlowdownCountsForTheShareOfTheRunningRequestsDecodeItOverlaps) {
+  Calibration calib = CostCalibration();
+  calib.decode_lens = {2, 6, 10};
+  calib.assignment = {0, 0, 1};
+  calib.mean_decode_len = {4, 10};
+  Router r = CostRouter(calib, 0, 1e-4, 0, 64);
+  const double a = 1e-3, c = 1e-4;
+  const std::vector<float> c0 = {3, 0, 0, 0};
+  const RoutingDecision x = r.Route(c0.data(), nullptr, "");
+  ASSERT_EQ(x.decoder, 0);
+  EXPECT_DOUBLE_EQ(x.predicted_tokens, 4);  // cluster 0's mean
+  r.Dispatch(x);
+  // Fresh: m = 4, g = 0; a newcomer of 10 tokens overlaps all of it.
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 1.0 * c, 1e-15);
+  for (int t = 0; t < 3; ++t) r.ConsumeToken(x);
+  // g = 3: the members longer than 3 ran 6, so m = 3; share min(10, 3) / 6.
+  EXPECT_DOUBLE_EQ(r.RemainingTokens(x), 3);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 3);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 0.5 * c, 1e-15);
+  for (int t = 0; t < 3; ++t) r.ConsumeToken(x);
+  // g = 6: no member of cluster 0 is longer; of the calibration, the 10: m = 4, and the work grows again.
+  EXPECT_DOUBLE_EQ(r.RemainingTokens(x), 4);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 4);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 0.4 * c, 1e-15);
+  EXPECT_NEAR(r.MarginalCost(0, 0, 0, 2), a + 2 * c + 0.2 * c, 1e-15);  // a 2-token newcomer: min(2, 4) / 10
+  r.Complete(x);
+  EXPECT_EQ(r.decoders()[0].in_flight, 0);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 0);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + c, 1e-15);
 }
 
 // The prefill path hands the router counts of the masked layers only (SignatureCache::SumCounts with the mask). With

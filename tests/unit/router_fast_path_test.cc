@@ -97,8 +97,13 @@ Calibration RandomCalibration(int K, uint64_t seed) {
   }
   c.expert_load.resize(static_cast<size_t>(K) * kL * kE);
   for (auto& q : c.expert_load) q = u(rng) < 0.3f ? 0.f : 0.3f * u(rng);
-  c.mean_decode_len.resize(K);
-  for (auto& m : c.mean_decode_len) m = 1 + 50 * u(rng);
+  // Three calibration requests per cluster of 1..100 decode tokens: the requests' remainders (and eldr's overlap
+  // shares) follow them.
+  for (int i = 0; i < 3 * K; ++i) {
+    c.decode_lens.push_back(1 + static_cast<int64_t>(rng() % 100));
+    c.assignment.push_back(i % K);
+  }
+  c.mean_decode_len = ClusterMeanDecodeLen(c.decode_lens, c.assignment, K);
   return c;
 }
 
@@ -124,25 +129,25 @@ void ExpectSameDecision(const RoutingDecision& fast, const RoutingDecision& plai
   ASSERT_EQ(fast.predicted_tokens, plain.predicted_tokens) << "step " << step;
 }
 
-struct InFlight {
-  RoutingDecision decision;
-  double work_left;
-};
-
 // Routes `steps` random requests through `router` (policy of `rc`), completing random in-flight ones in between, and
 // checks every decision against Decide() on the plain distances and (eldr) the uncached prices.
 void RunRandomSequence(const RouterConfig& rc, const Calibration& calib, uint64_t seed, int steps) {
   Router router = Router::Create(rc, &calib).value();
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(0.f, 1.f);
-  std::vector<InFlight> in_flight;
+  std::vector<RoutingDecision> in_flight;
   const int D = calib.signature.dim(), L = calib.shape.num_layers, E = calib.shape.num_experts;
   std::vector<float> counts(static_cast<size_t>(L) * E), s(D);
   for (int step = 0; step < steps; ++step) {
     if (!in_flight.empty() && rng() % 5 < 2) {
       const size_t i = rng() % in_flight.size();
-      router.Complete(in_flight[i].decision, in_flight[i].work_left);
+      router.Complete(in_flight[i]);
       in_flight.erase(in_flight.begin() + static_cast<long>(i));
+      continue;
+    }
+    if (!in_flight.empty() && rng() % 4 == 0) {  // some decode tokens of a random in-flight request
+      const RoutingDecision& d = in_flight[rng() % in_flight.size()];
+      for (int t = static_cast<int>(rng() % 40); t > 0; --t) router.ConsumeToken(d);
       continue;
     }
     // A prompt of 1..40 tokens whose experts lean towards a random centroid's.
@@ -189,7 +194,7 @@ void RunRandomSequence(const RouterConfig& rc, const Calibration& calib, uint64_
     }
     if (fast.decoder < 0) continue;  // every decoder at its cap: the request waits (dropped here)
     router.Dispatch(fast);
-    in_flight.push_back({fast, fast.predicted_tokens});
+    in_flight.push_back(fast);
   }
 }
 
