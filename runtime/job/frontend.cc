@@ -92,7 +92,7 @@ void Frontend::OnToken(int64_t request, double t, std::optional<int32_t> token) 
   if (r.token_times.size() >= static_cast<size_t>(requests_->output_len[request])) return;
   r.token_times.push_back(t);
   if (token) r.tokens.push_back(*token);
-  if (r.decoder >= 0) router_.ConsumeToken(routed_[request]);
+  if (routed_[request].decoder >= 0) router_.ConsumeToken(routed_[request]);  // not after its finish
 }
 
 void Frontend::OnDecodeStep(int decoder, int64_t batch, int64_t distinct_experts, std::span<const int64_t> rank_load,
@@ -137,7 +137,10 @@ void Frontend::Finish(int64_t request, double t, bool ok, const std::string& err
   r.success = ok;
   r.error = error;
   r.output_len = static_cast<int64_t>(r.token_times.size());
-  if (r.decoder >= 0) router_.Complete(routed_[request]);  // failed at the decoder: frees too
+  if (routed_[request].decoder >= 0) {  // failed at the decoder: frees too
+    router_.Complete(routed_[request]);
+    routed_[request].decoder = -1;  // released: a late token or a second finish leaves the router alone
+  }
   --active_;
   if (config_->max_concurrency > 0) free_slots_.push_back(t);
   ++done_;

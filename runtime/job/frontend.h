@@ -127,10 +127,10 @@ class Frontend {
   std::vector<double> arrivals_;
   FrontendActions actions_;
   std::vector<RequestRecord> records_;
-  std::vector<int> prefill_of_;                              // [N] -1 until sent
-  std::vector<int64_t> prefill_outstanding_;                 // [prefill_ranks]
-  std::vector<RoutingDecision> routed_;                      // [N] each routed request's decision (Router::Complete)
-  std::vector<DecoderRecord> decoders_;                      // [decode_ranks]
+  std::vector<int> prefill_of_;               // [N] -1 until sent
+  std::vector<int64_t> prefill_outstanding_;  // [prefill_ranks]
+  std::vector<RoutingDecision> routed_;  // [N] each routed request's decision while in the router; decoder −1 after
+  std::vector<DecoderRecord> decoders_;  // [decode_ranks]
   std::deque<std::pair<int64_t, std::vector<float>>> held_;  // every decoder at its cap: (request, counts)
   std::deque<double> free_slots_;  // max_concurrency > 0: since when each free slot is free, oldest first
   RoutingStats routing_;

@@ -220,6 +220,7 @@ TEST(Frontend, FinishAccounting) {
   f->OnToken(0, 4.0, 13);  // beyond output_len
   f->Finish(0, 3.0, true);
   f->Finish(1, 3.5, false, "decode 1 (rank 3): KV blocks arrived corrupted");
+  f->OnToken(1, 3.6, 21);  // a token that arrives after the failure: the router released the request already
   EXPECT_EQ(f->prefill_outstanding(0), 0);
   EXPECT_EQ(f->decoder_in_flight(0), 0);
   EXPECT_EQ(f->decoder_in_flight(1), 0);
