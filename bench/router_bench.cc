@@ -69,11 +69,17 @@ void ReportPercentiles(benchmark::State& state, std::vector<double>& ns) {
 
 // An eldr router over RandomCalibration(K, S, seed) with random cluster profiles, each decoder holding 24 in-flight
 // requests of random clusters.
-Router LoadedEldrRouter(Calibration& calib, int K, uint64_t seed) {
+Router LoadedEldrRouter(Calibration& calib, int K, uint64_t seed, bool lengths = true) {
   std::mt19937_64 rng(seed);
   std::uniform_real_distribution<float> u(0.f, 1.f);
   calib.expert_load.resize(static_cast<size_t>(K) * kL * kE);
   for (auto& q : calib.expert_load) q = std::min(1.f, 2.f * kTopK / kE * u(rng));
+  if (lengths) {  // 4 calibration requests per cluster of 1..300 decode tokens: the price reads every record's share
+    for (int i = 0; i < 4 * K; ++i) {
+      calib.decode_lens.push_back(1 + static_cast<int64_t>(rng() % 300));
+      calib.assignment.push_back(i % K);
+    }
+  }
   RouterConfig rc;
   rc.policy = RoutingPolicy::kEldr;
   rc.num_decoders = K;
@@ -214,12 +220,14 @@ BENCHMARK(BM_CentroidReadFloor)
 // predicted unions over the masked layers), and the bookkeeping of one dispatch + one completion (two union
 // refreshes). Cluster profiles: random per-token activation probabilities with top_k mass per layer.
 // Args: K, selected layers, signatures cycled (1: the same request every time, so its cluster's cached growths
-// stay valid but for the decoder last changed; 64: 64 random signatures in turn, whose nearest clusters vary).
+// stay valid but for the decoder last changed; 64: 64 random signatures in turn, whose nearest clusters vary),
+// lengths (1: the calibration has decode lengths, so each price sums the overlap shares of its decoder's 24
+// records; 0: without them, every running request counts 1 — the rule before stop 47, the same code otherwise).
 void BM_RouteDecisionEldr(benchmark::State& state) {
   const int K = static_cast<int>(state.range(0)), S = static_cast<int>(state.range(1));
   const int num_signatures = static_cast<int>(state.range(2));
   Calibration calib = RandomCalibration(K, S, 5);
-  Router router = LoadedEldrRouter(calib, K, 6);
+  Router router = LoadedEldrRouter(calib, K, 6, state.range(3) == 1);
   std::mt19937_64 rng(7);
   std::uniform_real_distribution<float> u(0.f, 1.f);
   std::vector<std::vector<float>> sigs(num_signatures, std::vector<float>(calib.signature.dim()));
@@ -248,8 +256,8 @@ void BM_RouteDecisionEldr(benchmark::State& state) {
   if (!book.empty()) state.counters["dispatch_complete_p50_us"] = book[book.size() / 2] / 1000.0;
 }
 BENCHMARK(BM_RouteDecisionEldr)
-    ->ArgsProduct({{8, 16, 40}, {16, 48}, {1, 64}})
-    ->ArgNames({"K", "layers", "sigs"})
+    ->ArgsProduct({{8, 16, 40}, {16, 48}, {1, 64}, {0, 1}})
+    ->ArgNames({"K", "layers", "sigs", "lengths"})
     ->Unit(benchmark::kMicrosecond);
 
 // The machine's own tail, no eldr code: the clock read in a tight loop for 0.2 s per iteration, every gap over 5 us
