@@ -173,7 +173,8 @@ class Router {
   void Dispatch(int decoder, double work = 1);
   // The request of decision `d` is in flight on d.decoder: its predicted decode tokens, context and (eldr) expert
   // profile count from now on, and the router keeps its record (tokens generated, predicted remainder) until
-  // Complete(d). REQUIRES: d.decoder >= 0, d not dispatched before.
+  // Complete(d). REQUIRES: d.decoder >= 0. A decision dispatched twice (the tests' hand-built ones) holds two records
+  // under its ticket; each Complete(d) releases one.
   void Dispatch(const RoutingDecision& d);
   // The decoder's in-flight requests are predicted to generate `delta` more tokens (negative: a token came).
   void AddWork(int decoder, double delta);
