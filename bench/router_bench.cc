@@ -92,6 +92,7 @@ Router LoadedEldrRouter(Calibration& calib, int K, uint64_t seed, bool lengths =
     d.predicted_tokens = 100;
     for (int i = 0; i < 24; ++i) {
       d.nearest = static_cast<int>(rng() % K);
+      d.ticket = (int64_t{1} << 40) + k * 24 + i;  // records of their own, clear of the router's tickets
       router.Dispatch(d);
     }
   }

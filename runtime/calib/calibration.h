@@ -71,7 +71,8 @@ struct Calibration {
   std::vector<int64_t> sizes;       // [K]
   std::vector<float> expert_load;   // [K, L, E] mean decode profile of the cluster's members
   // [K] mean decode tokens of the cluster's members (optional dataset /clusters/mean_decode_len, written when
-  // decode_lens is known; empty otherwise): eldr_tail's prior of a request's decode length (router.h).
+  // decode_lens is known; empty otherwise): the router's prior of a request's decode length where the calibration
+  // has no decode_lens (DecodeLengthPrior).
   std::vector<double> mean_decode_len;
 
   int num_signatures() const { return static_cast<int>(request_ids.size()); }

@@ -90,6 +90,7 @@ void Frontend::OnFirstToken(int64_t request, double t, std::optional<int32_t> to
 void Frontend::OnToken(int64_t request, double t, std::optional<int32_t> token) {
   RequestRecord& r = records_[request];
   if (r.token_times.size() >= static_cast<size_t>(requests_->output_len[request])) return;
+  if (r.decoder >= 0 && routed_[request].decoder < 0) return;  // after its finish (a late token of a failed one)
   r.token_times.push_back(t);
   if (token) r.tokens.push_back(*token);
   if (routed_[request].decoder >= 0) router_.ConsumeToken(routed_[request]);  // not after its finish

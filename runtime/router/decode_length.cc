@@ -7,6 +7,7 @@
 namespace eldr {
 
 DecodeLengthPrior::Lengths DecodeLengthPrior::Make(std::vector<int64_t> lens) {
+  for (int64_t& v : lens) v = std::max<int64_t>(v, 1);  // as calibration weighs them (a usable request has one)
   Lengths l;
   std::sort(lens.begin(), lens.end());
   l.suffix.assign(lens.size() + 1, 0.0);

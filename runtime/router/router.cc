@@ -499,7 +499,13 @@ void Router::Dispatch(int decoder, double work) {
 
 void Router::Dispatch(const RoutingDecision& d) {
   Dispatch(d.decoder, d.predicted_tokens);
-  in_flight_[d.decoder].push_back({d.ticket, d.nearest, 0, d.predicted_tokens, 1 / std::max(1.0, d.predicted_tokens)});
+  if (d.ticket >= 0) {
+    // eldr and eldr_tail route with the cluster's prior; the other policies' requests weigh 1 throughout.
+    const bool prior = config_.policy == RoutingPolicy::kEldr || config_.policy == RoutingPolicy::kEldrTail;
+    std::vector<InFlight>& list = in_flight_[d.decoder];
+    ELDR_CHECK(position_.emplace(d.ticket, list.size()).second, "request " << d.ticket << " dispatched twice");
+    list.push_back({d.ticket, prior ? d.nearest : -1, 0, d.predicted_tokens, 1 / std::max(1.0, d.predicted_tokens)});
+  }
   if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Add(d.decoder, d.nearest);
   context_[d.decoder] += d.context + d.predicted_tokens / 2;
@@ -512,11 +518,10 @@ void Router::AddWork(int decoder, double delta) {
 
 size_t Router::Record(const RoutingDecision& d) const {
   ELDR_CHECK(d.decoder >= 0 && d.decoder < static_cast<int>(in_flight_.size()), "decoder " << d.decoder);
-  const std::vector<InFlight>& list = in_flight_[d.decoder];
-  size_t i = 0;
-  while (i < list.size() && list[i].ticket != d.ticket) ++i;
-  ELDR_CHECK(i < list.size(), "request " << d.ticket << " is not in flight on decoder " << d.decoder);
-  return i;
+  const auto it = position_.find(d.ticket);
+  ELDR_CHECK(it != position_.end() && in_flight_[d.decoder][it->second].ticket == d.ticket,
+             "request " << d.ticket << " is not in flight on decoder " << d.decoder);
+  return it->second;
 }
 
 void Router::ConsumeToken(const RoutingDecision& d) {
@@ -540,10 +545,17 @@ void Router::Complete(int decoder, double work_left) {
 }
 
 void Router::Complete(const RoutingDecision& d) {
-  std::vector<InFlight>& list = in_flight_[d.decoder];
-  const size_t i = Record(d);
-  const double work_left = list[i].remaining;
-  list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+  double work_left = d.predicted_tokens;  // a load without a record (ticket < 0) held its prediction
+  if (d.ticket >= 0) {
+    std::vector<InFlight>& list = in_flight_[d.decoder];
+    const size_t i = Record(d);
+    work_left = list[i].remaining;
+    // Erase in place (the records keep their order, so the shares are summed in the same order on every run) and
+    // move the later records' positions down: O(in flight) once per request, the lookups per token O(1).
+    list.erase(list.begin() + static_cast<std::ptrdiff_t>(i));
+    position_.erase(d.ticket);
+    for (size_t k = i; k < list.size(); ++k) --position_[list[k].ticket];
+  }
   Complete(d.decoder, work_left);
   if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Remove(d.decoder, d.nearest);

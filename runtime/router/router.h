@@ -15,6 +15,7 @@
 #include <optional>
 #include <random>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "runtime/calib/calibration.h"
@@ -173,8 +174,9 @@ class Router {
   void Dispatch(int decoder, double work = 1);
   // The request of decision `d` is in flight on d.decoder: its predicted decode tokens, context and (eldr) expert
   // profile count from now on, and the router keeps its record (tokens generated, predicted remainder) until
-  // Complete(d). REQUIRES: d.decoder >= 0. A decision dispatched twice (the tests' hand-built ones) holds two records
-  // under its ticket; each Complete(d) releases one.
+  // Complete(d). A decision with ticket < 0 (hand-built in tests and benchmarks) is a load without a record: it
+  // counts 1 in eldr's shares and holds d.predicted_tokens until Complete(d); ConsumeToken refuses it.
+  // REQUIRES: d.decoder >= 0; a ticket >= 0 dispatched once.
   void Dispatch(const RoutingDecision& d);
   // The decoder's in-flight requests are predicted to generate `delta` more tokens (negative: a token came).
   void AddWork(int decoder, double delta);
@@ -237,7 +239,8 @@ class Router {
     double remaining;     // predicted decode tokens still to come (DecodeLengthPrior::Remaining)
     double inverse_life;  // 1 / (generated + remaining): its share of an overlap, per overlapping step (Price)
   };
-  std::vector<std::vector<InFlight>> in_flight_;  // [K]
+  std::vector<std::vector<InFlight>> in_flight_;  // [K] in dispatch order
+  std::unordered_map<int64_t, size_t> position_;  // ticket → its index in in_flight_[its decoder]
   int64_t next_ticket_ = 0;
   size_t Record(const RoutingDecision& d) const;  // index of d's record in in_flight_[d.decoder]
   std::mt19937_64 rng_;

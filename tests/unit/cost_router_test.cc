@@ -173,6 +173,15 @@ TEST(MarginalCost, TheSlowdownCountsForTheShareOfTheRunningRequestsDecodeItOverl
   EXPECT_DOUBLE_EQ(r.RemainingTokens(x), 3);
   EXPECT_DOUBLE_EQ(r.decoders()[0].work, 3);
   EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 0.5 * c, 1e-15);
+  // A hand-built decision (ticket −1) is a load without a record: it counts 1 beside x's 0.5, and its release
+  // takes back its 4 predicted tokens.
+  const RoutingDecision held = Held(0, 0);
+  r.Dispatch(held);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 3 * c + 1.5 * c, 1e-15);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 3 + 4);
+  r.Complete(held);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 3);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 0.5 * c, 1e-15);
   for (int t = 0; t < 3; ++t) r.ConsumeToken(x);
   // g = 6: no member of cluster 0 is longer; of the calibration, the 10: m = 4, and the work grows again.
   EXPECT_DOUBLE_EQ(r.RemainingTokens(x), 4);

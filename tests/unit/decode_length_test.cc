@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 namespace eldr {
@@ -50,7 +51,8 @@ TEST(DecodeLengthPrior, EqualsABruteForceMean) {
     double sum = 0;
     int n = 0;
     for (size_t i = 0; i < lens.size(); ++i) {
-      if ((whole || assignment[i] == k) && lens[i] > g) sum += static_cast<double>(lens[i] - g), ++n;
+      const int64_t L = std::max<int64_t>(lens[i], 1);  // a length of 0 counts as 1 (as calibration weighs it)
+      if ((whole || assignment[i] == k) && L > g) sum += static_cast<double>(L - g), ++n;
     }
     return n ? sum / n : -1.0;
   };

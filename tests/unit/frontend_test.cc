@@ -220,7 +220,7 @@ TEST(Frontend, FinishAccounting) {
   f->OnToken(0, 4.0, 13);  // beyond output_len
   f->Finish(0, 3.0, true);
   f->Finish(1, 3.5, false, "decode 1 (rank 3): KV blocks arrived corrupted");
-  f->OnToken(1, 3.6, 21);  // a token that arrives after the failure: the router released the request already
+  f->OnToken(1, 3.6, 21);  // a token that arrives after the failure: ignored (the router released the request)
   EXPECT_EQ(f->prefill_outstanding(0), 0);
   EXPECT_EQ(f->decoder_in_flight(0), 0);
   EXPECT_EQ(f->decoder_in_flight(1), 0);
@@ -234,6 +234,8 @@ TEST(Frontend, FinishAccounting) {
   const RequestRecord& r1 = f->records()[1];
   EXPECT_FALSE(r1.success);
   EXPECT_EQ(r1.output_len, 1);
+  EXPECT_EQ(r1.token_times.size(), 1u);
+  EXPECT_EQ(r1.tokens, (std::vector<int32_t>{20}));
   EXPECT_EQ(r1.decoder, 1);
   EXPECT_EQ(r1.error, "decode 1 (rank 3): KV blocks arrived corrupted");
 }
