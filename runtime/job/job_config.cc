@@ -145,6 +145,7 @@ RouterConfig JobRouterConfig(const JobConfig& c, const TraceShape& model_shape, 
   rc.job_shape = model_shape;
   rc.max_batch = c.max_batch;
   rc.harm_weight = c.harm_weight;
+  rc.tokens_at_routing = 1;  // a request is routed when its prefill's token comes back (Frontend::OnFirstToken)
   for (const auto& r : trace.requests) rc.domains.push_back(r.domain);
   return rc;
 }

@@ -5,10 +5,10 @@
 //     Remaining(k, g) = mean over {r ∈ cluster k : L_r > g} of (L_r − g)
 //
 // where L_r is calibration request r's decode tokens (/calibration/decode_lens, at least 1 each) and g the tokens the
-// request has generated since routing. When no member of k is longer than g, the same mean over every calibration
+// request has generated so far. When no member of k is longer than g, the same mean over every calibration
 // request; when none is, 1. At g = 0 it is the cluster's mean decode length (/clusters/mean_decode_len); an empty
-// cluster's is the whole calibration's. g counts the tokens reported after routing: in serve and simulate the first
-// token comes with the prefill and is not counted, while L_r counts it, so there m is one token high. Unlike max(mean −
+// cluster's is the whole calibration's. g counts output tokens as L_r does: from RouterConfig::tokens_at_routing (1 in
+// serve and simulate, whose prefill returns the first of a request's L tokens; 0 in `eldr route`). Unlike max(mean −
 // g, 1), it grows again for a request that outlives its cluster's mean, as long outputs do: a request 200 tokens into a
 // cluster whose members ran 30, 40 and 300 tokens has 100 left, not 1.
 //

@@ -504,7 +504,9 @@ void Router::Dispatch(const RoutingDecision& d) {
     const bool prior = config_.policy == RoutingPolicy::kEldr || config_.policy == RoutingPolicy::kEldrTail;
     std::vector<InFlight>& list = in_flight_[d.decoder];
     ELDR_CHECK(position_.emplace(d.ticket, list.size()).second, "request " << d.ticket << " dispatched twice");
-    list.push_back({d.ticket, prior ? d.nearest : -1, 0, d.predicted_tokens, 1 / std::max(1.0, d.predicted_tokens)});
+    const int64_t g = config_.tokens_at_routing;
+    list.push_back({d.ticket, prior ? d.nearest : -1, g, d.predicted_tokens,
+                    1 / std::max(1.0, static_cast<double>(g) + d.predicted_tokens)});
   }
   if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Add(d.decoder, d.nearest);

@@ -53,7 +53,7 @@ struct DecoderState {
   int64_t in_flight = 0;      // requests dispatched and not completed (the JSQ load signal)
   int64_t admission_cap = 0;  // a decoder with in_flight >= cap is not eligible; 0 = no cap
   // Predicted decode tokens its in-flight requests still have to generate (eldr_tail's load signal): Σ over them of
-  // DecodeLengthPrior::Remaining(their nearest cluster, tokens generated since routing) — the mean residual decode
+  // DecodeLengthPrior::Remaining(their nearest cluster, output tokens generated so far) — the mean residual decode
   // length of the cluster's calibration members longer than that; 1 each without a calibration (work = in_flight).
   double work = 0;
   bool eligible() const { return admission_cap <= 0 || in_flight < admission_cap; }
@@ -152,6 +152,11 @@ struct RouterConfig {
   // a domain's decoder grow slower than the others; 0 = the request's own step time only, Wardrop-like, which
   // gives up locality). 0.75: chosen on seed 1 of the --like workloads (bench/README "Marginal-cost routing").
   double harm_weight = kHarmWeight;
+  // Output tokens a request has generated when it is routed, counted as the calibration's decode lengths count them
+  // (a request's L includes the token its prefill returns): 1 in serve and simulate, which route a request when its
+  // prefill's token comes back; 0 in `eldr route`'s replay, which routes before the first of its L tokens. Its
+  // record starts at g = this, its prediction at DecodeLengthPrior::Remaining(cluster, this).
+  int64_t tokens_at_routing = 0;
 };
 
 class Router {
@@ -197,9 +202,10 @@ class Router {
   double MarginalCost(int decoder, int profile, double context, double tokens) const;
   // eldr: the predicted expert unions (exposed for tests and benchmarks).
   const PredictedUnion& predicted_union() const { return union_; }
-  // The prior decode length of cluster k: DecodeLengthPrior::Mean (the calibration members' mean decode tokens), or
-  // /clusters/mean_decode_len[k] without the lengths, or 1.
-  double PriorDecodeTokens(int cluster) const { return lengths_.Mean(cluster); }
+  // The decode tokens predicted for a request of cluster k when it is routed: DecodeLengthPrior::Remaining(k,
+  // tokens_at_routing) (at 0, the calibration members' mean decode tokens, or /clusters/mean_decode_len[k] without
+  // the lengths, or 1).
+  double PriorDecodeTokens(int cluster) const { return lengths_.Remaining(cluster, config_.tokens_at_routing); }
 
   const std::vector<DecoderState>& decoders() const { return decoders_; }
   const SignatureParams& signature_params() const { return params_; }
@@ -235,7 +241,7 @@ class Router {
   struct InFlight {
     int64_t ticket;
     int cluster;          // the decision's nearest (−1: none)
-    int64_t generated;    // decode tokens since routing
+    int64_t generated;    // output tokens so far (from tokens_at_routing at dispatch)
     double remaining;     // predicted decode tokens still to come (DecodeLengthPrior::Remaining)
     double inverse_life;  // 1 / (generated + remaining): its share of an overlap, per overlapping step (Price)
   };

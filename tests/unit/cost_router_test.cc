@@ -89,9 +89,11 @@ Calibration CostCalibration() {
 }
 
 // harm_weight 1 (the social optimum) unless given: the hand-computed prices below add the whole harm.
-Router CostRouter(const Calibration& calib, double b, double c, double d, int64_t max_batch, double harm = 1) {
+Router CostRouter(const Calibration& calib, double b, double c, double d, int64_t max_batch, double harm = 1,
+                  int64_t tokens_at_routing = 0) {
   RouterConfig rc;
   rc.harm_weight = harm;
+  rc.tokens_at_routing = tokens_at_routing;
   rc.policy = RoutingPolicy::kEldr;
   rc.num_decoders = 2;
   rc.job_shape = calib.shape;
@@ -192,6 +194,33 @@ TEST(MarginalCost, TheSlowdownCountsForTheShareOfTheRunningRequestsDecodeItOverl
   EXPECT_EQ(r.decoders()[0].in_flight, 0);
   EXPECT_DOUBLE_EQ(r.decoders()[0].work, 0);
   EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + c, 1e-15);
+}
+
+// serve and simulate route a request when its prefill's token comes back: one of its L tokens is out, so its
+// prediction and its record start at g = 1. By hand, cluster 0 ran {2, 6}: m(0, 1) = (1 + 5) / 2 = 3 (not the mean
+// 4), its share of a 10-token newcomer's overlap min(10, 3) / (1 + 3); a token later m(0, 2) = 4, share 4 / 6.
+TEST(MarginalCost, ARequestRoutedAfterItsFirstTokenStartsAtOneToken) {
+  Calibration calib = CostCalibration();
+  calib.decode_lens = {2, 6, 10};
+  calib.assignment = {0, 0, 1};
+  calib.mean_decode_len = {4, 10};
+  Router r = CostRouter(calib, 0, 1e-4, 0, 64, 1, /*tokens_at_routing=*/1);
+  const double a = 1e-3, c = 1e-4;
+  EXPECT_DOUBLE_EQ(r.PriorDecodeTokens(0), 3);
+  EXPECT_DOUBLE_EQ(r.PriorDecodeTokens(1), 9);
+  const std::vector<float> c0 = {3, 0, 0, 0};
+  const RoutingDecision x = r.Route(c0.data(), nullptr, "");
+  ASSERT_EQ(x.decoder, 0);
+  EXPECT_DOUBLE_EQ(x.predicted_tokens, 3);
+  r.Dispatch(x);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 3);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 0.75 * c, 1e-15);
+  r.ConsumeToken(x);
+  EXPECT_DOUBLE_EQ(r.RemainingTokens(x), 4);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 4);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + (4.0 / 6) * c, 1e-15);
+  r.Complete(x);
+  EXPECT_DOUBLE_EQ(r.decoders()[0].work, 0);
 }
 
 // The prefill path hands the router counts of the masked layers only (SignatureCache::SumCounts with the mask). With
