@@ -3,7 +3,7 @@
 - stratified_split: the seeded 2-fold split of a trace's requests, stratified by domain;
 - saturation_scan: jsq's saturation rate by a scan (the rule of bench/tables, with K and the run as arguments);
 - best_balancer / ratio_stats / seed_ratios: "the best of jsq, p2c and round_robin per cell" and the per-seed
-  ratios to it, reported as the median over seeds with the min-max spread;
+  ratios to it, reported as the median over seeds with the min-max spread and median_ci's 95 % interval;
 - matched_batch_ratio: distinct experts per step at matched batch (the definition of MatchedBatchRatio in
   runtime/common/distinct_experts.h, a second implementation over the metrics.json rows);
 - clairvoyant_fraction: the share of the clairvoyant router's median reduction a policy reaches;
@@ -117,12 +117,32 @@ def best_balancer(per_policy, key):
     return best[1]
 
 
+def median_ci(values, level=0.95):
+    """The distribution-free confidence interval of the median of iid samples: [x_(j), x_(n+1-j)] (order statistics,
+    1-based) with the largest j whose coverage 1 - 2·P(Binomial(n, 1/2) <= j - 1) is >= level. Returns
+    (low, high, coverage), or None when even [min, max] covers less than level (n < 6 at 0.95)."""
+    v = sorted(values)
+    n = len(v)
+    best = None
+    tail = 0.0  # P(Binomial(n, 1/2) <= j - 1)
+    for j in range(1, n // 2 + 1):
+        tail += math.comb(n, j - 1) / 2.0**n
+        coverage = 1 - 2 * tail
+        if coverage < level:
+            break
+        best = (v[j - 1], v[n - j], coverage)
+    return best
+
+
 def ratio_stats(values):
-    """{median, min, max, n} of the non-None values (None when there are none)."""
+    """{median, min, max, n, ci} of the non-None values (None when there are none); ci: median_ci's [low, high] at
+    95 %, or None for fewer than 6 values."""
     v = [x for x in values if x is not None]
     if not v:
         return None
-    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v)}
+    ci = median_ci(v)
+    return {"median": statistics.median(v), "min": min(v), "max": max(v), "n": len(v),
+            "ci": [ci[0], ci[1]] if ci else None}
 
 
 def seed_ratios(runs, reference, value):

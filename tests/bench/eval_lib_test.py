@@ -2,6 +2,7 @@
 """The pure pieces of bench/eval (bench/eval_lib.py) against hand-computed cases; runs no simulation."""
 import os
 import sys
+import random
 import unittest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
@@ -44,8 +45,27 @@ class BestAndRatios(unittest.TestCase):
                 {"sample": "s9", "v": 1.0}]
         self.assertEqual(lib.seed_ratios(runs, ref, lambda r: r["v"]), [0.75, 0.5, None, None])
         st = lib.ratio_stats([0.75, 0.5, None, 1.5])
-        self.assertEqual(st, {"median": 0.75, "min": 0.5, "max": 1.5, "n": 3})
+        self.assertEqual(st, {"median": 0.75, "min": 0.5, "max": 1.5, "n": 3, "ci": None})
         self.assertIsNone(lib.ratio_stats([None]))
+
+    def test_median_ci_takes_the_binomial_order_statistics(self):
+        # n = 10: P(Bin(10, 1/2) <= 1) = 11/1024, so [x_2, x_9] covers 1 - 22/1024 = 97.9 %; [x_3, x_8] would
+        # cover 1 - 2·56/1024 = 89.1 %. n = 50: [x_18, x_33] (the published table's ranks for 95 %).
+        lo, hi, cov = lib.median_ci(list(range(10, 0, -1)))
+        self.assertEqual((lo, hi), (2, 9))
+        self.assertAlmostEqual(cov, 1 - 22 / 1024)
+        lo, hi, cov = lib.median_ci(list(range(1, 51)))
+        self.assertEqual((lo, hi), (18, 33))
+        self.assertGreaterEqual(cov, 0.95)
+        self.assertIsNone(lib.median_ci([1, 2, 3, 4, 5]))  # [min, max] covers 1 - 2/32 = 93.75 %
+        self.assertEqual(lib.median_ci([1, 2, 3, 4, 5, 6])[:2], (1, 6))  # 1 - 2/64 = 96.9 %
+        # By simulation: the interval holds the true median 0 in at least ~95 % of 2000 normal samples of 50.
+        rng = random.Random(3)
+        hits = 0
+        for _ in range(2000):
+            lo, hi, _ = lib.median_ci([rng.gauss(0, 1) for _ in range(50)])
+            hits += lo <= 0 <= hi
+        self.assertGreater(hits / 2000, 0.95)
 
     def test_clairvoyant_fraction(self):
         self.assertAlmostEqual(lib.clairvoyant_fraction(0.9, 0.8), 0.5)
