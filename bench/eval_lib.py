@@ -124,10 +124,10 @@ def median_ci(values, level=0.95):
     v = sorted(values)
     n = len(v)
     best = None
-    tail = 0.0  # P(Binomial(n, 1/2) <= j - 1)
+    tail = 0  # 2^n · P(Binomial(n, 1/2) <= j - 1), exact (floats overflow at 2^1024)
     for j in range(1, n // 2 + 1):
-        tail += math.comb(n, j - 1) / 2.0**n
-        coverage = 1 - 2 * tail
+        tail += math.comb(n, j - 1)
+        coverage = 1 - 2 * tail / 2**n
         if coverage < level:
             break
         best = (v[j - 1], v[n - j], coverage)

@@ -105,7 +105,7 @@ struct JobConfig {
   std::string placement = "contiguous";  // or a calibration.h5 path with /placement
   std::string trace;
   int64_t num_requests = 0;  // 0: every request of the trace once
-  int64_t output_len = 0;    // 0: the trace's decode length (+1 for prefill's token); else fixed
+  int64_t output_len = 0;    // 0: the trace's decode length (which counts the prefill's token); else fixed
   double request_rate = std::numeric_limits<double>::infinity();  // requests/s; inf = all at once
   double burstiness = 1.0;
   int64_t max_concurrency = 0;  // 0: unlimited

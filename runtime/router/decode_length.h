@@ -32,7 +32,7 @@ class DecodeLengthPrior {
 
   // Whether the calibration's decode lengths are known (Remaining follows the residual rule above).
   bool has_lengths() const { return !all_.sorted.empty(); }
-  // The prediction at routing: Remaining(cluster, 0); 1 for cluster −1 or without lengths and prior.
+  // The cluster's mean decode length, Remaining(cluster, 0); 1 for cluster −1 or without lengths and prior.
   double Mean(int cluster) const { return Remaining(cluster, 0); }
   // Predicted decode tokens still to come for a request of `cluster` that has generated `generated`: 1 for cluster
   // −1 (a policy without a signature). Always >= 1.

@@ -303,6 +303,7 @@ Result<Router> Router::Create(const RouterConfig& config, const Calibration* cal
     return Status::InvalidArgument("the job needs at least one decoder, got " + std::to_string(config.num_decoders));
   }
   if (config.admission_cap < 0) return Status::InvalidArgument("admission cap must be >= 0");
+  if (config.tokens_at_routing < 0) return Status::InvalidArgument("tokens_at_routing must be >= 0");
   if (config.load_bound && !(*config.load_bound >= 0)) {
     return Status::InvalidArgument("load_bound must be >= 0 (0 = off)");
   }
@@ -504,9 +505,8 @@ void Router::Dispatch(const RoutingDecision& d) {
     const bool prior = config_.policy == RoutingPolicy::kEldr || config_.policy == RoutingPolicy::kEldrTail;
     std::vector<InFlight>& list = in_flight_[d.decoder];
     ELDR_CHECK(position_.emplace(d.ticket, list.size()).second, "request " << d.ticket << " dispatched twice");
-    const int64_t g = config_.tokens_at_routing;
-    list.push_back({d.ticket, prior ? d.nearest : -1, g, d.predicted_tokens,
-                    1 / std::max(1.0, static_cast<double>(g) + d.predicted_tokens)});
+    list.push_back({d.ticket, prior ? d.nearest : -1, config_.tokens_at_routing, d.predicted_tokens,
+                    1 / std::max(1.0, d.predicted_tokens)});
   }
   if (config_.policy != RoutingPolicy::kEldr) return;
   if (d.nearest >= 0) union_.Add(d.decoder, d.nearest);
@@ -532,7 +532,8 @@ void Router::ConsumeToken(const RoutingDecision& d) {
   const double next = lengths_.Remaining(j.cluster, j.generated);
   AddWork(d.decoder, next - j.remaining);
   j.remaining = next;
-  j.inverse_life = 1 / (static_cast<double>(j.generated) + next);
+  // Its TPOT is over its decode steps, the tokens after those it had when routed (serve's prefill token is not one).
+  j.inverse_life = 1 / std::max(1.0, static_cast<double>(j.generated - config_.tokens_at_routing) + next);
 }
 
 double Router::RemainingTokens(const RoutingDecision& d) const { return in_flight_[d.decoder][Record(d)].remaining; }

@@ -66,7 +66,7 @@ struct RoutingDecision {
   double distance = 0;          // d_k of the chosen decoder (signature policies)
   bool overflow = false;        // eldr_tail: no band member under the bounds; a next-nearest decoder took it
   int nearest = -1;             // signature policies: argmin_k d_k (tie → lower k), the request's cluster
-  double predicted_tokens = 1;  // the request's prior decode length (eldr_tail's w_r; 1 elsewhere)
+  double predicted_tokens = 1;  // signature policies: PriorDecodeTokens(its cluster), eldr_tail's w_r; else 1
   double context = 0;           // the request's prompt tokens (signature policies; eldr's context term)
   double predicted_cost = 0;    // eldr: the chosen decoder's marginal cost (s per decode step)
   int64_t ticket = -1;          // the request's in-flight record (Router::Dispatch, ConsumeToken, Complete)
@@ -240,10 +240,12 @@ class Router {
   // The records of the requests dispatched with a decision, per decoder.
   struct InFlight {
     int64_t ticket;
-    int cluster;          // the decision's nearest (−1: none)
-    int64_t generated;    // output tokens so far (from tokens_at_routing at dispatch)
-    double remaining;     // predicted decode tokens still to come (DecodeLengthPrior::Remaining)
-    double inverse_life;  // 1 / (generated + remaining): its share of an overlap, per overlapping step (Price)
+    int cluster;        // the decision's nearest (−1: none)
+    int64_t generated;  // output tokens so far (tokens_at_routing at dispatch)
+    double remaining;   // predicted decode tokens still to come (DecodeLengthPrior::Remaining)
+    // 1 / (its decode steps: generated − tokens_at_routing + remaining): its share of an overlap, per overlapping
+    // step (Price).
+    double inverse_life;
   };
   std::vector<std::vector<InFlight>> in_flight_;  // [K] in dispatch order
   std::unordered_map<int64_t, size_t> position_;  // ticket → its index in in_flight_[its decoder]

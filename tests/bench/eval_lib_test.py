@@ -59,6 +59,9 @@ class BestAndRatios(unittest.TestCase):
         self.assertGreaterEqual(cov, 0.95)
         self.assertIsNone(lib.median_ci([1, 2, 3, 4, 5]))  # [min, max] covers 1 - 2/32 = 93.75 %
         self.assertEqual(lib.median_ci([1, 2, 3, 4, 5, 6])[:2], (1, 6))  # 1 - 2/64 = 96.9 %
+        # Large n (2^n beyond a float): the normal approximation's ranks, n/2 ∓ 1.96·sqrt(n)/2 ≈ 956 and 1045.
+        lo, hi, cov = lib.median_ci(list(range(1, 2001)))
+        self.assertTrue(955 <= lo <= 960 and 1041 <= hi <= 1046 and cov >= 0.95, (lo, hi, cov))
         # By simulation: the interval holds the true median 0 in at least ~95 % of 2000 normal samples of 50.
         rng = random.Random(3)
         hits = 0

@@ -197,8 +197,9 @@ TEST(MarginalCost, TheSlowdownCountsForTheShareOfTheRunningRequestsDecodeItOverl
 }
 
 // serve and simulate route a request when its prefill's token comes back: one of its L tokens is out, so its
-// prediction and its record start at g = 1. By hand, cluster 0 ran {2, 6}: m(0, 1) = (1 + 5) / 2 = 3 (not the mean
-// 4), its share of a 10-token newcomer's overlap min(10, 3) / (1 + 3); a token later m(0, 2) = 4, share 4 / 6.
+// prediction and its record start at g = 1. Its TPOT is over its decode steps, g − 1 + m. By hand, cluster 0 ran
+// {2, 6}: m(0, 1) = (1 + 5) / 2 = 3 (not the mean 4), its share of a 10-token newcomer's overlap min(10, 3) / (0 + 3)
+// = 1 (a fresh request counts whole, as with g from 0); a token later m(0, 2) = 4, share 4 / (1 + 4).
 TEST(MarginalCost, ARequestRoutedAfterItsFirstTokenStartsAtOneToken) {
   Calibration calib = CostCalibration();
   calib.decode_lens = {2, 6, 10};
@@ -214,11 +215,11 @@ TEST(MarginalCost, ARequestRoutedAfterItsFirstTokenStartsAtOneToken) {
   EXPECT_DOUBLE_EQ(x.predicted_tokens, 3);
   r.Dispatch(x);
   EXPECT_DOUBLE_EQ(r.decoders()[0].work, 3);
-  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 0.75 * c, 1e-15);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 1.0 * c, 1e-15);
   r.ConsumeToken(x);
   EXPECT_DOUBLE_EQ(r.RemainingTokens(x), 4);
   EXPECT_DOUBLE_EQ(r.decoders()[0].work, 4);
-  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + (4.0 / 6) * c, 1e-15);
+  EXPECT_NEAR(r.MarginalCost(0, 1, 0, 10), a + 2 * c + 0.8 * c, 1e-15);
   r.Complete(x);
   EXPECT_DOUBLE_EQ(r.decoders()[0].work, 0);
 }
