@@ -331,34 +331,34 @@ TEST(Frontend, RoutingStatistics) {
 }
 
 TEST(Frontend, EldrTailHoldsDecodeWorkAndOverflowsByDistance) {
-  // eldr_tail, τ = 0.1, centroids e0 and e1, cluster priors {6, 2} (no decode lengths: max(prior − g, 1)), ε = 0.25.
-  // A request is routed when its prefill's token comes back, so it has g = 1 and holds 6 − 1 = 5. Request 0
-  // (1,0,0,0): B = {0}, bound 1.25·(0 + 5)/2 = 3.125 → 0, which holds 5. Two tokens spend 2 → 3. Request 1 (same
-  // cluster): bound 1.25·(3 + 5)/2 = 5 > 3 → 0 (holds 8). Request 2: bound 1.25·13/2 = 8.125 > 8, but 0 holds 2
-  // requests, the count bound ceil(1.25·3/2) → overflow to 1, the next-nearest. Finishing 0 releases its 3 left → 0
-  // holds 5.
+  // eldr_tail, τ = 0.1, centroids e0 and e1, cluster priors {7, 2} (no decode lengths: max(prior − g, 1)), ε = 0.25.
+  // A request is routed when its prefill's token comes back, so it has g = 1 and holds 7 − 1 = 6. Request 0
+  // (1,0,0,0): B = {0}, bound 1.25·(0 + 6)/2 = 3.75 → 0, which holds 6. Two tokens spend 2 → 4. Request 1 (same
+  // cluster): bound 1.25·(4 + 6)/2 = 6.25 > 4 → 0 (holds 10). Request 2: bound 1.25·16/2 = 10, 0 holds 10 (and 2
+  // requests, the count bound ceil(1.25·3/2)) → overflow to 1, the next-nearest. Finishing 0 releases its 4 left → 0
+  // holds 6.
   JobConfig c = Job(RoutingPolicy::kEldrTail, 1, 2, 0);
   c.tau = 0.1;
   Calibration calib = TinyCalibration(2);
-  calib.mean_decode_len = {6, 2};
+  calib.mean_decode_len = {7, 2};
   const JobRequests in = Requests(3, {10, 10, 10});
   Sent sent;
   auto f = Frontend::Create(c, in, calib.shape, &calib, sent.Actions());
   ASSERT_TRUE(f.ok()) << f.status().ToString();
   f->Admit(3, 0.0);
   f->OnFirstToken(0, 1.0, 0, {1, 0, 0, 0});
-  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 5);
+  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 6);
   f->OnToken(0, 1.1, 0);
   f->OnToken(0, 1.2, 0);
-  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 3);
+  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 4);
   f->OnFirstToken(1, 1.3, 0, {1, 0, 0, 0});
-  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 8);
+  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 10);
   f->OnFirstToken(2, 1.4, 0, {1, 0, 0, 0});
   EXPECT_EQ(sent.routes, (Pairs{{0, 0}, {1, 0}, {2, 1}}));
   EXPECT_EQ(f->routing().fallbacks, 1);
-  EXPECT_DOUBLE_EQ(f->router().decoders()[1].work, 5);
+  EXPECT_DOUBLE_EQ(f->router().decoders()[1].work, 6);
   f->Finish(0, 1.5, true);
-  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 5);
+  EXPECT_DOUBLE_EQ(f->router().decoders()[0].work, 6);
   EXPECT_EQ(f->decoder_in_flight(0), 1);
 }
 
